@@ -1,0 +1,55 @@
+"""Deliberately wrong speculative samplers, for power checks: each must FAIL the exactness tests.
+
+They share verify()'s signature so the same harness (and the executor) can run them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trtspec.sampling import sample, uniforms
+from trtspec.verify import VerifyOutput
+
+
+def _broken(target_probs, draft_token_ids, draft_probs, num_draft, generator, mode: str):
+    B, K1, _ = target_probs.shape
+    K = K1 - 1
+    rows = torch.arange(B)
+    num_draft = torch.as_tensor(num_draft, dtype=torch.long)
+    ids = draft_token_ids.long().clamp(min=0)
+    valid = torch.arange(K) < num_draft[:, None]
+    p_x = target_probs[:, :K].gather(-1, ids[..., None]).squeeze(-1)
+    q_x = (torch.ones_like(p_x) if draft_probs is None
+           else draft_probs.gather(-1, ids[..., None]).squeeze(-1))
+    u = uniforms((num_draft + 1).tolist(), generator)
+    u = torch.nn.functional.pad(u, (0, K1 - u.shape[1]))
+    accept = (p_x >= q_x) if mode == "accept_if_p_ge_q" else (u[:, :K] * q_x < p_x)
+    a = (accept & valid).long().cumprod(-1).sum(-1)
+    p_j = target_probs[rows, a]
+    rejected = a < num_draft
+    dist = p_j
+    if mode == "accept_if_p_ge_q" and K > 0:  # correct residual, wrong acceptance
+        j = a.clamp(max=K - 1)
+        q_j = (torch.zeros_like(p_j).scatter_(-1, ids[rows, j][:, None], 1.0)
+               if draft_probs is None else draft_probs[rows, j])
+        residual = (p_j - q_j).clamp(min=0)
+        ok = rejected & (residual.sum(-1) > 0)
+        dist = torch.where(ok[:, None], residual, p_j)
+    # mode "naive_resample": a rejection retries with the big model, sampling from p (wrong)
+    final = sample(dist, u[rows, num_draft])
+    token_ids = torch.full((B, K1), -1, dtype=torch.long)
+    token_ids[:, :K] = torch.where(torch.arange(K) < a[:, None], ids, -1)
+    token_ids[rows, a] = final
+    return VerifyOutput(token_ids, a, a + 1, ~rejected)
+
+
+def naive_resample_verify(target_probs, draft_token_ids, draft_probs, num_draft,
+                          generator=None, greedy=False):
+    return _broken(target_probs, draft_token_ids, draft_probs, num_draft, generator,
+                   "naive_resample")
+
+
+def accept_if_p_ge_q_verify(target_probs, draft_token_ids, draft_probs, num_draft,
+                            generator=None, greedy=False):
+    return _broken(target_probs, draft_token_ids, draft_probs, num_draft, generator,
+                   "accept_if_p_ge_q")

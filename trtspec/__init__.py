@@ -1,0 +1,3 @@
+"""trtspec: measure whether speculative decoding pays off — exactly — and then serve it."""
+
+__version__ = "0.1.0"

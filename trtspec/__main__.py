@@ -1,0 +1,3 @@
+from trtspec.cli import main
+
+main()

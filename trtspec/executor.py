@@ -1,0 +1,179 @@
+"""SpecExecutor: propose → score → verify → commit / roll back, for a batch of requests.
+
+One round for request b, whose last emitted token x₀ the target has not seen yet::
+
+    drafts  d₁..d_D  ~ q             proposer.propose (D = draft_len, clipped to the budget)
+    logits  p₁..p_{D+1}              target.score([x₀, d₁..d_D])   — one call, D+1 positions
+    tokens  d₁..d_a, y               verify(): a accepted, y recovered (a < D) or bonus (a = D)
+    commit  stop handling            EOS / stop token / max_tokens inside the run truncates it
+    rollback target to prompt + output − y;  proposer.observe(a)
+
+The first output token is sampled from the prefill logits (it sets TTFT) and is in no counter.
+With no proposer, each round is a plain decoding step through the same verify() with D = 0:
+the baseline shares every line of sampling code with the speculative path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from trtspec.metrics import SpecStats
+from trtspec.propose import Draft, Proposer
+from trtspec.runtime import Runner
+from trtspec.sampling import SamplingParams, make_generator, rows_to_probs
+from trtspec.verify import verify
+
+
+@dataclass
+class Delta:
+    """Tokens a request gained in one step (prefill or round), as a stream would send them."""
+
+    index: int
+    token_ids: list[int]
+    finish_reason: str | None  # None while running, then "stop" or "length"
+
+
+@dataclass
+class Completion:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str
+    stats: SpecStats
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    stops: frozenset[int]
+    generator: torch.Generator
+    output: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_tokens - len(self.output)
+
+    def commit(self, tokens: list[int]) -> list[int]:
+        """Append tokens up to the first stop token or the budget; return what was kept."""
+        kept = tokens[: self.remaining]
+        for i, tok in enumerate(kept):
+            if tok in self.stops:
+                kept, self.finish_reason = kept[: i + 1], "stop"
+                break
+        else:
+            if len(kept) == self.remaining:
+                self.finish_reason = "length"
+        self.output.extend(kept)
+        return kept
+
+
+class SpecExecutor:
+    """Runs exact speculative sampling (or, without a proposer, plain decoding) on a Runner.
+
+    ``clip_draft`` (default) never proposes more drafts than the remaining budget can emit
+    (D ≤ remaining − 1). With ``clip_draft=False`` every round proposes D, as vLLM and
+    TensorRT-LLM do; what lands past max_tokens is counted in ``discarded_tokens``.
+    """
+
+    def __init__(self, target: Runner, proposer: Proposer | None = None, draft_len: int = 4,
+                 clip_draft: bool = True) -> None:
+        if draft_len < 0:
+            raise ValueError(f"draft_len must be ≥ 0, got {draft_len}")
+        self.target, self.proposer, self.clip_draft = target, proposer, clip_draft
+        self.draft_len = draft_len if proposer is not None else 0
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None
+                 ) -> list[Completion]:
+        """Run the batch to completion."""
+        reqs = self._requests(prompts, params)
+        for _ in self._run(reqs):
+            pass
+        return [Completion(r.prompt, r.output, r.finish_reason or "length", r.stats) for r in reqs]
+
+    def stream(self, prompts: Sequence[Sequence[int]],
+               params: SamplingParams | Sequence[SamplingParams] | None = None
+               ) -> Iterator[list[Delta]]:
+        """Yield the batch's new tokens after prefill and after every round."""
+        yield from self._run(self._requests(prompts, params))
+
+    def _requests(self, prompts: Sequence[Sequence[int]],
+                  params: SamplingParams | Sequence[SamplingParams] | None) -> list[_Request]:
+        params = SamplingParams() if params is None else params
+        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(plist) != len(prompts):
+            raise ValueError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
+        vocab, eos = self.target.vocab_size, self.target.eos_token_id
+        reqs = []
+        for i, (prompt, p) in enumerate(zip(prompts, plist, strict=True)):
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty: give at least one token")
+            if min(prompt) < 0 or max(prompt) >= vocab:
+                raise ValueError(f"prompt {i} has token ids outside 0..{vocab - 1}")
+            stops = set(p.stop_token_ids)
+            if eos is not None and not p.ignore_eos:
+                stops.add(eos)
+            reqs.append(_Request(list(prompt), p, frozenset(stops), make_generator(p.seed)))
+        return reqs
+
+    def _run(self, reqs: list[_Request]) -> Iterator[list[Delta]]:
+        if not reqs:
+            return
+        params = [r.params for r in reqs]
+        logits = self.target.prefill([r.prompt for r in reqs])  # [B, V]
+        if self.proposer is not None:
+            self.proposer.start([r.prompt for r in reqs])
+        first = verify(rows_to_probs(logits, params)[:, None],  # [B, 1, V]: a round with D = 0
+                       torch.empty((len(reqs), 0), dtype=torch.long), None,
+                       torch.zeros(len(reqs), dtype=torch.long),
+                       [r.generator for r in reqs], torch.tensor([p.greedy for p in params]))
+        yield [Delta(i, r.commit([int(first.token_ids[i, 0])]), r.finish_reason)
+               for i, r in enumerate(reqs)]
+        while True:
+            live = [i for i, r in enumerate(reqs) if r.finish_reason is None]
+            if not live:
+                return
+            yield self._round(reqs, live)
+
+    def _round(self, reqs: list[_Request], live: list[int]) -> list[Delta]:
+        batch = len(reqs)
+        draft_len = [0] * batch
+        for i in live:
+            budget = reqs[i].remaining - 1 if self.clip_draft else self.draft_len
+            draft_len[i] = max(0, min(self.draft_len, budget))
+        draft = Draft.empty(batch)
+        if self.proposer is not None and any(draft_len):
+            draft = self.proposer.propose([r.prompt + r.output for r in reqs], draft_len,
+                                          [r.params for r in reqs], [r.generator for r in reqs])
+        n_draft = draft.num_draft.tolist()
+        feed: list[list[int]] = [[] for _ in range(batch)]
+        for b in live:
+            feed[b] = [reqs[b].output[-1], *draft.token_ids[b, : n_draft[b]].tolist()]
+        logits = self.target.score(feed)  # [B, T, V], T = 1 + max drafts
+        k = logits.shape[1] - 1
+        rows = torch.tensor(live)
+        out = verify(rows_to_probs(logits[rows], [reqs[b].params for b in live]),  # [L, K+1, V]
+                     draft.token_ids[rows, :k],
+                     None if draft.probs is None else draft.probs[rows, :k],
+                     draft.num_draft[rows], [reqs[b].generator for b in live],
+                     torch.tensor([reqs[b].params.greedy for b in live]))
+        deltas, accepted, lengths = [], [0] * batch, self.target.lengths()
+        for row, b in enumerate(live):
+            r, a = reqs[b], int(out.num_accepted[row])
+            kept = r.commit(out.token_ids[row, : a + 1].tolist())
+            r.stats.record_round(n_draft[b], a, len(kept))
+            if r.finish_reason is None:
+                lengths[b] = len(r.prompt) + len(r.output) - 1  # all but the new last token
+            else:
+                r.stats.close_request()
+            accepted[b] = a
+            deltas.append(Delta(b, kept, r.finish_reason))
+        self.target.rollback(lengths)
+        if self.proposer is not None:
+            self.proposer.observe(accepted)
+        return deltas

@@ -1,0 +1,153 @@
+"""Speculation counters and statistics, named as in DESIGN.md's vocabulary.
+
+The four counters describe what verification did; ``discarded_tokens`` is kept apart:
+
+* proposed_tokens       draft tokens sent to verification
+* accepted_draft_tokens draft tokens the verifier accepted
+* emitted_tokens        tokens committed to the output by verification rounds
+* verification_rounds   target verification calls (decode steps; prefill is not one)
+* discarded_tokens      tokens verification produced but stop handling dropped (EOS or a stop
+                        token inside an accepted run, max_tokens reached)
+
+so per round ``emitted + discarded == accepted + 1``. The first output token comes from prefill and
+is in no counter. AL is reported two ways and always named: pooled (Σ emitted / Σ rounds, vLLM's)
+and per-request mean (mean of each request's AL, SPEED-Bench's Average_AL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class SpecStats:
+    proposed_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    emitted_tokens: int = 0
+    verification_rounds: int = 0
+    discarded_tokens: int = 0
+    proposed_per_position: list[int] = field(default_factory=list)  # [i]: rounds with a draft at i
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: rounds accepting draft i
+    request_al: list[float] = field(default_factory=list)  # one AL per request that had rounds
+
+    def record_round(self, num_draft: int, num_accepted: int, num_kept: int) -> None:
+        """Count one verification round: num_accepted + 1 tokens verified, num_kept committed."""
+        self.verification_rounds += 1
+        self.proposed_tokens += num_draft
+        self.accepted_draft_tokens += num_accepted
+        self.emitted_tokens += num_kept
+        self.discarded_tokens += num_accepted + 1 - num_kept
+        _add_prefix(self.proposed_per_position, num_draft)
+        _add_prefix(self.accepted_per_position, num_accepted)
+
+    def close_request(self) -> None:
+        """Fix this request's AL (call once, on a per-request SpecStats)."""
+        if self.verification_rounds:
+            self.request_al.append(self.emitted_tokens / self.verification_rounds)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted_draft_tokens / proposed_tokens (NaN when nothing was proposed)."""
+        return _ratio(self.accepted_draft_tokens, self.proposed_tokens)
+
+    @property
+    def al_pooled(self) -> float:
+        """Acceptance length, pooled: emitted_tokens / verification_rounds."""
+        return _ratio(self.emitted_tokens, self.verification_rounds)
+
+    @property
+    def al_request_mean(self) -> float:
+        """Acceptance length, mean over requests of each request's AL."""
+        return float(np.mean(self.request_al)) if self.request_al else float("nan")
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        """P(draft i accepted | draft i proposed), per position."""
+        return [_ratio(a, p) for a, p in
+                zip(self.accepted_per_position, self.proposed_per_position, strict=False)]
+
+    @classmethod
+    def merge(cls, parts: Iterable[SpecStats]) -> SpecStats:
+        total = cls()
+        for s in parts:
+            total.proposed_tokens += s.proposed_tokens
+            total.accepted_draft_tokens += s.accepted_draft_tokens
+            total.emitted_tokens += s.emitted_tokens
+            total.verification_rounds += s.verification_rounds
+            total.discarded_tokens += s.discarded_tokens
+            _add_lists(total.proposed_per_position, s.proposed_per_position)
+            _add_lists(total.accepted_per_position, s.accepted_per_position)
+            total.request_al.extend(s.request_al)
+        return total
+
+    def summary(self) -> dict[str, float | int]:
+        """Flat counters and derived rates, with the vocabulary's names."""
+        return {
+            "proposed_tokens": self.proposed_tokens,
+            "accepted_draft_tokens": self.accepted_draft_tokens,
+            "emitted_tokens": self.emitted_tokens,
+            "verification_rounds": self.verification_rounds,
+            "discarded_tokens": self.discarded_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "al_pooled": self.al_pooled,
+            "al_request_mean": self.al_request_mean,
+        }
+
+
+def chi_square_gof(counts: Sequence[float], probs: Sequence[float], min_expected: float = 5.0
+                   ) -> tuple[float, int, float]:
+    """Chi-square goodness of fit of observed counts against exact probabilities.
+
+    Bins whose expected count is below ``min_expected`` are pooled into one tail bin (and joined
+    to the smallest regular bin if the tail alone is still too small). A count in a bin of
+    probability 0 is an impossible outcome: the p-value is 0. Returns (statistic, dof, p-value).
+    """
+    from scipy.stats import chi2
+
+    obs = np.asarray(counts, dtype=float)
+    p = np.asarray(probs, dtype=float)
+    if obs.shape != p.shape:
+        raise ValueError("counts and probs must have the same shape")
+    if np.any(obs[p <= 0] > 0):
+        return float("inf"), 0, 0.0
+    n = obs.sum()
+    exp = p / p.sum() * n
+    big = exp >= min_expected
+    o, e = list(obs[big]), list(exp[big])
+    tail_o, tail_e = obs[~big & (p > 0)].sum(), exp[~big & (p > 0)].sum()
+    if tail_e > 0:
+        if tail_e < min_expected and e:
+            i = int(np.argmin(e))
+            o[i] += tail_o
+            e[i] += tail_e
+        else:
+            o.append(tail_o)
+            e.append(tail_e)
+    o_arr, e_arr = np.array(o), np.array(e)
+    dof = len(o_arr) - 1
+    if dof < 1:
+        return 0.0, 0, 1.0
+    stat = float(((o_arr - e_arr) ** 2 / e_arr).sum())
+    return stat, dof, float(chi2.sf(stat, dof))
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def _add_prefix(hist: list[int], n: int) -> None:
+    """hist[i] += 1 for i < n, growing hist as needed."""
+    if len(hist) < n:
+        hist.extend([0] * (n - len(hist)))
+    for i in range(n):
+        hist[i] += 1
+
+
+def _add_lists(into: list[int], other: Sequence[int]) -> None:
+    if len(into) < len(other):
+        into.extend([0] * (len(other) - len(into)))
+    for i, v in enumerate(other):
+        into[i] += v

@@ -1,0 +1,50 @@
+"""Proposers: where draft tokens come from.
+
+Implementations: ``draft_model`` (a second Runner) now; ``ngram``, ``layer_skip``, ``medusa`` and
+``eagle`` with the real-model backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from trtspec.sampling import SamplingParams
+
+
+@dataclass
+class Draft:
+    """One round's proposals for a batch; rows with num_draft 0 propose nothing."""
+
+    token_ids: torch.Tensor  # [B, K] int64, padded with -1
+    num_draft: torch.Tensor  # [B] int64, ≤ K
+    probs: torch.Tensor | None  # [B, K, V] fp32 q the tokens were sampled from; None = point mass
+
+    @classmethod
+    def empty(cls, batch: int) -> Draft:
+        return cls(torch.full((batch, 0), -1, dtype=torch.long),
+                   torch.zeros(batch, dtype=torch.long), None)
+
+
+class Proposer(Protocol):
+    """Proposes draft tokens for a batch whose rows keep their index (like a Runner's)."""
+
+    def start(self, prompts: Sequence[Sequence[int]]) -> None:
+        """A new batch begins with these prompts."""
+        ...
+
+    def propose(self, tokens: Sequence[Sequence[int]], draft_len: Sequence[int],
+                params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> Draft:
+        """Propose up to draft_len[b] tokens continuing tokens[b] (prompt + output so far).
+
+        A proposer that samples must use ``logits_to_probs`` with params[b] and return the
+        distribution it sampled from; randomness comes from generators[b] only.
+        """
+        ...
+
+    def observe(self, num_accepted: Sequence[int]) -> None:
+        """How many of each row's drafts were accepted: roll back state, adapt."""
+        ...

@@ -1,0 +1,60 @@
+"""A separate (smaller) model drafts D tokens autoregressively, sampling from its own q."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from trtspec.propose import Draft
+from trtspec.runtime import Runner
+from trtspec.sampling import SamplingParams, rows_to_probs, sample, uniforms
+
+
+class DraftModelProposer:
+    """Drives any Runner as the draft. Its cache holds committed tokens plus the drafts it fed.
+
+    Per round: feed the committed tokens the draft has not seen (at least the last emitted token),
+    then D single-token steps; the last draft is never fed (nothing would read its logits).
+    ``observe`` rolls the cache back to the committed prefix plus the accepted drafts.
+    """
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self._valid: list[int] = []  # per row: leading cache tokens that are committed
+        self._after_propose: list[tuple[int, int]] = []  # per row: (committed len, cache len)
+
+    def start(self, prompts: Sequence[Sequence[int]]) -> None:
+        self.runner.prefill(prompts)
+        self._valid = [len(p) for p in prompts]
+        self._after_propose = []
+
+    def propose(self, tokens: Sequence[Sequence[int]], draft_len: Sequence[int],
+                params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> Draft:
+        batch, steps = len(tokens), max(draft_len, default=0)
+        if steps == 0:
+            return Draft.empty(batch)
+        feed = [list(t[v:]) if n else [] for t, v, n in zip(tokens, self._valid, draft_len,
+                                                             strict=True)]
+        ids, probs = [], []
+        for step in range(steps):
+            logits = self.runner.score(feed, last_only=True)[:, 0]  # [B, V]
+            q = rows_to_probs(logits, params)  # [B, V]
+            live = [int(n > step) for n in draft_len]
+            x = sample(q, uniforms(live, generators)[:, 0])  # [B]
+            ids.append(torch.where(torch.tensor(live, dtype=torch.bool), x, -1))
+            probs.append(q)
+            feed = [[int(x[b])] if draft_len[b] > step + 1 else [] for b in range(batch)]
+        self._after_propose = [(len(t), len(t) + n - 1) if n else (v, v)
+                               for t, n, v in zip(tokens, draft_len, self._valid, strict=True)]
+        return Draft(torch.stack(ids, 1), torch.as_tensor(list(draft_len), dtype=torch.long),
+                     torch.stack(probs, 1))
+
+    def observe(self, num_accepted: Sequence[int]) -> None:
+        if not self._after_propose:
+            return
+        self._valid = [min(cached, committed + int(a))
+                       for (committed, cached), a in
+                       zip(self._after_propose, num_accepted, strict=True)]
+        self.runner.rollback(self._valid)
+        self._after_propose = []

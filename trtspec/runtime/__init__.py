@@ -1,0 +1,45 @@
+"""Runners: a model that holds a batch of sequences (its KV cache) and scores new tokens.
+
+Implementations: ``toy`` (exact Markov models) now; ``hf`` (transformers) and ``trtllm`` later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+
+class Runner(Protocol):
+    """A batch of B sequences kept by a model between calls.
+
+    Rows keep their index for the life of a batch. A row given no tokens in :meth:`score` is left
+    alone (finished or idle requests), so callers never need to shrink the batch.
+    """
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Start a new batch from the prompts; return logits [B, V] for each prompt's next token."""
+        ...
+
+    def score(self, tokens: Sequence[Sequence[int]], last_only: bool = False) -> torch.Tensor:
+        """Append tokens[b] to row b; return logits [B, T, V] (T = max len, or 1 if last_only).
+
+        logits[b, t] predicts the token after tokens[b][t]; positions past len(tokens[b]) are
+        padding with unspecified values.
+        """
+        ...
+
+    def rollback(self, lengths: Sequence[int]) -> None:
+        """Truncate row b to its first lengths[b] tokens (prompt included); no recompute."""
+        ...
+
+    def lengths(self) -> list[int]:
+        """Tokens held per row, prompt included."""
+        ...
