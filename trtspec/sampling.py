@@ -103,17 +103,40 @@ def uniforms(counts: Sequence[int], generator: Generators, device: torch.device 
     return out.to(device)
 
 
+SAMPLE_BLOCK = 1024  # tokens per block of the two-level inverse CDF
+
+
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling: probs [N, V] (≥ 0, any positive total), u [N] in [0, 1) → ids [N].
 
-    A token with probability 0 is never returned: ``searchsorted(right=True)`` skips flat steps
-    of the CDF, and the target value is kept strictly below the total mass.
+    Two levels, so no sequential scan runs over the whole vocabulary: vectorised sums of
+    SAMPLE_BLOCK-token blocks pick the block holding u·total, then a cumsum inside that one block
+    picks the token. A token with probability 0 is never returned: ``searchsorted(right=True)``
+    skips flat steps of a CDF, and each target is kept strictly below its CDF's last value.
     """
-    cdf = probs.float().cumsum(-1)  # [N, V]
-    total = cdf[:, -1:]  # [N, 1]
-    target = (u.to(cdf.device, torch.float64).unsqueeze(-1) * total.double()).float()  # [N, 1]
-    target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+    n, vocab = probs.shape
+    probs = probs.float()
+    block = min(SAMPLE_BLOCK, vocab)
+    full = vocab // block * block
+    sums = probs[:, :full].reshape(n, full // block, block).sum(-1)  # [N, nb]
+    if full < vocab:
+        sums = torch.cat([sums, probs[:, full:].sum(-1, keepdim=True)], dim=1)  # [N, nb+1]
+    block_cdf = sums.cumsum(-1)  # [N, nb']
+    target = _below_last(block_cdf, (u.to(probs.device, torch.float64)[:, None]
+                                     * block_cdf[:, -1:].double()).float())  # [N, 1]
+    k = torch.searchsorted(block_cdf, target, right=True)  # [N, 1] chosen block
+    before = torch.where(k > 0, block_cdf.gather(1, (k - 1).clamp(min=0)), 0.0)  # [N, 1]
+    cols = k * block + torch.arange(block, device=probs.device)  # [N, block]
+    inside = probs.gather(1, cols.clamp(max=vocab - 1)).masked_fill_(cols >= vocab, 0.0)
+    inside_cdf = inside.cumsum(-1)  # [N, block]
+    j = torch.searchsorted(inside_cdf, _below_last(inside_cdf, target - before), right=True)
+    return (k * block + j).squeeze(-1)
+
+
+def _below_last(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Clamp target [N, 1] strictly below each row's total, so rounding never runs off the end."""
+    last = cdf[:, -1:]
+    return torch.minimum(target, torch.nextafter(last, torch.zeros_like(last)))
 
 
 def make_generator(seed: int | None) -> torch.Generator:

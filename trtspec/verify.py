@@ -25,6 +25,7 @@ output does not depend on its batch neighbours.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -68,7 +69,7 @@ def verify(
     q_x = (torch.ones_like(p_x) if draft_probs is None
            else draft_probs.gather(-1, draft_ids[..., None]).squeeze(-1))  # [B, K] q_i(x_i)
 
-    all_greedy = bool(greedy_rows.all())
+    any_greedy, all_greedy = bool(greedy_rows.any()), bool(greedy_rows.all())
     if all_greedy:  # no randomness needed
         u = torch.zeros((B, K1), dtype=torch.float64, device=device)
     else:
@@ -77,33 +78,57 @@ def verify(
 
     # u < p/q written as u·q < p: no division, q(x) = 0 accepts iff p(x) > 0.
     accept = (u[:, :K] * q_x < p_x) & valid  # [B, K]
-    if greedy_rows.any():
-        matches = draft_ids == target_probs[:, :K].argmax(-1)  # [B, K]
-        accept = torch.where(greedy_rows[:, None], matches & valid, accept)
+    top = target_probs.argmax(-1) if any_greedy else None  # [B, K+1] argmax p, one pass
+    if top is not None:
+        accept = torch.where(greedy_rows[:, None], (draft_ids == top[:, :K]) & valid, accept)
     num_accepted = accept.long().cumprod(-1).sum(-1)  # [B]
     rejected = num_accepted < num_draft  # [B]
 
-    p_j = target_probs[rows, num_accepted]  # [B, V] p at the stop position
-    final = p_j.argmax(-1)  # [B] greedy choice
-    if not all_greedy:
-        dist = p_j
-        if K > 0 and bool(rejected.any()):
-            j = num_accepted.clamp(max=K - 1)  # [B]
-            if draft_probs is None:  # point mass: residual = p with x_j removed
-                q_j = torch.zeros_like(p_j).scatter_(-1, draft_ids[rows, j][:, None], 1.0)
+    if all_greedy:
+        final = top[rows, num_accepted]  # [B]
+    else:
+        flat_p = target_probs.reshape(B * K1, -1)  # [B·(K+1), V]; row gathers are memcpys
+        dist = torch.index_select(flat_p, 0, rows * K1 + num_accepted,
+                                  out=_scratch("dist", (B, flat_p.shape[1]), flat_p))  # [B, V]
+        redo = (rejected & ~greedy_rows).nonzero().squeeze(-1)  # [R] rows needing a residual
+        if len(redo):
+            j = num_accepted[redo]  # [R]
+            residual = torch.index_select(dist, 0, redo, out=_scratch(
+                "residual", (len(redo), dist.shape[1]), dist))  # [R, V]
+            if draft_probs is None:  # point mass: residual = p with the rejected token removed
+                residual.scatter_(-1, draft_ids[redo, j][:, None], 0.0)
             else:
-                q_j = draft_probs[rows, j].float()  # [B, V]
-            residual = (p_j - q_j).clamp_(min=0.0)  # [B, V]
-            has_mass = residual.sum(-1) > 0  # [B]
-            dist = torch.where((rejected & has_mass)[:, None], residual, p_j)
-        u_final = u[rows, num_draft]  # [B] the row's last draw
-        final = torch.where(greedy_rows, final, sample(dist, u_final))
+                q_j = draft_probs.reshape(B * K, -1).index_select(0, redo * K + j)  # [R, V]
+                residual.sub_(q_j).clamp_(min=0.0)
+            has_mass = residual.sum(-1) > 0  # [R]; no mass → keep p (never NaN)
+            if bool(has_mass.all()):
+                dist.index_copy_(0, redo, residual)
+            else:
+                dist.index_copy_(0, redo[has_mass], residual[has_mass])
+        final = sample(dist, u[rows, num_draft])  # [B] u: the row's last draw
+        if top is not None:
+            final = torch.where(greedy_rows, top[rows, num_accepted], final)
 
     positions = torch.arange(K1, device=device)  # [K+1]
     token_ids = torch.full((B, K1), -1, dtype=torch.long, device=device)
     token_ids[:, :K] = torch.where(positions[:K] < num_accepted[:, None], draft_ids, -1)
     token_ids[rows, num_accepted] = final
     return VerifyOutput(token_ids, num_accepted, num_accepted + 1, ~rejected)
+
+
+_local = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+    """A reused per-thread work buffer: a fresh [B, V] allocation per call costs more than the
+    work itself on CPU (large blocks are mmapped and page-faulted anew)."""
+    key = (name, like.device, like.dtype)
+    buffers = _local.__dict__.setdefault("buffers", {})
+    numel = shape[0] * shape[1]
+    buf = buffers.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = buffers[key] = torch.empty(numel, device=like.device, dtype=like.dtype)
+    return buf[:numel].view(shape)
 
 
 def _check_shapes(target_probs: torch.Tensor, draft_token_ids: torch.Tensor,

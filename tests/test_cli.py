@@ -1,0 +1,47 @@
+"""`trtspec` command: version, toy generate, one-line errors with non-zero exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from trtspec import __version__
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trtspec", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_version() -> None:
+    out = run("--version")
+    assert out.returncode == 0 and __version__ in out.stdout
+
+
+def test_generate_toy_json_reports_tokens_and_stats() -> None:
+    out = run("generate", "--backend", "toy", "-n", "4", "--max-tokens", "12", "-D", "3",
+              "--seed", "5", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert len(data["completions"]) == 4
+    assert all(len(c["token_ids"]) == 12 for c in data["completions"])
+    stats = data["stats"]
+    assert stats["emitted_tokens"] == 4 * 11
+    assert 1.0 <= stats["al_pooled"] <= 4.0
+    plain = json.loads(run("generate", "--method", "none", "--json").stdout)
+    assert plain["stats"]["acceptance_rate"] is None and plain["stats"]["al_pooled"] == 1.0
+
+
+def test_generate_prints_a_table() -> None:
+    out = run("generate", "--temperature", "0", "--max-tokens", "8")
+    assert out.returncode == 0 and "acceptance_rate" in out.stdout and "request 0" in out.stdout
+
+
+def test_bad_input_is_one_line_and_nonzero() -> None:
+    for args, text in [(("generate", "--prompt", "1 99"), "outside 0..31"),
+                       (("generate", "--prompt", "a b"), "token ids must be integers"),
+                       (("generate", "--top-p", "0"), "--top-p")]:
+        out = run(*args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert text in out.stderr and "Traceback" not in out.stderr

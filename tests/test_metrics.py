@@ -1,0 +1,55 @@
+"""SpecStats arithmetic and the chi-square helper."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trtspec.metrics import SpecStats, chi_square_gof
+
+
+def test_record_round_and_derived_rates() -> None:
+    s = SpecStats()
+    s.record_round(num_draft=4, num_accepted=4, num_kept=5)  # all accepted + bonus
+    s.record_round(num_draft=4, num_accepted=1, num_kept=2)  # one accepted + recovered
+    s.record_round(num_draft=4, num_accepted=3, num_kept=2)  # EOS after 2 kept: 2 discarded
+    s.close_request()
+    assert (s.proposed_tokens, s.accepted_draft_tokens, s.emitted_tokens,
+            s.verification_rounds, s.discarded_tokens) == (12, 8, 9, 3, 2)
+    assert s.acceptance_rate == pytest.approx(8 / 12) and s.al_pooled == 3.0
+    assert s.proposed_per_position == [3, 3, 3, 3]
+    assert s.accepted_per_position == [3, 2, 2, 1]
+    assert s.acceptance_per_position == [1.0, 2 / 3, 2 / 3, 1 / 3]
+    assert s.request_al == [3.0]
+
+
+def test_merge_pools_counts_and_keeps_per_request_al() -> None:
+    a, b = SpecStats(), SpecStats()
+    a.record_round(2, 2, 3)
+    a.close_request()
+    for _ in range(3):
+        b.record_round(5, 0, 1)
+    b.close_request()
+    total = SpecStats.merge([a, b])
+    assert total.al_pooled == pytest.approx(6 / 4)
+    assert total.al_request_mean == pytest.approx((3 + 1) / 2)
+    assert total.proposed_per_position == [4, 4, 3, 3, 3]
+    assert total.summary()["proposed_tokens"] == 17
+
+
+def test_empty_stats_are_nan_not_errors() -> None:
+    s = SpecStats()
+    s.close_request()
+    assert math.isnan(s.acceptance_rate) and math.isnan(s.al_pooled)
+    assert math.isnan(s.al_request_mean) and s.request_al == []
+
+
+def test_chi_square_pools_small_bins_and_flags_impossible_outcomes() -> None:
+    _, dof, p = chi_square_gof([500, 300, 195, 4, 1], [0.5, 0.3, 0.197, 0.002, 0.001])
+    assert dof == 2 and p > 0.5  # tail (3 expected) joins the smallest regular bin
+    assert chi_square_gof([500, 300, 191, 5, 4], [0.5, 0.3, 0.191, 0.005, 0.004])[1] == 3
+    assert chi_square_gof([10, 1], [1.0, 0.0])[2] == 0.0
+    assert chi_square_gof([600, 400], [0.5, 0.5])[2] < 1e-9
+    with pytest.raises(ValueError):
+        chi_square_gof([1, 2], [1.0])
