@@ -9,6 +9,7 @@ from trtspec.metrics import chi_square_gof
 from trtspec.sampling import (
     SAMPLE_BLOCK,
     SamplingParams,
+    argmax,
     logits_to_probs,
     make_generator,
     rows_to_probs,
@@ -97,6 +98,16 @@ def test_two_level_sampler_matches_a_full_cdf_beyond_one_block() -> None:
     assert bool((probs[ids] > 0).all())
     counts = torch.bincount(ids, minlength=vocab)
     assert chi_square_gof(counts.tolist(), probs.tolist())[2] > 1e-3
+
+
+@pytest.mark.parametrize("vocab", [7, 1024, 2048, 3000])
+def test_blocked_argmax_is_torch_argmax_with_first_occurrence_ties(vocab: int) -> None:
+    x = torch.randn(3, 4, vocab, generator=torch.Generator().manual_seed(vocab))
+    assert torch.equal(argmax(x), x.argmax(-1))
+    ties = torch.zeros(2, vocab)
+    ties[0, [vocab - 1, vocab // 2]] = 5.0  # first occurrence wins, across blocks
+    ties[1, -1] = 1.0  # maximum in the ragged tail
+    assert argmax(ties).tolist() == [vocab // 2, vocab - 1]
 
 
 def test_power_a_shifted_sampler_fails_the_same_test() -> None:

@@ -49,7 +49,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     """
     logits = logits.float()
     if params.greedy:
-        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return torch.zeros_like(logits).scatter_(-1, argmax(logits)[..., None], 1.0)
     if params.temperature != 1.0:
         logits = logits / params.temperature
     vocab = logits.shape[-1]
@@ -131,6 +131,26 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     inside_cdf = inside.cumsum(-1)  # [N, block]
     j = torch.searchsorted(inside_cdf, _below_last(inside_cdf, target - before), right=True)
     return (k * block + j).squeeze(-1)
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """x [..., V] → index of the first maximum [...], like ``x.argmax(-1)``.
+
+    Blocked (amax of SAMPLE_BLOCK-token blocks, then argmax inside the first block holding the
+    maximum) because torch's CPU argmax runs several times below memory bandwidth at large V.
+    """
+    vocab = x.shape[-1]
+    block = min(SAMPLE_BLOCK, vocab)
+    full = vocab // block * block
+    if full == vocab and block == vocab:
+        return x.argmax(-1)
+    maxima = x[..., :full].reshape(*x.shape[:-1], full // block, block).amax(-1)  # [..., nb]
+    if full < vocab:
+        maxima = torch.cat([maxima, x[..., full:].amax(-1, keepdim=True)], dim=-1)
+    k = maxima.argmax(-1, keepdim=True)  # [..., 1] first block holding the maximum
+    cols = k * block + torch.arange(block, device=x.device)  # [..., block]
+    inside = x.gather(-1, cols.clamp(max=vocab - 1)).masked_fill_(cols >= vocab, float("-inf"))
+    return (k * block).squeeze(-1) + inside.argmax(-1)
 
 
 def _below_last(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trtspec.sampling import Generators, sample, uniforms
+from trtspec.sampling import Generators, argmax, sample, uniforms
 
 
 @dataclass
@@ -78,7 +78,7 @@ def verify(
 
     # u < p/q written as u·q < p: no division, q(x) = 0 accepts iff p(x) > 0.
     accept = (u[:, :K] * q_x < p_x) & valid  # [B, K]
-    top = target_probs.argmax(-1) if any_greedy else None  # [B, K+1] argmax p, one pass
+    top = argmax(target_probs) if any_greedy else None  # [B, K+1] argmax p, one pass
     if top is not None:
         accept = torch.where(greedy_rows[:, None], (draft_ids == top[:, :K]) & valid, accept)
     num_accepted = accept.long().cumprod(-1).sum(-1)  # [B]
