@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from typing import Any
 
 import click
 from pydantic import ValidationError
@@ -11,9 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from trtspec import __version__
-from trtspec.executor import Completion, SpecExecutor
+from trtspec.executor import Completion, Delta, SpecExecutor
 from trtspec.metrics import SpecStats
-from trtspec.propose.draft_model import DraftModelProposer
+from trtspec.propose import make_proposer
 from trtspec.runtime.toy import MarkovLM, ToyRunner
 from trtspec.sampling import SamplingParams
 
@@ -25,61 +27,128 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--backend", type=click.Choice(["toy"]), default="toy", show_default=True,
-              help="toy = exact Markov-chain models (real models come with the torch backend)")
-@click.option("--method", type=click.Choice(["none", "draft_model"]), default="draft_model",
-              show_default=True, help="none = plain decoding (the baseline)")
+@click.option("--backend", type=click.Choice(["torch", "toy"]), default="torch", show_default=True,
+              help="torch = a real model via transformers; toy = exact Markov-chain models")
+@click.option("--model", "-m", default="smollm2-135m-instruct", show_default=True,
+              help="built-in name, .gguf file, local HF directory or cached hub id (torch)")
+@click.option("--method", type=click.Choice(["none", "ngram", "layer_skip", "draft_model"]),
+              default="ngram", show_default=True, help="none = plain decoding (the baseline)")
 @click.option("--draft-len", "-D", type=click.IntRange(0, 64), default=4, show_default=True)
-@click.option("--prompt", default="1 2 3", show_default=True, help="token ids, space separated")
+@click.option("--draft-model", default=None, help="the draft for --method draft_model (torch)")
+@click.option("--draft-layers", type=click.IntRange(1), default=None,
+              help="layer_skip: target layers the draft keeps [default: half]")
+@click.option("--ngram-min", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--ngram-max", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--prompt", "-p", default=None,
+              help="text (torch; a chat turn when the model has a template) or token ids (toy)")
+@click.option("--chat/--no-chat", default=True, show_default=True,
+              help="wrap a text prompt in the tokenizer's chat template")
 @click.option("--num-requests", "-n", type=click.IntRange(1), default=1, show_default=True,
               help="copies of the prompt in one batch (seeds seed, seed+1, …)")
-@click.option("--max-tokens", type=click.IntRange(1), default=32, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--temperature", type=click.FloatRange(0), default=1.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(0), default=0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0,
               show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--vocab-size", type=click.IntRange(2, 4096), default=32, show_default=True)
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:1 … (torch)")
+@click.option("--dtype", default="auto", show_default=True,
+              help="auto = float32 on CPU, bfloat16 on CUDA (torch)")
+@click.option("--vocab-size", type=click.IntRange(2, 4096), default=32, show_default=True,
+              help="toy vocabulary")
 @click.option("--order", type=click.IntRange(1, 3), default=2, show_default=True,
               help="toy Markov order (context tokens)")
 @click.option("--divergence", type=click.FloatRange(0, 1), default=0.3, show_default=True,
               help="toy draft: 0 = the target itself, 1 = unrelated")
 @click.option("--eos-id", type=int, default=None, help="toy EOS token id (default: none)")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
-def generate(backend: str, method: str, draft_len: int, prompt: str, num_requests: int,
-             max_tokens: int, temperature: float, top_k: int, top_p: float, seed: int,
-             vocab_size: int, order: int, divergence: float, eos_id: int | None,
-             as_json: bool) -> None:
-    """Generate with exact speculative sampling and print tokens and speculation stats."""
-    try:
-        prompt_ids = [int(t) for t in prompt.replace(",", " ").split()]
-    except ValueError:
-        raise click.BadParameter("token ids must be integers, e.g. '1 2 3'",
-                                 param_hint="--prompt") from None
-    target = MarkovLM(vocab_size, order, seed=seed, eos_token_id=eos_id)
-    proposer = (DraftModelProposer(ToyRunner(target.diverged(divergence, seed=seed + 1)))
-                if method == "draft_model" else None)
-    executor = SpecExecutor(ToyRunner(target), proposer, draft_len)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
+def generate(backend: str, model: str, method: str, draft_len: int, draft_model: str | None,
+             draft_layers: int | None, ngram_min: int, ngram_max: int, prompt: str | None,
+             chat: bool, num_requests: int, max_tokens: int, temperature: float, top_k: int,
+             top_p: float, seed: int, device: str, dtype: str, vocab_size: int, order: int,
+             divergence: float, eos_id: int | None, as_json: bool) -> None:
+    """Generate with exact speculative sampling; print the output and speculation stats."""
     params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed + i,
                              max_tokens=max_tokens) for i in range(num_requests)]
-    completions = executor.generate([prompt_ids] * num_requests, params)
-    _print_completions(completions, as_json)
+    knobs = {"draft_len": draft_len, "draft_layers": draft_layers, "ngram_min": ngram_min,
+             "ngram_max": ngram_max}
+    tokenizer = None
+    if backend == "toy":
+        if method in ("layer_skip",):
+            raise click.BadParameter("the toy backend has no layers to skip",
+                                     param_hint="--method")
+        ids = _token_ids(prompt or "1 2 3")
+        target = MarkovLM(vocab_size, order, seed=seed, eos_token_id=eos_id)
+        draft = ToyRunner(target.diverged(divergence, seed=seed + 1))
+        runner = ToyRunner(target)
+        proposer = make_proposer(method, draft=draft, **knobs)
+    else:
+        from trtspec.models import encode, load
+        from trtspec.runtime.hf import HFRunner
+
+        lm = load(model, device, dtype)
+        tokenizer = lm.tokenizer
+        ids = encode(tokenizer, prompt or "Write a haiku about speculative decoding.", chat)
+        draft = load(draft_model, device, dtype) if draft_model else None
+        runner = HFRunner(lm.model, eos_token_id=tokenizer.eos_token_id)
+        proposer = make_proposer(method, lm, draft=draft, **knobs)
+    executor = SpecExecutor(runner, proposer, draft_len)
+    stream = None if as_json or num_requests > 1 or tokenizer is None else TextStream(tokenizer)
+    started = time.perf_counter()
+    completions = executor.generate([ids] * num_requests, params, on_step=stream)
+    elapsed = time.perf_counter() - started
+    _print_completions(completions, as_json, tokenizer, elapsed, show_tokens=stream is None)
 
 
-def _print_completions(completions: list[Completion], as_json: bool) -> None:
+def _token_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise click.BadParameter("toy prompts are token ids, e.g. '1 2 3'",
+                                 param_hint="--prompt") from None
+
+
+class TextStream:
+    """Prints request 0's text as tokens arrive (holding back a trailing partial character)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer, self.shown, self.ids = tokenizer, 0, []
+
+    def __call__(self, deltas: list[Delta]) -> None:
+        for d in deltas:
+            if d.index == 0:
+                self.ids += d.token_ids
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        click.echo(text[self.shown:], nl=False)
+        self.shown = len(text)
+
+
+def _print_completions(completions: list[Completion], as_json: bool, tokenizer: Any,
+                       elapsed: float, show_tokens: bool) -> None:
     stats = SpecStats.merge(c.stats for c in completions)
+    tokens = sum(len(c.token_ids) for c in completions)
+
+    def text(c: Completion) -> str | None:
+        return tokenizer.decode(c.token_ids, skip_special_tokens=True) if tokenizer else None
+
     if as_json:
         click.echo(json.dumps({
-            "completions": [{"token_ids": c.token_ids, "finish_reason": c.finish_reason}
-                            for c in completions],
+            "completions": [{"token_ids": c.token_ids, "text": text(c),
+                             "finish_reason": c.finish_reason} for c in completions],
+            "seconds": elapsed,
             "stats": {k: _finite(v) for k, v in stats.summary().items()},
             "acceptance_per_position": [_finite(a) for a in stats.acceptance_per_position],
         }))
         return
     console = Console()
-    for i, c in enumerate(completions):
-        console.print(f"[bold]request {i}[/] ({c.finish_reason}, {len(c.token_ids)} tokens): "
-                      + " ".join(map(str, c.token_ids)))
+    if not show_tokens:
+        click.echo()
+    for i, c in enumerate(completions if show_tokens else []):
+        body = text(c) if tokenizer else " ".join(map(str, c.token_ids))
+        console.print(f"[bold]request {i}[/] ({c.finish_reason}, {len(c.token_ids)} tokens):")
+        console.print(body, highlight=False, markup=False)
     table = Table(title="speculation stats",
                   caption="the first token (from prefill) is in no counter")
     table.add_column("metric")
@@ -88,6 +157,7 @@ def _print_completions(completions: list[Completion], as_json: bool) -> None:
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     table.add_row("acceptance per position",
                   " ".join(f"{a:.2f}" for a in stats.acceptance_per_position) or "-")
+    table.add_row("output tokens / s", f"{tokens / elapsed:.1f}")
     console.print(table)
 
 

@@ -15,7 +15,7 @@ the baseline shares every line of sampling code with the speculative path.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -88,12 +88,13 @@ class SpecExecutor:
         self.draft_len = draft_len if proposer is not None else 0
 
     def generate(self, prompts: Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None
-                 ) -> list[Completion]:
-        """Run the batch to completion."""
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 on_step: Callable[[list[Delta]], None] | None = None) -> list[Completion]:
+        """Run the batch to completion; ``on_step`` sees the new tokens after every step."""
         reqs = self._requests(prompts, params)
-        for _ in self._run(reqs):
-            pass
+        for deltas in self._run(reqs):
+            if on_step is not None:
+                on_step(deltas)
         return [Completion(r.prompt, r.output, r.finish_reason or "length", r.stats) for r in reqs]
 
     def stream(self, prompts: Sequence[Sequence[int]],

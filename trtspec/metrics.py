@@ -66,8 +66,9 @@ class SpecStats:
     @property
     def acceptance_per_position(self) -> list[float]:
         """P(draft i accepted | draft i proposed), per position."""
-        return [_ratio(a, p) for a, p in
-                zip(self.accepted_per_position, self.proposed_per_position, strict=False)]
+        accepted = self.accepted_per_position
+        return [_ratio(accepted[i] if i < len(accepted) else 0, p)
+                for i, p in enumerate(self.proposed_per_position)]
 
     @classmethod
     def merge(cls, parts: Iterable[SpecStats]) -> SpecStats:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -48,3 +48,38 @@ class Proposer(Protocol):
     def observe(self, num_accepted: Sequence[int]) -> None:
         """How many of each row's drafts were accepted: roll back state, adapt."""
         ...
+
+
+def make_proposer(method: str, target: Any = None, *, draft_len: int = 4,
+                  draft: Any = None, draft_layers: int | None = None, ngram_min: int = 1,
+                  ngram_max: int = 3) -> Proposer | None:
+    """The proposer for a method name. ``target``/``draft`` are loaded models (trtspec.models)
+    for the torch backend, or Runners for the toy backend."""
+    from trtspec.propose.draft_model import DraftModelProposer, check_vocab
+    from trtspec.propose.ngram import NgramProposer
+
+    match method:
+        case "none":
+            return None
+        case "ngram":
+            return NgramProposer(ngram_min, ngram_max)
+        case "layer_skip":
+            from trtspec.runtime.hf import HFRunner, layer_skip_view
+
+            model = target.model
+            layers = draft_layers or max(1, len(model.get_decoder().layers) // 2)
+            return DraftModelProposer(HFRunner(layer_skip_view(model, layers),
+                                               eos_token_id=target.tokenizer.eos_token_id))
+        case "draft_model":
+            if draft is None:
+                raise ValueError("method draft_model needs a draft model (--draft-model)")
+            if hasattr(draft, "tokenizer"):  # a loaded HF model
+                from trtspec.runtime.hf import HFRunner
+
+                check_vocab(target.tokenizer, draft.tokenizer)
+                vocab = target.model.get_output_embeddings().weight.shape[0]
+                return DraftModelProposer(HFRunner(draft.model), target_vocab=vocab)
+            return DraftModelProposer(draft)
+        case _:
+            raise ValueError(f"unknown method '{method}': use none, draft_model, layer_skip "
+                             "or ngram")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -19,8 +20,9 @@ class DraftModelProposer:
     ``observe`` rolls the cache back to the committed prefix plus the accepted drafts.
     """
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Runner, target_vocab: int | None = None) -> None:
         self.runner = runner
+        self.target_vocab = target_vocab or runner.vocab_size  # q is over the target's ids
         self._valid: list[int] = []  # per row: leading cache tokens that are committed
         self._after_propose: list[tuple[int, int]] = []  # per row: (committed len, cache len)
 
@@ -38,8 +40,8 @@ class DraftModelProposer:
                                                              strict=True)]
         ids, probs = [], []
         for step in range(steps):
-            logits = self.runner.score(feed, last_only=True)[:, 0]  # [B, V]
-            q = rows_to_probs(logits, params)  # [B, V]
+            logits = _fit(self.runner.score(feed, last_only=True)[:, 0], self.target_vocab)
+            q = rows_to_probs(logits, params)  # [B, V_target]
             live = [int(n > step) for n in draft_len]
             x = sample(q, uniforms(live, generators)[:, 0])  # [B]
             ids.append(torch.where(torch.tensor(live, dtype=torch.bool), x, -1))
@@ -58,3 +60,33 @@ class DraftModelProposer:
                        zip(self._after_propose, num_accepted, strict=True)]
         self.runner.rollback(self._valid)
         self._after_propose = []
+
+
+def _fit(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Draft logits [B, V_draft] → [B, vocab]: ids the draft lacks get −inf, so q(x) = 0."""
+    have = logits.shape[-1]
+    if have == vocab:
+        return logits
+    if have > vocab:
+        return logits[:, :vocab]
+    return torch.nn.functional.pad(logits, (0, vocab - have), value=float("-inf"))
+
+
+def check_vocab(target_tokenizer: Any, draft_tokenizer: Any) -> None:
+    """Accept an identical vocabulary or a draft vocabulary that is a prefix of the target's
+    (same token → same id, the target has extra ids, e.g. 128000 vs 128256); refuse the rest."""
+    target, draft = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if target == draft:
+        return
+    moved = sum(1 for token, i in draft.items() if target.get(token) != i)
+    if moved == 0 and len(draft) < len(target):
+        return
+    raise ValueError(
+        f"draft tokenizer '{_name(draft_tokenizer)}' (vocab {len(draft)}) does not match target "
+        f"tokenizer '{_name(target_tokenizer)}' (vocab {len(target)}): {moved} draft tokens have "
+        "another id or are missing in the target; a draft must share the target's vocabulary "
+        "(identical, or a prefix of it)")
+
+
+def _name(tokenizer: Any) -> str:
+    return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
