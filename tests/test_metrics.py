@@ -36,7 +36,7 @@ def test_merge_pools_counts_and_keeps_per_request_al() -> None:
     assert total.al_request_mean == pytest.approx((3 + 1) / 2)
     assert total.proposed_per_position == [4, 4, 3, 3, 3]
     assert total.summary()["proposed_tokens"] == 17
-    assert total.acceptance_per_position == [1.0, 0.25, 0.0, 0.0, 0.0]  # never-accepted tail
+    assert total.acceptance_per_position == [0.25, 0.25, 0.0, 0.0, 0.0]  # never-accepted tail
 
 
 def test_empty_stats_are_nan_not_errors() -> None:
