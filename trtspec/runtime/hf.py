@@ -11,6 +11,7 @@ do the math, so the logits are the model's own.
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,6 +94,9 @@ class HFRunner:
         self._vocab = vocab_size or self._head.weight.shape[0]
         self._eos = eos_token_id if eos_token_id is not None else _first(config.eos_token_id)
         self._additive_mask = getattr(config, "_attn_implementation", "sdpa") != "sdpa"
+        # transformers ≥ 5 calls it `cache`; 4.x (TensorRT-LLM 1.2's pin) `past_key_values`
+        decoder_args = inspect.signature(self._decoder.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in decoder_args else "past_key_values"
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.cache: RowCache | None = None
@@ -134,8 +138,8 @@ class HFRunner:
             mask = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(
                 ~mask, torch.finfo(self.dtype).min)
         hidden = self._decoder(input_ids=ids.to(self.device), attention_mask=mask,
-                               position_ids=positions, cache=cache, use_cache=True
-                               ).last_hidden_state  # [b, T, d]
+                               position_ids=positions, use_cache=True,
+                               **{self._cache_kwarg: cache}).last_hidden_state  # [b, T, d]
         n = torch.tensor(counts[rows], device=self.device)  # [b]
         if last_only:
             hidden = hidden[torch.arange(len(n), device=self.device), (n - 1).clamp(min=0)][:, None]
