@@ -16,3 +16,14 @@ def test_bench_verify_quick(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     text = out.read_text()
     assert "× copy GB/s" in text and "| 8 | 1000 | sampled (q) |" in text
+
+
+def test_bench_cpu_quick(tmp_path: Path, smollm2) -> None:
+    out = tmp_path / "bench-cpu.md"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cpu.py"), "--quick",
+                          "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = out.read_text()
+    for needle in ("| copy-heavy | trtspec ngram |", "| open-ended chat | HF assistant_model |",
+                   "× the floor", "| 17 |"):
+        assert needle in text
