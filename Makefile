@@ -24,6 +24,7 @@ test: $(STAMP) lint
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_verify.py
+	$(BIN)/python benchmarks/bench_cpu.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

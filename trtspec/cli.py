@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -100,6 +102,45 @@ def generate(backend: str, model: str, method: str, draft_len: int, draft_model:
     _print_completions(completions, as_json, tokenizer, elapsed, show_tokens=stream is None)
 
 
+@cli.command()
+@click.argument("recipe", type=click.Path(dir_okay=False))
+@click.option("--gpu", default=None, help="plan for this GPU (H200, A100-80GB, …) instead of "
+              "the recipe's / this machine's")
+@click.option("--dry-run", is_flag=True, help="print the plan as shell and stop")
+@click.option("--force", is_flag=True, help="rebuild even if the manifest is up to date")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a recipe value, e.g. --set limits.max_batch_size=16")
+@click.option("--engines", default="engines", show_default=True, type=click.Path(),
+              help="root folder for build outputs")
+def build(recipe: str, gpu: str | None, dry_run: bool, force: bool, overrides: tuple[str, ...],
+          engines: str) -> None:
+    """Build (TensorRT-LLM engines, or torch checkpoints) for RECIPE and write a manifest."""
+    from trtspec.build import build as run_build
+
+    say = (lambda text: click.echo(text, err=True)) if dry_run else click.echo
+    result = run_build(recipe, overrides, gpu, dry_run, force, engines, say)
+    if dry_run:
+        click.echo(result.plan.shell(), nl=False)
+
+
+@cli.command()
+@click.argument("recipes", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+def doctor(recipes: tuple[str, ...]) -> None:
+    """What this machine has, and what each recipe (default: recipes/*.yaml) still needs."""
+    from trtspec.doctor import machine, recipe_needs
+
+    console = Console()
+    table = Table(title="this machine", show_header=False)
+    for key, value in machine():
+        table.add_row(key, value)
+    console.print(table)
+    paths = [Path(r) for r in recipes] or sorted(Path("recipes").glob("*.yaml"))
+    for path in paths:
+        needs = recipe_needs(path)
+        status = "[green]ready[/]" if not needs else "[yellow]needs[/] " + "; ".join(needs)
+        console.print(f"{path}: {status}", highlight=False)
+
+
 def _token_ids(text: str) -> list[int]:
     try:
         return [int(t) for t in text.replace(",", " ").split()]
@@ -166,17 +207,19 @@ def _finite(value: float | int) -> float | int | None:
     return None if value != value else value
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Entry point: library errors become one red line and exit code 2, never a traceback."""
     try:
-        cli.main(standalone_mode=False)
+        cli.main(args=argv, prog_name="trtspec", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except (ValueError, ValidationError) as e:
+    except (ValueError, ValidationError, RuntimeError) as e:
+        if os.environ.get("TRTSPEC_DEBUG"):
+            raise
         message = str(e).splitlines()[0] if not isinstance(e, ValidationError) else (
             "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()))
         click.secho(f"error: {message}", fg="red", err=True)

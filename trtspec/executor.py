@@ -133,8 +133,8 @@ class SpecExecutor:
                        torch.empty((len(reqs), 0), dtype=torch.long), None,
                        torch.zeros(len(reqs), dtype=torch.long),
                        [r.generator for r in reqs], torch.tensor([p.greedy for p in params]))
-        yield [Delta(i, r.commit([int(first.token_ids[i, 0])]), r.finish_reason)
-               for i, r in enumerate(reqs)]
+        first_ids = first.token_ids[:, 0].tolist()  # one host copy, not one sync per row
+        yield [Delta(i, r.commit([first_ids[i]]), r.finish_reason) for i, r in enumerate(reqs)]
         while True:
             live = [i for i, r in enumerate(reqs) if r.finish_reason is None]
             if not live:
@@ -158,15 +158,17 @@ class SpecExecutor:
         logits = self.target.score(feed)  # [B, T, V], T = 1 + max drafts
         k = logits.shape[1] - 1
         rows = torch.tensor(live)
-        out = verify(rows_to_probs(logits[rows], [reqs[b].params for b in live]),  # [L, K+1, V]
+        dev_rows = rows.to(logits.device)
+        out = verify(rows_to_probs(logits[dev_rows], [reqs[b].params for b in live]),  # [L,K+1,V]
                      draft.token_ids[rows, :k],
-                     None if draft.probs is None else draft.probs[rows, :k],
+                     None if draft.probs is None else draft.probs[dev_rows, :k],
                      draft.num_draft[rows], [reqs[b].generator for b in live],
                      torch.tensor([reqs[b].params.greedy for b in live]))
         deltas, accepted, lengths = [], [0] * batch, self.target.lengths()
+        emitted, num_accepted = out.token_ids.tolist(), out.num_accepted.tolist()  # to host once
         for row, b in enumerate(live):
-            r, a = reqs[b], int(out.num_accepted[row])
-            kept = r.commit(out.token_ids[row, : a + 1].tolist())
+            r, a = reqs[b], num_accepted[row]
+            kept = r.commit(emitted[row][: a + 1])
             r.stats.record_round(n_draft[b], a, len(kept))
             if r.finish_reason is None:
                 lengths[b] = len(r.prompt) + len(r.output) - 1  # all but the new last token

