@@ -191,6 +191,8 @@ def main() -> None:
     c = t_draft / t_target[1]
     verify_cost = t_target[D + 1] / t_target[1]
 
+    warm = [encode(tok, PROMPT_SETS["copy-heavy"][0])]
+    warm_params = params.model_copy(update={"max_tokens": 8})
     proposers = {
         "trtspec plain": None,
         "trtspec ngram": lambda: NgramProposer(1, 3),
@@ -202,6 +204,7 @@ def main() -> None:
         prompts = [encode(tok, t) for t in (texts[:1] if args.quick else texts)]
         results = []
         for name, factory in proposers.items():
+            run_trtspec(model, warm, warm_params, factory, D)  # identical untimed warm-up
             seconds, tokens, stats, outside = run_trtspec(model, prompts, params, factory, D)
             results.append(Result(name, seconds, tokens, stats, outside=outside))
             print(f"{set_name:>16} {name:<22} {seconds * 1e3 / tokens:7.1f} ms/token", flush=True)
@@ -214,6 +217,7 @@ def main() -> None:
             {**model.generation_config.to_dict(), "num_assistant_tokens": D,
              "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0})
         for name, kwargs in hf.items():
+            run_hf(model, warm, 8, **kwargs)  # identical untimed warm-up
             seconds, tokens = run_hf(model, prompts, new_tokens, **kwargs)
             results.append(Result(name, seconds, tokens))
             print(f"{set_name:>16} {name:<22} {seconds * 1e3 / tokens:7.1f} ms/token", flush=True)

@@ -45,7 +45,7 @@ def recipe_needs(path: Path) -> list[str]:
         elif want and detected[0].compute_capability != want.compute_capability:
             missing.append(f"a {want.name} (SM {want.compute_capability}); this machine has "
                            f"{detected[0].name}")
-        if len(detected) < recipe.gpu.count:
+        if detected and len(detected) < recipe.gpu.count:
             missing.append(f"{recipe.gpu.count} GPUs (found {len(detected)})")
     else:
         from trtspec.models import ModelNotFound, resolve
