@@ -237,7 +237,8 @@ def report(sections, bandwidth, nbytes, floor_ms, t_target, t_draft, c, verify_c
         "# bench-cpu: trtspec vs HF transformers, SmolLM2-135M-Instruct fp32, CPU, batch 1",
         "",
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch "
-        f"{torch.__version__}. Greedy, up to {new_tokens} new tokens (EOS ends a request), D = {D}"
+        f"{torch.__version__}. Greedy, up to {new_tokens} new tokens (EOS ends a request), "
+        f"D = {D}, every decoder warmed up identically (8 untimed tokens)"
         f", layer_skip draft = first {SKIP_LAYERS} of 30 layers. One run, same prompts for all."
         + (" **--quick smoke run: numbers are not meaningful.**" if quick else ""),
         "",
