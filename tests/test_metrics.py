@@ -54,3 +54,23 @@ def test_chi_square_pools_small_bins_and_flags_impossible_outcomes() -> None:
     assert chi_square_gof([600, 400], [0.5, 0.5])[2] < 1e-9
     with pytest.raises(ValueError):
         chi_square_gof([1, 2], [1.0])
+
+
+def test_latency_definitions_on_hand_built_timings() -> None:
+    from trtspec.metrics import RequestTiming, latency_summary
+
+    # request A: starts at 0, first token at 0.2, then a burst of 3 at 0.5 and one at 0.9
+    a = RequestTiming(start=0.0, token_times=[0.2, 0.5, 0.5, 0.5, 0.9], end=1.0)
+    assert a.ttft == pytest.approx(0.2) and a.e2e == pytest.approx(1.0)
+    assert a.tpot == pytest.approx((1.0 - 0.2) / 4)
+    assert a.itl == pytest.approx([0.3, 0.0, 0.0, 0.4])
+    b = RequestTiming(start=0.5, token_times=[0.6], end=0.6)  # one token: no TPOT
+    assert b.tpot is None and b.itl == []
+    s = latency_summary([a, b])
+    assert s["ttft_ms_p50"] == pytest.approx(150.0)  # median of 200 and 100 ms
+    assert s["tpot_ms_mean"] == pytest.approx(200.0)
+    assert s["e2e_ms_p99"] == pytest.approx(100 + 0.99 * (1000 - 100))  # linear interpolation
+    assert s["output_tokens_per_s"] == pytest.approx(6 / 1.0)
+    assert s["request_output_tokens_per_s_mean"] == pytest.approx((5 / 1.0 + 1 / 0.1) / 2)
+    assert s["itl_ms_p50"] == pytest.approx(150.0)  # ITLs 300, 0, 0, 400 → median 150
+    assert latency_summary([]) == {}

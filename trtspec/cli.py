@@ -123,6 +123,56 @@ def build(recipe: str, gpu: str | None, dry_run: bool, force: bool, overrides: t
         click.echo(result.plan.shell(), nl=False)
 
 
+@cli.command("eval")
+@click.argument("recipe", type=click.Path(dir_okay=False))
+@click.option("--workload", "-w", "workloads", multiple=True,
+              help="builtin, speed-bench:<config> or a JSONL file [default: the recipe's]")
+@click.option("--per-category", type=click.IntRange(1), default=None,
+              help="stratified sample: at most N requests per category")
+@click.option("--eval-id", default=None, help="folder name under --reports [default: timestamp]")
+@click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
+              help="continue an interrupted eval folder, skipping what is recorded")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE")
+@click.option("--engines", default="engines", show_default=True, type=click.Path())
+@click.option("--reports", default="reports", show_default=True, type=click.Path())
+@click.option("--speed-bench-dir", default="data/speed-bench", show_default=True,
+              type=click.Path())
+def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | None,
+                 eval_id: str | None, resume: str | None, overrides: tuple[str, ...],
+                 engines: str, reports: str, speed_bench_dir: str) -> None:
+    """Baseline vs speculative on RECIPE's built models; records land in reports/<eval-id>/."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from trtspec.eval import evaluate
+
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), transient=True) as bar:
+        task = bar.add_task("requests measured", total=None)
+        out = evaluate(recipe, overrides, workloads, per_category, eval_id, resume, engines,
+                       reports, speed_bench_dir,
+                       progress=lambda done, total: bar.update(task, completed=done, total=total))
+    _print_summary(out)
+
+
+def _print_summary(out: Path) -> None:
+    summary = json.loads((out / "summary.json").read_text())
+    table = Table(title=f"eval {out.name}")
+    for column in ("condition", "requests", "TPOT p50 base→spec ms", "speedup TPOT p50",
+                   "AL pooled", "AL per-request", "acceptance"):
+        table.add_column(column, justify="left" if column == "condition" else "right")
+    for key, entry in summary.items():
+        base, spec = entry.get("baseline", {}), entry.get("spec", {})
+        table.add_row(key, str(int(spec.get("requests", 0))),
+                      f"{base.get('tpot_ms_p50', float('nan')):.1f} → "
+                      f"{spec.get('tpot_ms_p50', float('nan')):.1f}",
+                      f"{entry.get('speedup_tpot_p50', float('nan')):.2f}×",
+                      f"{spec.get('al_pooled', float('nan')):.2f}",
+                      f"{spec.get('al_request_mean', float('nan')):.2f}",
+                      f"{spec.get('acceptance_rate', float('nan')):.2f}")
+    Console(width=None if sys.stdout.isatty() else 160).print(table)  # logs: no truncation
+    click.echo(f"records: {out / 'records.jsonl'}\nsummary: {out / 'summary.json'}")
+
+
 @cli.command()
 @click.argument("recipes", nargs=-1, type=click.Path(exists=True, dir_okay=False))
 def doctor(recipes: tuple[str, ...]) -> None:
@@ -217,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except (ValueError, ValidationError, RuntimeError) as e:
+    except (ValueError, ValidationError, RuntimeError, FileExistsError) as e:
         if os.environ.get("TRTSPEC_DEBUG"):
             raise
         message = str(e).splitlines()[0] if not isinstance(e, ValidationError) else (

@@ -98,6 +98,77 @@ class SpecStats:
         }
 
 
+@dataclass
+class RequestTiming:
+    """When one request's tokens reached the client (seconds, one clock).
+
+    ``token_times[i]`` is the arrival of output token i; tokens of one speculative round arrive
+    together, so ITL is bursty and TPOT is the steadier number (as vLLM's bench notes).
+    """
+
+    start: float
+    token_times: list[float]
+    end: float
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_times)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.start if self.token_times else None
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        """(E2E − TTFT) / (output tokens − 1); None for a single-token output."""
+        if self.output_tokens < 2 or self.ttft is None:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def itl(self) -> list[float]:
+        """Inter-token latencies as the client sees them (0 inside a burst)."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
+
+
+PERCENTILES = (50, 90, 99)
+
+
+def distribution(values: Sequence[float], prefix: str, scale: float = 1e3) -> dict[str, float]:
+    """{prefix_mean, prefix_p50, prefix_p90, prefix_p99} (× scale: seconds → ms by default)."""
+    if not len(values):
+        return {}
+    arr = np.asarray(values, dtype=float) * scale
+    out = {f"{prefix}_mean": float(arr.mean())}
+    for p in PERCENTILES:
+        out[f"{prefix}_p{p}"] = float(np.percentile(arr, p))
+    return out
+
+
+def latency_summary(timings: Sequence[RequestTiming]) -> dict[str, float]:
+    """TTFT, ITL, TPOT, E2E in ms (mean, p50, p90, p99), output tokens/s per request (mean) and
+    aggregate throughput (all output tokens / wall time from first start to last end)."""
+    if not timings:
+        return {}
+    out: dict[str, float] = {}
+    out |= distribution([t.ttft for t in timings if t.ttft is not None], "ttft_ms")
+    out |= distribution([x for t in timings for x in t.itl], "itl_ms")
+    out |= distribution([t.tpot for t in timings if t.tpot is not None], "tpot_ms")
+    out |= distribution([t.e2e for t in timings], "e2e_ms")
+    rates = [t.output_tokens / t.e2e for t in timings if t.e2e > 0]
+    if rates:
+        out["request_output_tokens_per_s_mean"] = float(np.mean(rates))
+    wall = max(t.end for t in timings) - min(t.start for t in timings)
+    if wall > 0:
+        out["output_tokens_per_s"] = sum(t.output_tokens for t in timings) / wall
+    out["requests"] = float(len(timings))
+    return out
+
+
 def chi_square_gof(counts: Sequence[float], probs: Sequence[float], min_expected: float = 5.0
                    ) -> tuple[float, int, float]:
     """Chi-square goodness of fit of observed counts against exact probabilities.

@@ -1,0 +1,53 @@
+"""`trtspec eval` on SmolLM2 (small): build → eval → records and summary; clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trtspec.cli import main
+from trtspec.eval.run import read_records
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"
+SMALL = ("methods=[{method: ngram}]", "draft_lengths=[4]", "sampling.max_tokens=32",
+         "eval.concurrency=[1]", "eval.warmup=1")
+
+
+def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, capsys) -> None:
+    workload = tmp_path / "w.jsonl"
+    rows = [{"id": f"copy-{i}", "category": "copy", "prompt":
+             f"Repeat exactly: the {w} fox jumps over the lazy dog. the {w} fox jumps"}
+            for i, w in enumerate(["red", "brown", "grey"])]
+    rows += [{"id": f"chat-{i}", "category": "chat", "prompt": p}
+             for i, p in enumerate(["Name a colour.", "Say hello.", "Count to three."])]
+    workload.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sets = [a for s in SMALL for a in ("--set", s)]
+    main(["build", str(RECIPE), "--engines", str(tmp_path / "engines"), *sets])
+    main(["eval", str(RECIPE), "--engines", str(tmp_path / "engines"), "--reports",
+          str(tmp_path / "reports"), "--eval-id", "e1", "-w", str(workload), *sets])
+    out = tmp_path / "reports" / "e1"
+    printed = capsys.readouterr().out
+    assert "ngram/D4/c1" in printed and "records: " in printed
+    records = read_records(out)
+    assert len(records) == 2 * 6 and {r["category"] for r in records} == {"copy", "chat"}
+    assert all(r["output_tokens"] <= 32 for r in records)
+    summary = json.loads((out / "summary.json").read_text())["ngram/D4/c1"]
+    assert summary["spec"]["al_pooled"] > 1.0 and summary["baseline"]["al_pooled"] == 1.0
+    assert {"recipe.yaml", "manifest.json", "eval.json"} <= {p.name for p in out.iterdir()}
+    with pytest.raises(SystemExit) as exit_info:  # the same eval id again without --resume
+        main(["eval", str(RECIPE), "--engines", str(tmp_path / "engines"), "--reports",
+              str(tmp_path / "reports"), "--eval-id", "e1", "-w", str(workload), *sets])
+    assert exit_info.value.code == 2 and "--resume" in capsys.readouterr().err
+    main(["eval", str(RECIPE), "--resume", str(out), "--engines", str(tmp_path / "engines"),
+          "-w", str(workload), *sets])  # nothing left to do
+    assert len(read_records(out)) == 12
+
+
+def test_eval_needs_a_current_build(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(RECIPE), "--engines", str(tmp_path / "none")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "run `trtspec build RECIPE` first" in err

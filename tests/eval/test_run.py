@@ -1,0 +1,69 @@
+"""Eval runner on toy models: records, pairing, resume after SIGKILL, summaries."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from eval_driver import toy_inputs
+
+from trtspec.eval.run import ARMS, read_records, run_eval, summarize
+
+DRIVER = Path(__file__).parent / "eval_driver.py"
+
+
+def test_toy_eval_records_every_condition_arm_and_request(tmp_path: Path) -> None:
+    inputs = toy_inputs()
+    path = run_eval(tmp_path, inputs)
+    records = read_records(path)
+    assert len(records) == len(inputs.conditions) * len(ARMS) * len(inputs.requests)
+    first = records[0]
+    for key in ("condition", "arm", "request_id", "category", "context_tokens", "output_tokens",
+                "ttft_s", "token_times_s", "e2e_s", "prefill_s", "decode_s", "proposed_tokens",
+                "accepted_draft_tokens", "emitted_tokens", "verification_rounds",
+                "discarded_tokens", "accepted_per_position", "seed"):
+        assert key in first
+    by = {(r["condition"], r["arm"], r["request_id"]): r for r in records}
+    for (cond, arm, rid), r in by.items():
+        other = by[(cond, "spec" if arm == "baseline" else "baseline", rid)]
+        assert r["seed"] == other["seed"] and r["context_tokens"] == other["context_tokens"]
+        assert len(r["token_times_s"]) == r["output_tokens"]
+        if arm == "baseline":
+            assert r["proposed_tokens"] == 0 and r["emitted_tokens"] == r["output_tokens"] - 1
+    summary = summarize(records)
+    entry = summary["draft_model/D4/c2"]
+    assert entry["baseline"]["al_pooled"] == 1.0 and entry["spec"]["al_pooled"] > 1.0
+    assert entry["spec"]["requests"] == len(inputs.requests)
+    assert "speedup_tpot_p50" in entry and "tpot_ms_p50" in entry["spec"]
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_eval(tmp_path, inputs)
+
+
+def test_sigkill_then_resume_measures_every_request_exactly_once(tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    proc = subprocess.Popen([sys.executable, str(DRIVER), str(out), "--step-delay", "0.02"],
+                            cwd=DRIVER.parent)
+    records = out / "records.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if records.is_file() and records.read_text().count("\n") >= 10:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = records.read_text().count("\n")
+    assert 10 <= partial < 48, partial
+    with records.open("a") as f:
+        f.write('{"condition": "draft_model/D2/c1", "arm": "ba')  # a line torn by the kill
+    resumed = subprocess.run([sys.executable, str(DRIVER), str(out), "--resume"],
+                             cwd=DRIVER.parent, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    keys = Counter((r["condition"], r["arm"], r["request_id"]) for r in rows)
+    assert len(keys) == 4 * 2 * 6 and set(keys.values()) == {1}

@@ -1,0 +1,113 @@
+"""Evaluation: workloads, conditions, baseline vs speculative runs, records, summaries.
+
+:func:`evaluate` is what ``trtspec eval`` calls: recipe + its manifest → executors for each
+condition and arm → ``reports/<eval-id>/`` (records.jsonl, summary.json, recipe.yaml,
+manifest.json).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trtspec.recipe import DraftModel, LayerSkip, Ngram, Recipe, RecipeError, load_recipe
+
+
+def evaluate(recipe_path: str | Path, overrides: Sequence[str] = (),
+             workloads: Sequence[str] = (), per_category: int | None = None,
+             eval_id: str | None = None, resume: str | Path | None = None,
+             engines_root: str | Path = "engines", reports_root: str | Path = "reports",
+             speed_bench_dir: str | Path = "data/speed-bench",
+             progress: Callable[[int, int], None] | None = None) -> Path:
+    """Run the recipe's eval; returns the eval folder."""
+    from trtspec.eval.run import Condition, EvalInputs, read_records, run_eval, summarize
+    from trtspec.eval.workloads import load_workload
+    from trtspec.gpu import detect
+    from trtspec.manifest import check_gpu, load_manifest
+
+    recipe = load_recipe(recipe_path, overrides)
+    if recipe.backend.kind != "torch":
+        raise RecipeError(f"{recipe_path}: in-process eval runs the torch backend; the "
+                          "TensorRT-LLM runtime and --endpoint evals are not built yet")
+    gpus = detect()
+    slug = recipe.gpu.name.lower() if recipe.gpu.name != "auto" else (
+        gpus[0].profile().slug if gpus and gpus[0].profile() else "cpu")
+    manifest_path = Path(engines_root) / recipe.name / slug / "manifest.json"
+    manifest = load_manifest(manifest_path)
+    check_gpu(manifest, gpus, manifest_path)
+    if manifest.recipe_digest != recipe.digest():
+        raise RecipeError(f"{recipe_path}: the recipe changed since {manifest_path} was built: "
+                          "run `trtspec build` again (or pass the same --set overrides)")
+
+    out = Path(resume) if resume else Path(reports_root) / (
+        eval_id or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    requests = [r for spec in (workloads or recipe.eval.workloads)
+                for r in load_workload(spec, speed_bench_dir, per_category
+                                       or recipe.eval.per_category, recipe.sampling.seed)]
+    conditions = [Condition(m.method, d, c) for m in recipe.methods
+                  for d in manifest.draft_lengths for c in recipe.eval.concurrency]
+    models = _loaded_models(manifest)
+    inputs = EvalInputs(requests, conditions, _executor_factory(recipe, manifest, models),
+                        _encoder(models), recipe.sampling.params(), recipe.eval.warmup)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(recipe_path, out / "recipe.yaml")
+    shutil.copyfile(manifest_path, out / "manifest.json")
+    (out / "eval.json").write_text(json.dumps({
+        "recipe": recipe.name, "recipe_digest": recipe.digest(), "overrides": list(overrides),
+        "workloads": list(workloads or recipe.eval.workloads), "requests": len(requests),
+        "conditions": [c.key for c in conditions]}, indent=2) + "\n")
+    records = run_eval(out, inputs, resume=resume is not None, progress=progress)
+    (out / "summary.json").write_text(json.dumps(summarize(read_records(records)), indent=2)
+                                      + "\n")
+    return out
+
+
+def _loaded_models(manifest: Any) -> Callable[..., Any]:
+    """Load each model once: get() is the target, get(path) another artifact."""
+    from trtspec.models import load
+
+    cache: dict[str, Any] = {}
+
+    def get(spec: str | None = None) -> Any:
+        key = spec or manifest.artifact("target").path
+        if key not in cache:
+            cache[key] = load(key, device="auto", dtype="auto")
+        return cache[key]
+
+    return get
+
+
+def _executor_factory(recipe: Recipe, manifest: Any, models: Callable[..., Any]):
+    from trtspec.executor import SpecExecutor
+    from trtspec.propose import make_proposer
+    from trtspec.runtime.hf import HFRunner
+
+    methods = {m.method: m for m in recipe.methods}
+
+    def make(condition: Any, arm: str) -> SpecExecutor:
+        target = models()
+        runner = HFRunner(target.model, eos_token_id=target.tokenizer.eos_token_id)
+        if arm == "baseline":
+            return SpecExecutor(runner)
+        m = methods[condition.method]
+        knobs: dict[str, Any] = {}
+        if isinstance(m, Ngram):
+            knobs = {"ngram_min": m.min_n, "ngram_max": m.max_n}
+        elif isinstance(m, LayerSkip):
+            knobs = {"draft_layers": m.layers}
+        elif isinstance(m, DraftModel):
+            knobs = {"draft": models(manifest.artifact("draft").path)}
+        proposer = make_proposer(m.method, target, draft_len=condition.draft_len, **knobs)
+        return SpecExecutor(runner, proposer, condition.draft_len)
+
+    return make
+
+
+def _encoder(models: Callable[..., Any]):
+    from trtspec.models import encode
+
+    return lambda request: encode(models().tokenizer, request.chat())

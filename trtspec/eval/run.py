@@ -1,0 +1,210 @@
+"""Baseline vs speculative, under identical conditions, one JSON record per finished request.
+
+A condition is method × D × concurrency. For each condition the two arms, ``baseline`` (plain
+decoding) and ``spec``, run the same requests with the same seeds, sampling, output limits and
+warm-up, alternating A B A B batch by batch so that drift on a shared machine hits both alike.
+Context length is a property of each request (``context_tokens``), so any bucketing is a split
+of the records, not another run.
+
+Every finished request is appended to ``records.jsonl`` and flushed at once. ``resume`` skips
+the (condition, arm, request) triples already there and drops a last line torn by a kill, so
+killing the process loses only the requests in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trtspec.eval.workloads import WorkloadRequest
+from trtspec.executor import Delta, SpecExecutor
+from trtspec.sampling import SamplingParams
+
+RECORDS = "records.jsonl"
+ARMS = ("baseline", "spec")
+
+
+@dataclass(frozen=True)
+class Condition:
+    method: str
+    draft_len: int
+    concurrency: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.method}/D{self.draft_len}/c{self.concurrency}"
+
+
+@dataclass
+class EvalInputs:
+    """What an eval needs besides its output folder; built from a recipe + manifest by the CLI,
+    or directly (toy models) in tests."""
+
+    requests: Sequence[WorkloadRequest]
+    conditions: Sequence[Condition]
+    make_executor: Callable[[Condition, str], SpecExecutor]  # (condition, arm) → executor
+    encode: Callable[[WorkloadRequest], list[int]]
+    sampling: SamplingParams  # max_tokens here is the default; a request's own wins
+    warmup: int = 1
+
+
+def request_seed(base: int, request_id: str) -> int:
+    """The same seed for a request in both arms and every condition (stable across runs)."""
+    return (base * 1_000_003 + zlib.crc32(request_id.encode())) % 2**31
+
+
+def done_keys(path: Path) -> set[tuple[str, str, str]]:
+    """(condition, arm, request id) already recorded; repairs a last line torn by a kill."""
+    if not path.is_file():
+        return set()
+    keys, good = set(), 0
+    with path.open("rb") as f:
+        for raw in f:
+            try:
+                rec = json.loads(raw)
+            except json.JSONDecodeError:
+                break  # a torn last line: everything before it is intact
+            keys.add((rec["condition"], rec["arm"], rec["request_id"]))
+            good += len(raw)
+    if good != path.stat().st_size:
+        with path.open("r+b") as f:
+            f.truncate(good)
+    return keys
+
+
+def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
+             progress: Callable[[int, int], None] | None = None) -> Path:
+    """Run every condition × arm × request not yet recorded; returns records.jsonl."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RECORDS
+    if path.exists() and not resume:
+        raise FileExistsError(f"{path} exists: pass --resume to continue that eval, or choose "
+                              "another --eval-id")
+    done = done_keys(path)
+    total = len(inputs.conditions) * len(ARMS) * len(inputs.requests)
+    finished = len(done)
+    with path.open("a") as sink:
+        for condition in inputs.conditions:
+            executors = {arm: inputs.make_executor(condition, arm) for arm in ARMS}
+            _warm_up(executors, inputs)
+            for batch in _batches(inputs.requests, condition.concurrency):
+                for arm in _alternate(ARMS, batch[0].id):
+                    todo = [r for r in batch if (condition.key, arm, r.id) not in done]
+                    if not todo:
+                        continue
+                    for record in _measure(executors[arm], todo, inputs, condition, arm):
+                        sink.write(json.dumps(record) + "\n")
+                        sink.flush()
+                        os.fsync(sink.fileno())
+                        finished += 1
+                        if progress:
+                            progress(finished, total)
+    return path
+
+
+def _batches(requests: Sequence[WorkloadRequest], size: int) -> Iterator[list[WorkloadRequest]]:
+    for i in range(0, len(requests), size):
+        yield list(requests[i: i + size])
+
+
+def _alternate(arms: tuple[str, ...], batch_id: str) -> tuple[str, ...]:
+    """A B for one batch, B A for the next (by a stable hash), so neither arm always goes first."""
+    return arms if zlib.crc32(batch_id.encode()) % 2 == 0 else arms[::-1]
+
+
+def _warm_up(executors: dict[str, SpecExecutor], inputs: EvalInputs) -> None:
+    if not inputs.warmup:
+        return
+    warm = list(inputs.requests[: inputs.warmup])
+    params = inputs.sampling.model_copy(update={"max_tokens": 8})
+    for executor in executors.values():
+        executor.generate([inputs.encode(r) for r in warm], params)
+
+
+def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalInputs,
+             condition: Condition, arm: str) -> list[dict[str, Any]]:
+    prompts = [inputs.encode(r) for r in batch]
+    params = [inputs.sampling.model_copy(update={
+        "seed": request_seed(inputs.sampling.seed or 0, r.id),
+        "max_tokens": r.max_tokens or inputs.sampling.max_tokens}) for r in batch]
+    arrivals: list[list[float]] = [[] for _ in batch]
+    start = time.perf_counter()
+
+    def on_step(deltas: list[Delta]) -> None:
+        now = time.perf_counter() - start
+        for d in deltas:
+            arrivals[d.index] += [now] * len(d.token_ids)
+
+    completions = executor.generate(prompts, params, on_step=on_step)
+    records = []
+    for r, prompt, c, times in zip(batch, prompts, completions, arrivals, strict=True):
+        stats = c.stats
+        records.append({
+            "condition": condition.key, **asdict(condition), "arm": arm, "request_id": r.id,
+            "category": r.category, "source": r.source, "context_tokens": len(prompt),
+            "output_tokens": len(c.token_ids), "finish_reason": c.finish_reason,
+            "seed": params[batch.index(r)].seed, "start_s": 0.0, "token_times_s": times,
+            "ttft_s": times[0] if times else None, "e2e_s": times[-1] if times else 0.0,
+            "prefill_s": times[0] if times else None,
+            "decode_s": (times[-1] - times[0]) if times else 0.0,
+            "proposed_tokens": stats.proposed_tokens,
+            "accepted_draft_tokens": stats.accepted_draft_tokens,
+            "emitted_tokens": stats.emitted_tokens,
+            "verification_rounds": stats.verification_rounds,
+            "discarded_tokens": stats.discarded_tokens,
+            "accepted_per_position": stats.accepted_per_position,
+            "proposed_per_position": stats.proposed_per_position,
+            "wall_clock": time.time(),
+        })
+    return records
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / RECORDS
+    done_keys(path)  # repair a torn last line first
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per condition: each arm's latency distributions and speculation stats, and the
+    baseline/spec ratios of TPOT p50 and E2E p50 (> 1 means speculation is faster)."""
+    from trtspec.metrics import RequestTiming, SpecStats, latency_summary
+
+    out: dict[str, dict[str, Any]] = {}
+    keys = sorted({r["condition"] for r in records})
+    for key in keys:
+        entry: dict[str, Any] = {}
+        for arm in ARMS:
+            rows = [r for r in records if r["condition"] == key and r["arm"] == arm]
+            if not rows:
+                continue
+            timings = [RequestTiming(r["start_s"], r["token_times_s"], r["e2e_s"]) for r in rows]
+            stats = SpecStats.merge(_stats(r) for r in rows)
+            entry[arm] = {**latency_summary(timings), **stats.summary(),
+                          "acceptance_per_position": stats.acceptance_per_position}
+        base, spec = entry.get("baseline", {}), entry.get("spec", {})
+        for metric in ("tpot_ms_p50", "e2e_ms_p50"):
+            if base.get(metric) and spec.get(metric):
+                entry[f"speedup_{metric.removesuffix('_ms_p50')}_p50"] = base[metric] / spec[metric]
+        out[key] = entry
+    return out
+
+
+def _stats(record: dict[str, Any]):
+    from trtspec.metrics import SpecStats
+
+    s = SpecStats(record["proposed_tokens"], record["accepted_draft_tokens"],
+                  record["emitted_tokens"], record["verification_rounds"],
+                  record["discarded_tokens"], list(record["proposed_per_position"]),
+                  list(record["accepted_per_position"]))
+    s.close_request()
+    return s
