@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# trtspec build plan: cpu-smollm2 for this machine's CPU/GPU
+# backend torch
+# draft lengths: [2, 4]
+# D₀: G = num_attention_heads / num_key_value_heads = 9 / 3 = 3; D₀ = 128/G − 1 = 42 − 1 = 41
+set -euo pipefail
+
+# [1/2] target
+# resolve smollm2-135m-instruct (a GGUF is converted once to safetensors and cached); record config/tokenizer digests
+
+# [2/2] layer_skip-24
+# check the target has more than 24 layers (the draft shares its weights)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# trtspec build plan: l40s-llama31-8b-ngram for L40S (SM89)
+# backend trtllm, workflow engine
+# draft lengths: [2, 4, 8]
+# D₀: G = num_attention_heads / num_key_value_heads = 32 / 8 = 4; D₀ = 128/G − 1 = 32 − 1 = 31
+# note: convert_checkpoint.py reads local directories: fetch meta-llama/Llama-3.1-8B-Instruct first (`hf download ID --local-dir DIR`) and point the recipe at DIR (--set target.model=DIR)
+set -euo pipefail
+: "${TRTLLM_EXAMPLES:?set it to TensorRT-LLM's examples/ directory}"
+
+# [1/3] convert target
+python $TRTLLM_EXAMPLES/models/core/llama/convert_checkpoint.py --model_dir meta-llama/Llama-3.1-8B-Instruct --output_dir engines/l40s-llama31-8b-ngram/l40s/checkpoints/target --dtype bfloat16 --tp_size 1 --pp_size 1
+
+# [2/3] build target: the baseline engine (no speculation)
+trtllm-build --checkpoint_dir engines/l40s-llama31-8b-ngram/l40s/checkpoints/target --output_dir engines/l40s-llama31-8b-ngram/l40s/engines/target --max_batch_size 32 --max_input_len 4096 --max_seq_len 5120 --max_num_tokens 8192 --gemm_plugin bfloat16 --gpt_attention_plugin bfloat16
+
+# [3/3] build target-spec: verifies external drafts; runtime needs kv_cache_enable_block_reuse
+trtllm-build --checkpoint_dir engines/l40s-llama31-8b-ngram/l40s/checkpoints/target --output_dir engines/l40s-llama31-8b-ngram/l40s/engines/target-spec --max_batch_size 32 --max_input_len 4096 --max_seq_len 5120 --max_num_tokens 8192 --gemm_plugin bfloat16 --gpt_attention_plugin bfloat16 --speculative_decoding_mode draft_tokens_external --max_draft_len 8 --use_paged_context_fmha enable --gather_generation_logits

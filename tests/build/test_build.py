@@ -1,0 +1,84 @@
+"""`trtspec build` on this machine: the CPU recipe converts, writes a manifest, is a no-op the
+second time; edited manifests are refused; TensorRT-LLM builds refuse clearly without a GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trtspec.build import build
+from trtspec.cli import main
+from trtspec.gpu import detect
+from trtspec.manifest import ManifestError, check_gpu, load_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"
+
+
+def test_cpu_recipe_builds_then_is_a_no_op(tmp_path: Path, smollm2) -> None:
+    first = build(CPU_RECIPE, engines_root=tmp_path, say=lambda _: None)
+    path = tmp_path / "cpu-smollm2" / "cpu" / "manifest.json"
+    assert first.manifest_path == path and path.is_file() and not first.up_to_date
+    manifest = load_manifest(path)
+    assert manifest.backend == "torch" and manifest.gpu is None
+    assert manifest.draft_lengths == [2, 4] and manifest.d0 == 41
+    target = manifest.artifact("target")
+    assert (Path(target.path) / "model.safetensors").is_file()
+    assert target.vocab_size == 49152 and target.num_layers == 30
+    assert target.config_digest and target.tokenizer_digest
+    assert manifest.artifact("layer_skip-24").flags == {"layers": 24}
+    assert manifest.versions["torch"] and manifest.versions["tensorrt_llm"] is None
+    created = manifest.created
+
+    messages: list[str] = []
+    second = build(CPU_RECIPE, engines_root=tmp_path, say=messages.append)
+    assert second.up_to_date and second.manifest.created == created
+    assert any(m.startswith("up to date") for m in messages)
+    forced = build(CPU_RECIPE, engines_root=tmp_path, force=True, say=lambda _: None)
+    assert not forced.up_to_date and forced.manifest.created != created
+    changed = build(CPU_RECIPE, ["limits.max_batch_size=2"], engines_root=tmp_path,
+                    say=lambda _: None)
+    assert not changed.up_to_date  # another recipe digest rebuilds
+
+
+def test_manifest_edited_to_another_compute_capability_is_refused(tmp_path: Path,
+                                                                  smollm2) -> None:
+    build(CPU_RECIPE, engines_root=tmp_path, say=lambda _: None)
+    path = tmp_path / "cpu-smollm2" / "cpu" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["gpu"] = {"name": "H200", "compute_capability": "9.0", "driver": "580.82",
+                   "count": 1, "detected": True}
+    path.write_text(json.dumps(data))
+    manifest = load_manifest(path)
+    with pytest.raises(ManifestError) as err:
+        check_gpu(manifest, detect(), path)
+    assert str(err.value) == (
+        f"{path}: built for H200 (compute capability 9.0), but this machine has no NVIDIA GPU: "
+        "run it on that GPU or rebuild for this machine")
+
+
+def test_corrupt_manifest_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text('{"recipe": 3}')
+    with pytest.raises(ManifestError, match="not a valid trtspec manifest"):
+        load_manifest(tmp_path)
+    with pytest.raises(ManifestError, match="no manifest here"):
+        load_manifest(tmp_path / "nowhere")
+
+
+def test_engine_build_refuses_without_tensorrt_llm(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["build", str(ROOT / "recipes" / "h200-llama31-8b-draft1b.yaml"),
+              "--engines", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "cannot build TensorRT-LLM engines: tensorrt_llm is not importable" in err
+    assert "--dry-run" in err and "Traceback" not in err
+
+
+def test_dry_run_prints_copy_pasteable_shell(tmp_path: Path, capsys) -> None:
+    main(["build", str(ROOT / "recipes" / "a100-vicuna7b-medusa.yaml"), "--dry-run"])
+    out = capsys.readouterr().out
+    assert out.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in out
+    assert "--speculative_decoding_mode medusa" in out and "$TRTLLM_EXAMPLES/medusa/" in out

@@ -1,0 +1,135 @@
+"""`trtspec build`: recipe → plan → artifacts → manifest.
+
+Re-running with an unchanged recipe and GPU is a no-op (``force`` rebuilds); ``dry_run`` only
+plans, so it works on any machine, with or without TensorRT-LLM or a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtspec import gpu as gpus
+from trtspec.build.plan import Plan, make_plan
+from trtspec.manifest import MANIFEST, Artifact, GpuInfo, Manifest, ManifestError, versions
+from trtspec.recipe import Recipe, RecipeError, load_recipe
+
+
+@dataclass
+class BuildResult:
+    plan: Plan
+    manifest: Manifest | None  # None for a dry run
+    manifest_path: Path | None
+    up_to_date: bool = False
+
+
+def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | None = None,
+          dry_run: bool = False, force: bool = False, engines_root: str | Path = "engines",
+          say: Callable[[str], None] = print) -> BuildResult:
+    recipe = load_recipe(recipe_path, overrides)
+    detected = gpus.detect()
+    profile = _target_gpu(recipe, gpu, detected, recipe_path)
+    d0, derivation = _d0(recipe)
+    if recipe.draft_lengths == "auto":
+        if d0 is None:
+            raise RecipeError(f"{recipe_path}: draft_lengths: auto needs the target's head counts"
+                              ": set target.num_attention_heads and target.num_key_value_heads, "
+                              "or list draft_lengths")
+        lengths = gpus.sweep_around(d0)
+    else:
+        lengths = sorted(set(recipe.draft_lengths))
+    out_dir = Path(engines_root) / recipe.name / (profile.slug if profile else "cpu")
+    try:
+        plan = make_plan(recipe, profile, out_dir, lengths, d0, derivation)
+    except ValueError as e:
+        raise RecipeError(f"{recipe_path}: {e}") from None
+    if d0 is not None:
+        say(f"D₀ = {d0}  ({derivation}); sweeping D ∈ {lengths}")
+    if dry_run:
+        return BuildResult(plan, None, None)
+
+    existing = out_dir / MANIFEST
+    if existing.is_file() and not force:
+        current = _current(existing, recipe)
+        if current is not None:
+            say(f"up to date: {existing} (recipe and GPU unchanged; --force rebuilds)")
+            return BuildResult(plan, current, existing, up_to_date=True)
+
+    commands: list[str] = []
+    if recipe.backend.kind == "torch":
+        from trtspec.build.torch import prepare
+
+        artifacts = prepare(recipe)
+    else:
+        from trtspec.build.trtllm import execute
+
+        commands = execute(plan, has_gpu=bool(detected))
+        artifacts = [Artifact(name=s.name.removeprefix("build ").removeprefix("write "),
+                              role="config" if s.kind == "write" else "target",
+                              source=recipe.target.model, path=s.produces,
+                              flags={"argv": list(s.argv)} if s.argv else {})
+                     for s in plan.steps if s.produces and s.kind in ("run", "write")
+                     and not s.name.startswith("convert")]
+    info = None
+    if profile is not None:
+        here = next((g for g in detected if g.profile() == profile), None)
+        info = GpuInfo(name=profile.name, compute_capability=profile.compute_capability,
+                       driver=here.driver if here else None, count=recipe.gpu.count,
+                       detected=here is not None)
+    manifest = Manifest(recipe=recipe.name, recipe_digest=recipe.digest(),
+                        backend=recipe.backend.kind, workflow=plan.workflow, versions=versions(),
+                        gpu=info, draft_lengths=lengths, d0=d0, d0_derivation=derivation,
+                        artifacts=artifacts, commands=commands)
+    path = manifest.save(out_dir)
+    say(f"wrote {path}")
+    return BuildResult(plan, manifest, path)
+
+
+def _target_gpu(recipe: Recipe, flag: str | None, detected: list[gpus.DetectedGpu],
+                recipe_path: str | Path) -> gpus.GpuProfile | None:
+    name = flag or recipe.gpu.name
+    if name != "auto":
+        try:
+            return gpus.profile(name)
+        except ValueError as e:
+            where = "--gpu" if flag else "gpu.name"
+            raise RecipeError(f"{recipe_path}: {where}: {e}") from None
+    if detected:
+        found = detected[0].profile()
+        if found is None:
+            raise RecipeError(f"{recipe_path}: this machine's {detected[0].name} has no trtspec "
+                              f"profile: pass --gpu with one of {', '.join(gpus.PROFILES)}")
+        return found
+    if recipe.backend.kind == "trtllm":
+        raise RecipeError(f"{recipe_path}: gpu.name is auto but this machine has no NVIDIA GPU: "
+                          f"pass --gpu NAME to plan for one ({', '.join(gpus.PROFILES)})")
+    return None  # the torch backend on this machine's CPU
+
+
+def _d0(recipe: Recipe) -> tuple[int | None, str | None]:
+    t = recipe.target
+    heads = (t.num_attention_heads, t.num_key_value_heads or t.num_attention_heads) \
+        if t.num_attention_heads else None
+    if heads is None and recipe.backend.kind == "torch":
+        from trtspec.build.torch import head_counts
+
+        heads = head_counts(t.model)
+    if heads is None:
+        return None, None
+    return gpus.d0(*heads)
+
+
+def _current(path: Path, recipe: Recipe) -> Manifest | None:
+    """The existing manifest if it was built from this exact recipe and its artifacts exist."""
+    from trtspec.manifest import load_manifest
+
+    try:
+        manifest = load_manifest(path)
+    except ManifestError:
+        return None
+    if manifest.recipe_digest != recipe.digest():
+        return None
+    if not all(Path(a.path).exists() for a in manifest.artifacts):
+        return None
+    return manifest

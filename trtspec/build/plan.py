@@ -1,0 +1,226 @@
+"""recipe + GPU → ordered build steps. Pure: no I/O, no TensorRT-LLM, so every plan is testable.
+
+Engine workflow (TensorRT-LLM 1.2.x): convert_checkpoint + ``trtllm-build`` per engine.
+
+* ``target``       the plain engine: the baseline runs on it.
+* ``target-spec``  draft-target / n-gram: ``--speculative_decoding_mode draft_tokens_external
+                   --max_draft_len D --use_paged_context_fmha enable --gather_generation_logits``.
+* ``draft``        an ordinary engine with ``--gather_generation_logits`` (its logits become q).
+* ``medusa`` / ``eagle``  converted with their heads; built with their decoding mode.
+
+PyTorch workflow: one ``extra_llm_api_options`` YAML per method × D (``speculative_config``) for
+``trtllm-serve`` / ``trtllm-bench``, plus a baseline YAML without speculation.
+
+Torch backend: resolve / convert checkpoints and check tokenizers (see build/torch.py).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from trtspec.gpu import GpuProfile
+from trtspec.recipe import DraftModel, Eagle, LayerSkip, Medusa, Ngram, Recipe
+
+EXAMPLES = "$TRTLLM_EXAMPLES"  # TensorRT-LLM's examples/ directory (set it on the build machine)
+CONVERT = {"llama": "models/core/llama/convert_checkpoint.py"}
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    kind: str  # "run" (a command), "write" (a file), "prepare" (torch, in-process), "hint"
+    argv: tuple[str, ...] = ()
+    path: str = ""  # for "write"
+    content: str = ""  # for "write"
+    produces: str = ""  # artifact directory or file
+    note: str = ""
+
+    def shell(self) -> str:
+        if self.kind == "write":
+            return f"mkdir -p {shlex.quote(str(Path(self.path).parent))}\n" \
+                   f"cat > {shlex.quote(self.path)} <<'YAML'\n{self.content}YAML"
+        if self.kind == "prepare":
+            return f"# {self.note}"
+        command = " ".join(a if a.startswith("$") else shlex.quote(a) for a in self.argv)
+        return f"# then: {command}" if self.kind == "hint" else command
+
+
+@dataclass
+class Plan:
+    recipe: str
+    backend: str
+    workflow: str | None
+    gpu: GpuProfile | None
+    out_dir: Path
+    draft_lengths: list[int]
+    d0: int | None
+    d0_derivation: str | None
+    steps: list[Step] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def shell(self) -> str:
+        """The plan as a copy-pasteable bash script."""
+        gpu = f"{self.gpu.name} (SM{self.gpu.sm})" if self.gpu else "this machine's CPU/GPU"
+        lines = ["#!/usr/bin/env bash", f"# trtspec build plan: {self.recipe} for {gpu}",
+                 f"# backend {self.backend}" + (f", workflow {self.workflow}" if self.workflow
+                                                 else ""),
+                 f"# draft lengths: {self.draft_lengths}"]
+        if self.d0_derivation:
+            lines.append(f"# D₀: {self.d0_derivation}")
+        lines += [f"# note: {n}" for n in self.notes]
+        lines += ["set -euo pipefail"]
+        if self.backend == "trtllm" and self.workflow == "engine":
+            lines.append(': "${TRTLLM_EXAMPLES:?set it to TensorRT-LLM\'s examples/ directory}"')
+        for i, s in enumerate(self.steps, 1):
+            lines += ["", f"# [{i}/{len(self.steps)}] {s.name}" + (f": {s.note}" if s.note and
+                                                                    s.kind != "prepare" else ""),
+                      s.shell()]
+        return "\n".join(lines) + "\n"
+
+
+def make_plan(recipe: Recipe, gpu: GpuProfile | None, out_dir: Path, draft_lengths: list[int],
+              d0: int | None = None, d0_derivation: str | None = None) -> Plan:
+    backend = recipe.backend
+    workflow = backend.workflow if backend.kind == "trtllm" else None
+    plan = Plan(recipe.name, backend.kind, workflow, gpu, out_dir, draft_lengths, d0,
+                d0_derivation)
+    if backend.kind == "torch":
+        _torch_steps(plan, recipe)
+    elif workflow == "engine":
+        _engine_steps(plan, recipe)
+    else:
+        _pytorch_steps(plan, recipe)
+    return plan
+
+
+def _torch_steps(plan: Plan, recipe: Recipe) -> None:
+    plan.steps.append(Step("target", "prepare", produces=recipe.target.model,
+                           note=f"resolve {recipe.target.model} (a GGUF is converted once to "
+                                "safetensors and cached); record config/tokenizer digests"))
+    for m in recipe.methods:
+        if isinstance(m, DraftModel):
+            plan.steps.append(Step("draft", "prepare", produces=m.model,
+                                   note=f"resolve draft {m.model}; check its tokenizer against "
+                                        "the target's"))
+        elif isinstance(m, LayerSkip):
+            plan.steps.append(Step(f"layer_skip-{m.layers}", "prepare",
+                                   note=f"check the target has more than {m.layers} layers "
+                                        "(the draft shares its weights)"))
+
+
+def _dtype(recipe: Recipe, gpu: GpuProfile | None) -> str:
+    dtype = recipe.target.dtype
+    if dtype == "fp8":
+        if gpu is not None and not gpu.fp8:
+            raise ValueError(f"target.dtype fp8 needs an FP8 GPU (Ada/Hopper/Blackwell); "
+                             f"{gpu.name} has none: use bfloat16")
+        raise ValueError("target.dtype fp8 needs a ModelOpt-quantised checkpoint, which trtspec "
+                         "does not plan yet: use bfloat16")
+    return "bfloat16" if dtype == "auto" else dtype
+
+
+def _engine_steps(plan: Plan, recipe: Recipe) -> None:
+    t, limits = recipe.target, recipe.limits
+    dtype = _dtype(recipe, plan.gpu)
+    world = t.tp_size * t.pp_size
+    max_d = max(plan.draft_lengths)
+    ckpt, eng = plan.out_dir / "checkpoints", plan.out_dir / "engines"
+    parallel = ["--tp_size", str(t.tp_size), "--pp_size", str(t.pp_size)]
+    workers = ["--workers", str(world)] if world > 1 else []
+    common = ["--max_batch_size", str(limits.max_batch_size),
+              "--max_input_len", str(limits.max_input_len),
+              "--max_seq_len", str(limits.max_seq_len),
+              "--max_num_tokens", str(limits.max_num_tokens),
+              "--gemm_plugin", dtype, "--gpt_attention_plugin", dtype, *workers]
+
+    def convert(name: str, script: str, model: str, extra: list[str]) -> Step:
+        return Step(f"convert {name}", "run",
+                    ("python", f"{EXAMPLES}/{script}", "--model_dir", model, *extra,
+                     "--output_dir", str(ckpt / name), "--dtype", dtype, *parallel, *workers),
+                    produces=str(ckpt / name))
+
+    def build(name: str, checkpoint: str, extra: list[str], note: str = "") -> Step:
+        return Step(f"build {name}", "run",
+                    ("trtllm-build", "--checkpoint_dir", str(ckpt / checkpoint),
+                     "--output_dir", str(eng / name), *common, *extra),
+                    produces=str(eng / name), note=note)
+
+    plan.steps += [convert("target", CONVERT["llama"], t.model, []),
+                   build("target", "target", [], "the baseline engine (no speculation)")]
+    external = [m for m in recipe.methods if isinstance(m, DraftModel | Ngram)]
+    if external:
+        plan.steps.append(build("target-spec", "target", [
+            "--speculative_decoding_mode", "draft_tokens_external", "--max_draft_len", str(max_d),
+            "--use_paged_context_fmha", "enable", "--gather_generation_logits"],
+            "verifies external drafts; runtime needs kv_cache_enable_block_reuse"))
+    for m in recipe.methods:
+        if isinstance(m, DraftModel):
+            plan.steps += [convert("draft", CONVERT["llama"], m.model, []),
+                           build("draft", "draft", ["--gather_generation_logits"],
+                                 "draft logits are passed to the target for exact sampling")]
+        elif isinstance(m, Medusa):
+            plan.steps += [
+                convert("medusa", "medusa/convert_checkpoint.py", t.model,
+                        ["--medusa_model_dir", m.heads, "--num_medusa_heads", str(m.num_heads)]),
+                build("medusa", "medusa", ["--speculative_decoding_mode", "medusa",
+                                           "--max_draft_len", str(max_d)],
+                      "Medusa verifies by token matching (exact only at temperature 0)")]
+        elif isinstance(m, Eagle):
+            plan.steps += [
+                convert("eagle", "eagle/convert_checkpoint.py", t.model,
+                        ["--eagle_model_dir", m.model, "--max_draft_len", str(max_d),
+                         "--num_eagle_layers", str(m.num_layers),
+                         "--max_non_leaves_per_layer", str(m.max_non_leaves_per_layer)]),
+                build("eagle", "eagle", ["--speculative_decoding_mode", "eagle",
+                                         "--max_draft_len", str(max_d)],
+                      "EAGLE engines verify greedily or by typical acceptance (not exact)")]
+    sources = [t.model] + [getattr(m, "model", None) or getattr(m, "heads", None)
+                           for m in recipe.methods if not isinstance(m, Ngram)]
+    remote = [s for s in sources if s and not s.startswith(("/", ".", "~"))]
+    if remote:
+        plan.notes.append("convert_checkpoint.py reads local directories: fetch "
+                          f"{', '.join(remote)} first (`hf download ID --local-dir DIR`) and "
+                          "point the recipe at DIR (--set target.model=DIR)")
+    if world > 1:
+        plan.notes.append(f"tp × pp = {world}: run the engines under `mpirun -n {world} "
+                          "--allow-run-as-root`")
+
+
+def _pytorch_steps(plan: Plan, recipe: Recipe) -> None:
+    t, limits = recipe.target, recipe.limits
+    base = {"max_batch_size": limits.max_batch_size, "max_num_tokens": limits.max_num_tokens,
+            "max_seq_len": limits.max_seq_len}
+    cfg = plan.out_dir / "llmapi"
+
+    def write(name: str, options: dict) -> None:
+        path = cfg / f"{name}.yaml"
+        plan.steps.append(Step(f"write {name}", "write", path=str(path),
+                               content=yaml.safe_dump(options, sort_keys=False),
+                               produces=str(path)))
+
+    write("baseline", base)
+    for m in recipe.methods:
+        for d in plan.draft_lengths:
+            spec: dict = {"max_draft_len": d}
+            two_model = False
+            if isinstance(m, DraftModel):
+                spec = {"decoding_type": "DraftTarget", **spec, "speculative_model_dir": m.model}
+                two_model = True
+            elif isinstance(m, Ngram):
+                spec = {"decoding_type": "NGram", **spec, "max_matching_ngram_size": m.max_n}
+            elif isinstance(m, Eagle):
+                spec = {"decoding_type": "Eagle", **spec, "speculative_model_dir": m.model}
+                two_model = True
+            options = {**base, "speculative_config": spec}
+            if two_model:
+                options["disable_overlap_scheduler"] = True
+            write(f"{m.method}-d{d}", options)
+    world = ["--tp_size", str(t.tp_size), "--pp_size", str(t.pp_size)]
+    plan.steps.append(Step("serve (example)", "hint",
+                           ("trtllm-serve", t.model, *world, "--extra_llm_api_options",
+                            str(cfg / f"{recipe.methods[0].method}-d{plan.draft_lengths[0]}.yaml")),
+                           note="what `trtspec serve` / eval start for one condition"))
