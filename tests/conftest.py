@@ -37,3 +37,56 @@ def tiny_llama(vocab: int = 32, layers: int = 2, seed: int = 0, logit_scale: flo
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)
     return model
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` with a sqlite store on 127.0.0.1, for the whole session."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    root = tmp_path_factory.mktemp("mlflow")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = shutil.which("mlflow", path=os.path.dirname(sys.executable)) or "mlflow"
+    log = (root / "server.log").open("w")
+    proc = subprocess.Popen(
+        [exe, "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+        if proc.poll() is not None:
+            raise RuntimeError(f"mlflow server exited: {(root / 'server.log').read_text()[-2000:]}")
+    else:
+        proc.kill()
+        raise RuntimeError("mlflow server did not become healthy in 120 s")
+    yield uri
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -137,9 +137,13 @@ def build(recipe: str, gpu: str | None, dry_run: bool, force: bool, overrides: t
 @click.option("--reports", default="reports", show_default=True, type=click.Path())
 @click.option("--speed-bench-dir", default="data/speed-bench", show_default=True,
               type=click.Path())
+@click.option("--mlflow-uri", default=None,
+              help="tracking URI [default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]")
+@click.option("--no-mlflow", is_flag=True, help="keep results local only")
 def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | None,
                  eval_id: str | None, resume: str | None, overrides: tuple[str, ...],
-                 engines: str, reports: str, speed_bench_dir: str) -> None:
+                 engines: str, reports: str, speed_bench_dir: str, mlflow_uri: str | None,
+                 no_mlflow: bool) -> None:
     """Baseline vs speculative on RECIPE's built models; records land in reports/<eval-id>/."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
@@ -152,6 +156,35 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
                        reports, speed_bench_dir,
                        progress=lambda done, total: bar.update(task, completed=done, total=total))
     _print_summary(out)
+    if not no_mlflow:
+        _log_to_mlflow(out, mlflow_uri)
+
+
+def _log_to_mlflow(out: Path, uri: str | None) -> None:
+    """Log after the measurements are on disk; a tracking failure costs nothing measured."""
+    from trtspec.tracking import log_eval, tracking_uri
+
+    try:
+        receipt = log_eval(out, uri)
+    except Exception as e:  # unreachable server, auth, disk: the eval folder is intact
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        click.secho(f"MLflow: not logged ({reason}). Everything is kept in {out}; run "
+                    f"`trtspec sync {out}` when the server is back.", fg="yellow", err=True)
+        return
+    click.echo(f"MLflow: run {receipt['run_id']} at {tracking_uri(uri)} "
+               "(compare runs with `mlflow ui`)")
+
+
+@cli.command()
+@click.argument("eval_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--mlflow-uri", default=None,
+              help="tracking URI [default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]")
+def sync(eval_dir: str, mlflow_uri: str | None) -> None:
+    """Log an eval folder to MLflow (after the server was down); never duplicates."""
+    from trtspec.tracking import log_eval
+
+    receipt = log_eval(eval_dir, mlflow_uri)
+    click.echo(f"MLflow: run {receipt['run_id']} (experiment {receipt['experiment_id']})")
 
 
 def _print_summary(out: Path) -> None:

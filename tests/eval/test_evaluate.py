@@ -16,7 +16,9 @@ SMALL = ("methods=[{method: ngram}]", "draft_lengths=[4]", "sampling.max_tokens=
          "eval.concurrency=[1]", "eval.warmup=1")
 
 
-def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, capsys) -> None:
+def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys) -> None:
+    from mlflow.tracking import MlflowClient
+
     workload = tmp_path / "w.jsonl"
     rows = [{"id": f"copy-{i}", "category": "copy", "prompt":
              f"Repeat exactly: the {w} fox jumps over the lazy dog. the {w} fox jumps"}
@@ -27,7 +29,8 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, capsys) -> None:
     sets = [a for s in SMALL for a in ("--set", s)]
     main(["build", str(RECIPE), "--engines", str(tmp_path / "engines"), *sets])
     main(["eval", str(RECIPE), "--engines", str(tmp_path / "engines"), "--reports",
-          str(tmp_path / "reports"), "--eval-id", "e1", "-w", str(workload), *sets])
+          str(tmp_path / "reports"), "--eval-id", "e1", "-w", str(workload), *sets,
+          "--mlflow-uri", mlflow_server])
     out = tmp_path / "reports" / "e1"
     printed = capsys.readouterr().out
     assert "ngram/D4/c1" in printed and "records: " in printed
@@ -37,13 +40,40 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, capsys) -> None:
     summary = json.loads((out / "summary.json").read_text())["ngram/D4/c1"]
     assert summary["spec"]["al_pooled"] > 1.0 and summary["baseline"]["al_pooled"] == 1.0
     assert {"recipe.yaml", "manifest.json", "eval.json"} <= {p.name for p in out.iterdir()}
+    receipt = json.loads((out / "mlflow.json").read_text())
+    client = MlflowClient(tracking_uri=mlflow_server)
+    parent = client.get_run(receipt["run_id"])
+    assert parent.data.params["recipe.target.model"] == "smollm2-135m-instruct"
+    assert parent.data.tags["backend"] == "torch" and parent.data.tags["gpu"] == "cpu"
+    child = client.get_run(receipt["conditions"]["ngram/D4/c1"])
+    assert child.data.tags["method"] == "ngram" and child.data.metrics["spec/al_pooled"] > 1.0
+    assert "spec/category_al/copy" in child.data.metrics
     with pytest.raises(SystemExit) as exit_info:  # the same eval id again without --resume
         main(["eval", str(RECIPE), "--engines", str(tmp_path / "engines"), "--reports",
               str(tmp_path / "reports"), "--eval-id", "e1", "-w", str(workload), *sets])
     assert exit_info.value.code == 2 and "--resume" in capsys.readouterr().err
     main(["eval", str(RECIPE), "--resume", str(out), "--engines", str(tmp_path / "engines"),
-          "-w", str(workload), *sets])  # nothing left to do
+          "-w", str(workload), *sets, "--no-mlflow"])  # nothing left to do
     assert len(read_records(out)) == 12
+
+
+def test_eval_with_mlflow_down_keeps_everything_then_syncs(tmp_path: Path, smollm2,
+                                                         mlflow_server, capsys) -> None:
+    from conftest import free_port
+
+    sets = [a for s in (*SMALL, "eval.warmup=0") for a in ("--set", s)]
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"id": "a", "category": "c", "prompt": "Say hi."}) + "\n")
+    main(["build", str(RECIPE), "--engines", str(tmp_path / "engines"), *sets])
+    main(["eval", str(RECIPE), "--engines", str(tmp_path / "engines"), "--reports",
+          str(tmp_path / "reports"), "--eval-id", "down", "-w", str(workload), *sets,
+          "--mlflow-uri", f"http://127.0.0.1:{free_port()}"])
+    out = tmp_path / "reports" / "down"
+    err = capsys.readouterr().err
+    assert "MLflow: not logged" in err and f"trtspec sync {out}" in err
+    assert len(read_records(out)) == 2 and not (out / "mlflow.json").exists()
+    main(["sync", str(out), "--mlflow-uri", mlflow_server])
+    assert json.loads((out / "mlflow.json").read_text())["run_id"]
 
 
 def test_eval_needs_a_current_build(tmp_path: Path, capsys) -> None:
