@@ -140,21 +140,37 @@ def build(recipe: str, gpu: str | None, dry_run: bool, force: bool, overrides: t
 @click.option("--mlflow-uri", default=None,
               help="tracking URI [default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]")
 @click.option("--no-mlflow", is_flag=True, help="keep results local only")
+@click.option("--endpoint", default=None,
+              help="evaluate an OpenAI-compatible server (…/v1) instead of in-process models")
+@click.option("--model", default=None, help="the model name the endpoint serves")
+@click.option("--baseline-endpoint", default=None,
+              help="the same model served without speculation (the baseline arm)")
 def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | None,
                  eval_id: str | None, resume: str | None, overrides: tuple[str, ...],
                  engines: str, reports: str, speed_bench_dir: str, mlflow_uri: str | None,
-                 no_mlflow: bool) -> None:
+                 no_mlflow: bool, endpoint: str | None, model: str | None,
+                 baseline_endpoint: str | None) -> None:
     """Baseline vs speculative on RECIPE's built models; records land in reports/<eval-id>/."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from trtspec.eval import evaluate
+    from trtspec.eval import evaluate, evaluate_endpoint
 
+    if endpoint and not model:
+        raise click.UsageError("--endpoint needs --model (the name the server serves)")
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), transient=True) as bar:
         task = bar.add_task("requests measured", total=None)
-        out = evaluate(recipe, overrides, workloads, per_category, eval_id, resume, engines,
-                       reports, speed_bench_dir,
-                       progress=lambda done, total: bar.update(task, completed=done, total=total))
+
+        def tick(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        if endpoint:
+            out = evaluate_endpoint(recipe, endpoint, model or "", baseline_endpoint, overrides,
+                                    workloads, per_category, eval_id, resume, reports,
+                                    speed_bench_dir, tick)
+        else:
+            out = evaluate(recipe, overrides, workloads, per_category, eval_id, resume, engines,
+                           reports, speed_bench_dir, tick)
     _print_summary(out)
     if not no_mlflow:
         _log_to_mlflow(out, mlflow_uri)

@@ -107,12 +107,13 @@ class RequestTiming:
     """
 
     start: float
-    token_times: list[float]
+    token_times: list[float]  # per token; for endpoints, per streamed chunk
     end: float
+    tokens: int | None = None  # output tokens when chunks carry several (server usage)
 
     @property
     def output_tokens(self) -> int:
-        return len(self.token_times)
+        return self.tokens if self.tokens is not None else len(self.token_times)
 
     @property
     def ttft(self) -> float | None:

@@ -66,6 +66,38 @@ def evaluate(recipe_path: str | Path, overrides: Sequence[str] = (),
     return out
 
 
+def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
+                      baseline_url: str | None = None, overrides: Sequence[str] = (),
+                      workloads: Sequence[str] = (), per_category: int | None = None,
+                      eval_id: str | None = None, resume: str | Path | None = None,
+                      reports_root: str | Path = "reports",
+                      speed_bench_dir: str | Path = "data/speed-bench",
+                      progress: Callable[[int, int], None] | None = None) -> Path:
+    """The recipe's workloads, sampling and concurrency against OpenAI-compatible servers."""
+    from trtspec.eval.endpoint import run_endpoint_eval
+    from trtspec.eval.run import read_records, summarize
+    from trtspec.eval.workloads import load_workload
+
+    recipe = load_recipe(recipe_path, overrides)
+    out = Path(resume) if resume else Path(reports_root) / (
+        eval_id or f"{recipe.name}-endpoint-{time.strftime('%Y%m%d-%H%M%S')}")
+    requests = [r for spec in (workloads or recipe.eval.workloads)
+                for r in load_workload(spec, speed_bench_dir, per_category
+                                       or recipe.eval.per_category, recipe.sampling.seed)]
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(recipe_path, out / "recipe.yaml")
+    (out / "eval.json").write_text(json.dumps({
+        "recipe": recipe.name, "recipe_digest": recipe.digest(), "overrides": list(overrides),
+        "workloads": list(workloads or recipe.eval.workloads), "requests": len(requests),
+        "endpoint": url, "baseline_endpoint": baseline_url, "model": model}, indent=2) + "\n")
+    records = run_endpoint_eval(out, requests, url, model, recipe.sampling.params(),
+                                recipe.eval.concurrency, baseline_url, resume is not None,
+                                progress)
+    (out / "summary.json").write_text(json.dumps(summarize(read_records(records)), indent=2)
+                                      + "\n")
+    return out
+
+
 def _loaded_models(manifest: Any) -> Callable[..., Any]:
     """Load each model once: get() is the target, get(path) another artifact."""
     from trtspec.models import load

@@ -187,7 +187,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             rows = [r for r in records if r["condition"] == key and r["arm"] == arm]
             if not rows:
                 continue
-            timings = [RequestTiming(r["start_s"], r["token_times_s"], r["e2e_s"]) for r in rows]
+            timings = [RequestTiming(r["start_s"], r["token_times_s"], r["e2e_s"],
+                                     r["output_tokens"]) for r in rows]
             stats = SpecStats.merge(_stats(r) for r in rows)
             entry[arm] = {**latency_summary(timings), **stats.summary(),
                           "acceptance_per_position": stats.acceptance_per_position}

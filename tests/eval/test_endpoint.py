@@ -1,0 +1,143 @@
+"""Endpoint evals against a tiny OpenAI-compatible SSE server written here (real openai client)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from trtspec.eval.endpoint import counter_delta, run_endpoint_eval, scrape
+from trtspec.eval.run import read_records, summarize
+from trtspec.eval.workloads import WorkloadRequest
+from trtspec.sampling import SamplingParams
+
+
+def serve(speculative: bool):
+    """Streams max_tokens words; a speculative server sends them in bursts of 3 per chunk and
+    counts drafts like vLLM (2 of 3 drafts accepted per round)."""
+    counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if self.path != "/metrics" or not speculative:
+                self.send_error(404)
+                return
+            body = (f"# TYPE vllm:spec_decode_num_drafts counter\n"
+                    f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {counters["drafts"]}\n'
+                    f'vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} '
+                    f'{counters["draft_tokens"]}\n'
+                    f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} '
+                    f'{counters["accepted"]}\n').encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(payload)
+            n = payload["max_tokens"]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            step = 3 if speculative else 1
+            sent = 0
+
+            def emit(obj: dict) -> None:
+                self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
+                self.wfile.flush()
+
+            while sent < n:
+                k = min(step, n - sent)
+                time.sleep(0.004)
+                if speculative:
+                    counters["drafts"] += 1
+                    counters["draft_tokens"] += 3
+                    counters["accepted"] += 2
+                emit({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                      "choices": [{"index": 0, "delta": {"content": " w" * k},
+                                   "finish_reason": None}]})
+                sent += k
+            emit({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                  "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+            emit({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                  "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n,
+                                           "total_tokens": 7 + n}})
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1", seen
+
+
+@pytest.fixture
+def servers():
+    spec, spec_url, seen = serve(True)
+    base, base_url, _ = serve(False)
+    yield spec_url, base_url, seen
+    spec.shutdown()
+    base.shutdown()
+
+
+def test_endpoint_eval_measures_both_arms_and_scrapes_counters(tmp_path, servers) -> None:
+    spec_url, base_url, seen = servers
+    requests = [WorkloadRequest(id=f"r{i}", category="c", prompt=f"hello {i}") for i in range(4)]
+    params = SamplingParams(temperature=0.5, top_p=0.9, max_tokens=10, seed=3)
+    path = run_endpoint_eval(tmp_path, requests, spec_url, "m", params, [1, 2],
+                             baseline_url=base_url)
+    records = read_records(path)
+    assert len(records) == 2 * 2 * 4
+    spec = [r for r in records if r["arm"] == "spec"]
+    assert all(r["output_tokens"] == 10 and len(r["token_times_s"]) == 4 for r in spec)
+    assert all(r["ttft_s"] > 0 and r["context_tokens"] == 7 for r in records)
+    assert {p["seed"] for p in seen} == {r["seed"] for r in spec}  # seeds reach the server
+    assert all(p["temperature"] == 0.5 and p["top_p"] == 0.9 for p in seen)
+    summary = summarize(records)["endpoint/D0/c2"]
+    assert summary["spec"]["tpot_ms_p50"] > 0 and "speedup_tpot_p50" in summary
+    counters = json.loads((tmp_path / "server_counters.json").read_text())
+    spec_counters = counters["endpoint/D0/c1/spec"]
+    assert spec_counters["acceptance_rate"] == pytest.approx(2 / 3)
+    assert spec_counters["al_pooled"] == pytest.approx(1 + 2 / 1)
+    assert "endpoint/D0/c1/baseline" not in counters  # the plain server has no /metrics
+    with pytest.raises(FileExistsError):
+        run_endpoint_eval(tmp_path, requests, spec_url, "m", params, [1])
+    again = run_endpoint_eval(tmp_path, requests, spec_url, "m", params, [1, 2],
+                              baseline_url=base_url, resume=True)
+    assert len(read_records(again)) == 16  # resume: nothing measured twice
+
+
+def test_counter_parsing_and_deltas() -> None:
+    assert scrape("http://127.0.0.1:9/v1", timeout=0.5) is None
+    assert counter_delta(None, {"drafts": 1}) == {}
+    d = counter_delta({"drafts": 2, "proposed_tokens": 8, "accepted_draft_tokens": 4},
+                      {"drafts": 6, "proposed_tokens": 24, "accepted_draft_tokens": 10})
+    assert d["acceptance_rate"] == pytest.approx(6 / 16) and d["al_pooled"] == pytest.approx(2.5)
+
+
+def test_trtspec_eval_against_endpoints_from_the_cli(tmp_path, servers, capsys) -> None:
+    from pathlib import Path
+
+    from trtspec.cli import main
+
+    spec_url, base_url, _ = servers
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "cpu-smollm2.yaml"
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"q{i}", "category": "c", "prompt": "hi"})
+                                + "\n" for i in range(3)))
+    main(["eval", str(recipe), "--endpoint", spec_url, "--model", "m", "--baseline-endpoint",
+          base_url, "-w", str(workload), "--reports", str(tmp_path), "--eval-id", "ep",
+          "--set", "sampling.max_tokens=9", "--set", "eval.concurrency=[3]", "--no-mlflow"])
+    assert "endpoint/D0/c3" in capsys.readouterr().out
+    assert len(read_records(tmp_path / "ep")) == 6
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(recipe), "--endpoint", spec_url, "--reports", str(tmp_path)])
+    assert exit_info.value.code == 2 and "--endpoint needs --model" in capsys.readouterr().err
