@@ -191,6 +191,19 @@ def _log_to_mlflow(out: Path, uri: str | None) -> None:
                "(compare runs with `mlflow ui`)")
 
 
+@cli.command("prepare-data")
+@click.argument("dataset", type=click.Choice(["speed-bench"]))
+@click.option("--out", default="data/speed-bench", show_default=True, type=click.Path())
+@click.option("--config", "configs", multiple=True, default=("qualitative",), show_default=True,
+              help="SPEED-Bench configs: qualitative, throughput_1k … throughput_32k")
+def prepare_data(dataset: str, out: str, configs: tuple[str, ...]) -> None:
+    """Download a benchmark (needs `datasets` and hub access) into local JSONL files."""
+    from trtspec.eval import speed_bench
+
+    for path in speed_bench.prepare(out, configs):
+        click.echo(f"wrote {path}")
+
+
 @cli.command()
 @click.argument("eval_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--mlflow-uri", default=None,

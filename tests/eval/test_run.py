@@ -41,6 +41,11 @@ def test_toy_eval_records_every_condition_arm_and_request(tmp_path: Path) -> Non
     assert entry["baseline"]["al_pooled"] == 1.0 and entry["spec"]["al_pooled"] > 1.0
     assert entry["spec"]["requests"] == len(inputs.requests)
     assert "speedup_tpot_p50" in entry and "tpot_ms_p50" in entry["spec"]
+    assert entry["spec"]["peak_rss_mb"] > 0 and "prefill_ms_p50" in entry["spec"]
+    assert "decode_ms_p99" in entry["baseline"]
+    by_category = entry["spec"]["categories"]
+    assert set(by_category) == {"copy", "chat"}
+    assert by_category["copy"]["requests"] + by_category["chat"]["requests"] == 6
     with pytest.raises(FileExistsError, match="--resume"):
         run_eval(tmp_path, inputs)
 

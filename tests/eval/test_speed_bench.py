@@ -70,6 +70,12 @@ def test_config_files_are_found_and_schema_is_checked(tmp_path: Path) -> None:
         speed_bench.load(bad)
 
 
-def test_prepare_data_fails_clearly_offline(tmp_path: Path) -> None:
+def test_prepare_data_fails_clearly_offline(tmp_path: Path, capsys) -> None:
+    from trtspec.cli import main
+
     with pytest.raises(WorkloadError, match=r"needs the `datasets` package|could not fetch"):
         speed_bench.prepare(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["prepare-data", "speed-bench", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err and len(err.splitlines()) == 1

@@ -131,6 +131,11 @@ def _warm_up(executors: dict[str, SpecExecutor], inputs: EvalInputs) -> None:
 def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalInputs,
              condition: Condition, arm: str) -> list[dict[str, Any]]:
     prompts = [inputs.encode(r) for r in batch]
+    cuda = _cuda_in_use()
+    if cuda:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
     params = [inputs.sampling.model_copy(update={
         "seed": request_seed(inputs.sampling.seed or 0, r.id),
         "max_tokens": r.max_tokens or inputs.sampling.max_tokens}) for r in batch]
@@ -143,6 +148,11 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
             arrivals[d.index] += [now] * len(d.token_ids)
 
     completions = executor.generate(prompts, params, on_step=on_step)
+    memory = {"rss_mb": _rss_mb()}
+    if cuda:
+        import torch
+
+        memory["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
     records = []
     for r, prompt, c, times in zip(batch, prompts, completions, arrivals, strict=True):
         stats = c.stats
@@ -161,9 +171,22 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
             "discarded_tokens": stats.discarded_tokens,
             "accepted_per_position": stats.accepted_per_position,
             "proposed_per_position": stats.proposed_per_position,
-            "wall_clock": time.time(),
+            "wall_clock": time.time(), **memory,
         })
     return records
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def _cuda_in_use() -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
@@ -177,7 +200,6 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per condition: each arm's latency distributions and speculation stats, and the
     baseline/spec ratios of TPOT p50 and E2E p50 (> 1 means speculation is faster)."""
-    from trtspec.metrics import RequestTiming, SpecStats, latency_summary
 
     out: dict[str, dict[str, Any]] = {}
     keys = sorted({r["condition"] for r in records})
@@ -187,16 +209,34 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             rows = [r for r in records if r["condition"] == key and r["arm"] == arm]
             if not rows:
                 continue
-            timings = [RequestTiming(r["start_s"], r["token_times_s"], r["e2e_s"],
-                                     r["output_tokens"]) for r in rows]
-            stats = SpecStats.merge(_stats(r) for r in rows)
-            entry[arm] = {**latency_summary(timings), **stats.summary(),
-                          "acceptance_per_position": stats.acceptance_per_position}
+            entry[arm] = _arm_summary(rows)
+            entry[arm]["categories"] = {c: _arm_summary([r for r in rows if r["category"] == c])
+                                        for c in sorted({r["category"] for r in rows})}
         base, spec = entry.get("baseline", {}), entry.get("spec", {})
         for metric in ("tpot_ms_p50", "e2e_ms_p50"):
             if base.get(metric) and spec.get(metric):
                 entry[f"speedup_{metric.removesuffix('_ms_p50')}_p50"] = base[metric] / spec[metric]
         out[key] = entry
+    return out
+
+
+def _arm_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Latency distributions, prefill/decode split, memory and speculation stats of records."""
+    from trtspec.metrics import RequestTiming, SpecStats, distribution, latency_summary
+
+    timings = [RequestTiming(r["start_s"], r["token_times_s"], r["e2e_s"], r["output_tokens"])
+               for r in rows]
+    stats = SpecStats.merge(_stats(r) for r in rows)
+    out = {**latency_summary(timings), **stats.summary(),
+           "acceptance_per_position": stats.acceptance_per_position}
+    out |= distribution([r["prefill_s"] for r in rows if r.get("prefill_s") is not None],
+                        "prefill_ms")
+    out |= distribution([r["decode_s"] for r in rows if r.get("decode_s") is not None],
+                        "decode_ms")
+    for key in ("rss_mb", "cuda_max_allocated_mb"):
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if values:
+            out[f"peak_{key}"] = max(values)
     return out
 
 
