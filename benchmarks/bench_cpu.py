@@ -21,11 +21,11 @@ import argparse
 import platform
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from bench_verify import median_seconds  # same folder: one timing helper
 
 from trtspec.executor import SpecExecutor
 from trtspec.metrics import SpecStats
@@ -82,17 +82,7 @@ class Result:
 
 def read_gbps(nbytes: int = 1 << 30, repeats: int = 5) -> float:
     x = torch.rand(nbytes // 4)
-    return nbytes / median(lambda: x.sum(), repeats) / 1e9
-
-
-def median(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return nbytes / median_seconds(lambda: x.sum(), repeats) / 1e9
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -114,7 +104,7 @@ def scoring_times(model, prompt: list[int], sizes: list[int], repeats: int) -> d
         def step(n: int = n) -> None:
             runner.score([list(range(100, 100 + n))])
             runner.rollback(base)
-        out[n] = median(step, repeats)
+        out[n] = median_seconds(step, repeats)
     return out
 
 
