@@ -191,6 +191,32 @@ def _log_to_mlflow(out: Path, uri: str | None) -> None:
                "(compare runs with `mlflow ui`)")
 
 
+@cli.command()
+@click.argument("eval_dir", type=click.Path(exists=True, file_okay=False))
+def decide(eval_dir: str) -> None:
+    """Go / no-go per condition for an eval; exit 0 when every condition is GO, 1 otherwise
+    (NO-GO or INCONCLUSIVE), 2 on error: usable as a CI gate."""
+    from trtspec.eval.run import read_records
+    from trtspec.recipe import load_recipe
+    from trtspec.report import all_go, make_decision
+
+    out = Path(eval_dir)
+    recipe = load_recipe(out / "recipe.yaml", json.loads((out / "eval.json").read_text())
+                         .get("overrides", []) if (out / "eval.json").is_file() else [])
+    verdicts, _ = make_decision(out, recipe, read_records(out))
+    table = Table(title=f"decision {out.name}")
+    for column in ("condition", "verdict", "speedup", "95 % CI", "why"):
+        table.add_column(column)
+    for v in verdicts:
+        if v.category == "all":
+            ci = "—" if v.ci[0] != v.ci[0] else f"{v.ci[0]:.2f}–{v.ci[1]:.2f}×"
+            table.add_row(v.condition, v.verdict, f"{v.speedup:.2f}×", ci,
+                          "; ".join(v.reasons) or "—")
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    click.echo(f"report: {out / 'report.md'}")
+    sys.exit(0 if all_go(verdicts) else 1)
+
+
 @cli.command("prepare-data")
 @click.argument("dataset", type=click.Choice(["speed-bench"]))
 @click.option("--out", default="data/speed-bench", show_default=True, type=click.Path())

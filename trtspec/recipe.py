@@ -139,7 +139,7 @@ class Decide(Strict):
     primary_metric: Literal["tpot_p50", "e2e_p50", "throughput"] = "tpot_p50"
     min_speedup: float = Field(1.05, gt=0)
     max_ttft_p99_regression: float = Field(0.10, ge=0)
-    max_e2e_p99_regression: float = Field(0.0, ge=0)
+    max_e2e_p99_regression: float = Field(0.10, ge=0)
     min_requests: int = Field(20, ge=1)
 
 

@@ -14,6 +14,7 @@ speculative round carries several tokens), and output_tokens comes from the serv
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -89,7 +90,9 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
             finish = choice.finish_reason or finish
     end = time.perf_counter() - start
     out_tokens = usage.completion_tokens if usage is not None else len(times)
+    digest = hashlib.sha256("".join(text).encode()).hexdigest()[:16]
     return {"token_times_s": times, "output_tokens": out_tokens, "e2e_s": end,
+            "output_digest": digest,
             "ttft_s": times[0] if times else None, "finish_reason": finish or "stop",
             "prompt_tokens": usage.prompt_tokens if usage is not None else None,
             "text_chars": len("".join(text))}

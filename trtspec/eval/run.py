@@ -160,6 +160,7 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
             "condition": condition.key, **asdict(condition), "arm": arm, "request_id": r.id,
             "category": r.category, "source": r.source, "context_tokens": len(prompt),
             "output_tokens": len(c.token_ids), "finish_reason": c.finish_reason,
+            "output_digest": _digest(c.token_ids),
             "seed": params[batch.index(r)].seed, "start_s": 0.0, "token_times_s": times,
             "ttft_s": times[0] if times else None, "e2e_s": times[-1] if times else 0.0,
             "prefill_s": times[0] if times else None,
@@ -174,6 +175,13 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
             "wall_clock": time.time(), **memory,
         })
     return records
+
+
+def _digest(token_ids: list[int]) -> str:
+    """Identifies an output (greedy identity across arms) without storing the tokens."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:16]
 
 
 def _rss_mb() -> float:
