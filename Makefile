@@ -5,7 +5,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.trtspec-installed
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: install test lint bench clean
+.PHONY: install test lint bench demo clean
+
+DEMO_ID := demo-$(shell date +%Y%m%d-%H%M%S)
 
 install: $(STAMP)
 
@@ -25,6 +27,15 @@ test: $(STAMP) lint
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_verify.py
 	$(BIN)/python benchmarks/bench_cpu.py
+
+# build the CPU recipe, eval it on the built-in workload (~10 min on 2 cores), decide, report
+demo: $(STAMP)
+	$(BIN)/trtspec build recipes/cpu-smollm2.yaml
+	$(BIN)/trtspec eval recipes/cpu-smollm2.yaml --eval-id $(DEMO_ID)
+	$(BIN)/trtspec decide reports/$(DEMO_ID) || test $$? -eq 1  # 1 = not every condition is GO
+	@echo
+	@echo "report:  reports/$(DEMO_ID)/report.md  (decision.json, records.jsonl, summary.json)"
+	@echo "MLflow:  $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db  → http://127.0.0.1:5000"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

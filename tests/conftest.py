@@ -60,7 +60,7 @@ def mlflow_server(tmp_path_factory):
         [exe, "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
          "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
          "--port", str(port), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=root)
+        stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -71,17 +71,32 @@ def mlflow_server(tmp_path_factory):
         except OSError:
             time.sleep(0.5)
         if proc.poll() is not None:
+            _stop_group(proc)
             raise RuntimeError(f"mlflow server exited: {(root / 'server.log').read_text()[-2000:]}")
     else:
-        proc.kill()
+        _stop_group(proc)
         raise RuntimeError("mlflow server did not become healthy in 120 s")
     yield uri
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    _stop_group(proc)
     log.close()
+
+
+def _stop_group(proc) -> None:
+    """mlflow server forks uvicorn and job workers: stop the whole process group."""
+    import os
+    import signal
+    import subprocess
+
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def free_port() -> int:
