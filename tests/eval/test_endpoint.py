@@ -135,7 +135,8 @@ def test_trtspec_eval_against_endpoints_from_the_cli(tmp_path, servers, capsys) 
                                 + "\n" for i in range(3)))
     main(["eval", str(recipe), "--endpoint", spec_url, "--model", "m", "--baseline-endpoint",
           base_url, "-w", str(workload), "--reports", str(tmp_path), "--eval-id", "ep",
-          "--set", "sampling.max_tokens=9", "--set", "eval.concurrency=[3]", "--no-mlflow"])
+          "--set", "sampling.max_tokens=9", "--set", "eval.concurrency=[3]",
+          "--set", "eval.per_category=null", "--no-mlflow"])
     assert "endpoint/D0/c3" in capsys.readouterr().out
     assert len(read_records(tmp_path / "ep")) == 6
     with pytest.raises(SystemExit) as exit_info:

@@ -13,7 +13,7 @@ from trtspec.eval.run import read_records
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"
 SMALL = ("methods=[{method: ngram}]", "draft_lengths=[4]", "sampling.max_tokens=32",
-         "eval.concurrency=[1]", "eval.warmup=1")
+         "eval.concurrency=[1]", "eval.warmup=1", "eval.per_category=null")
 
 
 def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys) -> None:
