@@ -131,6 +131,8 @@ def test_decide_command_writes_report_and_exits_as_a_ci_gate(tmp_path, capsys) -
         assert exit_info.value.code == code
         report = (out / "report.md").read_text()
         assert "## Verdict per condition" in report and "## Cost model" in report
+        page = (out / "report.html").read_text()
+        assert page.count('src="data:image/png;base64,') == 4 and "<table>" in page
         decision = json.loads((out / "decision.json").read_text())
         assert decision["verdicts"][0]["verdict"] == ("GO" if code == 0 else "NO-GO")
         assert decision["cost_model"]["ngram/D4/c1"]["alpha"] == pytest.approx(0.5)

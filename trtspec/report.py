@@ -1,7 +1,5 @@
-"""The approval report (markdown; the HTML twin with plots is a later step), from an eval folder.
-
-Written next to the records: ``reports/<eval-id>/report.md`` and ``decision.json``.
-"""
+"""The approval report, from an eval folder: ``report.html`` (self-contained, plots embedded),
+its markdown twin ``report.md``, and ``decision.json``, next to the records."""
 
 from __future__ import annotations
 
@@ -31,6 +29,10 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                 "cost_model": models}
     (out / "decision.json").write_text(json.dumps(decision, indent=2) + "\n")
     (out / "report.md").write_text(markdown(out.name, recipe, verdicts, decision))
+    summary = json.loads((out / "summary.json").read_text()) \
+        if (out / "summary.json").is_file() else {}
+    (out / "report.html").write_text(html(out.name, recipe, verdicts, decision, records,
+                                          summary))
     return verdicts, decision
 
 
@@ -76,7 +78,7 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
 
 
 def _row(v: Verdict, with_category: bool = False) -> str:
-    mark = {"GO": "✅ GO", "NO-GO": "❌ NO-GO"}.get(v.verdict, "⚠️ INCONCLUSIVE")
+    mark = f"**{v.verdict}**" if v.verdict == GO else v.verdict  # plain words: fonts vary
     cat = f" {v.category} |" if with_category else ""
     ci = "—" if v.ci[0] != v.ci[0] else f"{v.ci[0]:.2f}–{v.ci[1]:.2f}×"
     speed = "—" if v.speedup != v.speedup else f"{v.speedup:.2f}×"
@@ -86,3 +88,135 @@ def _row(v: Verdict, with_category: bool = False) -> str:
 
 def all_go(verdicts: list[Verdict]) -> bool:
     return all(v.verdict == GO for v in verdicts if v.category == "all")
+
+
+# ---- HTML (self-contained: plots embedded as PNG data URIs) -----------------------------------
+
+def html(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: dict[str, Any],
+         records: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    import html as escape
+
+    text = markdown(eval_id, recipe, verdicts, decision)
+    body = []
+    table: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            if not set(line) <= set("|-: "):
+                cells = [escape.escape(c.strip()) for c in line.strip("|").split("|")]
+                tag = "th" if not table else "td"
+                table.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
+            continue
+        if table:
+            body.append("<table>" + "".join(table) + "</table>")
+            table = []
+        if line.startswith("# "):
+            body.append(f"<h1>{escape.escape(line[2:])}</h1>")
+        elif line.startswith("## "):
+            body.append(f"<h2>{escape.escape(line[3:])}</h2>")
+        elif line.startswith("- "):
+            body.append(f"<p>• {escape.escape(line[2:]).replace('**', '')}</p>")
+        elif line.strip():
+            body.append(f"<p>{escape.escape(line).replace('**', '')}</p>")
+    if table:
+        body.append("<table>" + "".join(table) + "</table>")
+    body.append("<h2>Plots</h2>")
+    for title, png in plots(verdicts, decision, records, summary):
+        body.append(f'<figure><img alt="{title}" src="data:image/png;base64,{png}">'
+                    f"<figcaption>{title}</figcaption></figure>")
+    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;"
+             "color:#222}table{border-collapse:collapse;margin:1em 0;font-size:14px}"
+             "td,th{border:1px solid #ccc;padding:4px 8px}th{background:#f3f3f3}"
+             "figure{display:inline-block;margin:8px}img{max-width:520px}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{eval_id}</title>"
+            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def plots(verdicts: list[Verdict], decision: dict[str, Any], records: list[dict[str, Any]],
+          summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """(title, base64 PNG) for: speedup vs D with CI bars per concurrency; AL per category;
+    TTFT and TPOT CDFs baseline vs spec; predicted vs measured speedup."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    series: dict[tuple[str, str], list[Verdict]] = {}
+    for v in verdicts:
+        if v.category == "all" and v.speedup == v.speedup:
+            method, _, c = v.condition.split("/")
+            series.setdefault((method, c), []).append(v)
+    for (method, c), vs in sorted(series.items()):
+        vs.sort(key=lambda v: int(v.condition.split("/")[1][1:]))
+        xs = [int(v.condition.split("/")[1][1:]) for v in vs]
+        ys = [v.speedup for v in vs]
+        err = [[y - v.ci[0] for y, v in zip(ys, vs, strict=True)],
+               [v.ci[1] - y for y, v in zip(ys, vs, strict=True)]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=f"{method} {c}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xlabel="D (draft length)", ylabel="speedup (baseline / spec)",
+           title="Speedup vs D, 95 % CI")
+    _legend(ax, 8)
+    out.append(("Speedup vs D per concurrency (95 % paired-bootstrap CI)", _png(fig)))
+
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    conditions = [k for k in summary if summary[k].get("spec", {}).get("categories")]
+    cats = sorted({c for k in conditions for c in summary[k]["spec"]["categories"]})
+    width = 0.8 / max(len(conditions), 1)
+    for i, key in enumerate(conditions):
+        values = [summary[key]["spec"]["categories"].get(c, {}).get("al_pooled", 0) for c in cats]
+        ax.bar([j + i * width for j in range(len(cats))], values, width, label=key)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=45,
+                  ha="right", fontsize=7)
+    ax.set(ylabel="AL (pooled)", title="Acceptance length per category")
+    _legend(ax, 7)
+    out.append(("AL (pooled) per category", _png(fig)))
+
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.4))
+    for ax, (label, value) in zip(axes, (("TTFT ms", lambda r: r["ttft_s"]),
+                                         ("TPOT ms", _tpot_of)), strict=True):
+        for i, key in enumerate(sorted({r["condition"] for r in records})):
+            for arm, style in (("baseline", "--"), ("spec", "-")):
+                xs = sorted(1e3 * x for r in records if r["condition"] == key and
+                            r["arm"] == arm and (x := value(r)) is not None)
+                if xs:
+                    ax.plot(xs, [(j + 1) / len(xs) for j in range(len(xs))], style,
+                            color=f"C{i}", label=f"{key} {arm}")
+        ax.set(xlabel=label, ylabel="fraction of requests", title=f"{label} CDF")
+    _legend(axes[1], 6)
+    out.append(("TTFT and TPOT CDFs, baseline (dashed) vs spec (solid)", _png(fig)))
+
+    fig, ax = plt.subplots(figsize=(4.2, 3.6))
+    for key, m in decision["cost_model"].items():
+        ax.scatter(m["predicted_speedup"], m["measured_speedup"], label=key)
+    top = max([1.5] + [max(m["predicted_speedup"], m["measured_speedup"])
+                       for m in decision["cost_model"].values()])
+    ax.plot([0, top], [0, top], color="grey", lw=0.8)
+    ax.set(xlabel="predicted (Leviathan)", ylabel="measured", title="Predicted vs measured")
+    _legend(ax, 7)
+    out.append(("Cost model: predicted vs measured speedup", _png(fig)))
+    return out
+
+
+def _legend(ax: Any, size: int) -> None:
+    if ax.get_legend_handles_labels()[0]:  # nothing plotted: no empty-legend warning
+        ax.legend(fontsize=size)
+
+
+def _tpot_of(r: dict[str, Any]) -> float | None:
+    n, times = r["output_tokens"], r["token_times_s"]
+    return (r["e2e_s"] - times[0]) / (n - 1) if n > 1 and times else None
+
+
+def _png(fig: Any) -> str:
+    import base64
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
