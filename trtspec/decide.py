@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from trtspec.metrics import RequestTiming
 from trtspec.recipe import Decide
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
@@ -44,15 +45,14 @@ class Verdict:
     reasons: list[str] = field(default_factory=list)
 
 
-def _tpot(r: dict[str, Any]) -> float | None:
-    times, n = r["token_times_s"], r["output_tokens"]
-    if n < 2 or not times:
-        return None
-    return (r["e2e_s"] - times[0]) / (n - 1)
+def tpot(r: dict[str, Any]) -> float | None:
+    """A record's TPOT, by the one definition in trtspec.metrics.RequestTiming."""
+    return RequestTiming(r.get("start_s", 0.0), r["token_times_s"], r["e2e_s"],
+                         r["output_tokens"]).tpot
 
 
 def _metric(r: dict[str, Any], name: str) -> float | None:
-    return _tpot(r) if METRIC_FIELD.get(name, "tpot") == "tpot" else r["e2e_s"]
+    return tpot(r) if METRIC_FIELD.get(name, "tpot") == "tpot" else r["e2e_s"]
 
 
 def pairs(records: Sequence[dict[str, Any]], condition: str, category: str | None = None
@@ -172,15 +172,15 @@ def cost_model(records: Sequence[dict[str, Any]], condition: str) -> dict[str, f
     """
     matched = pairs(records, condition)
     d = int(condition.split("/")[1][1:])
-    step = np.median([t for b, _ in matched if (t := _tpot(b)) is not None])
+    step = np.median([t for b, _ in matched if (t := tpot(b)) is not None])
     spec = [s for _, s in matched if s["verification_rounds"]]
     proposed = sum(s["proposed_tokens"] for s in spec)
     alpha = sum(s["accepted_draft_tokens"] for s in spec) / proposed if proposed else 0.0
     round_time = np.median([(s["e2e_s"] - s["token_times_s"][0]) / s["verification_rounds"]
                             for s in spec])
     c = max(0.0, (round_time / step - 1) / d) if d else 0.0
-    base = np.array([t for b, _ in matched if (t := _tpot(b)) is not None])
-    spec_tpot = np.array([t for _, s in matched if (t := _tpot(s)) is not None])
+    base = np.array([t for b, _ in matched if (t := tpot(b)) is not None])
+    spec_tpot = np.array([t for _, s in matched if (t := tpot(s)) is not None])
     return {"alpha": alpha, "c": c, "draft_len": d, "predicted_speedup": leviathan(alpha, d, c),
             "measured_speedup": float(np.median(base) / np.median(spec_tpot)),
             "recommended_d": recommend_d(alpha, c)}

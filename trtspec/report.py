@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from trtspec.decide import GO, Verdict, apply_where, cost_model, decide
+from trtspec.decide import GO, Verdict, apply_where, cost_model, decide, tpot
 from trtspec.recipe import Recipe
 
 
@@ -175,7 +175,7 @@ def plots(verdicts: list[Verdict], decision: dict[str, Any], records: list[dict[
 
     fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.4))
     for ax, (label, value) in zip(axes, (("TTFT ms", lambda r: r["ttft_s"]),
-                                         ("TPOT ms", _tpot_of)), strict=True):
+                                         ("TPOT ms", tpot)), strict=True):
         for i, key in enumerate(sorted({r["condition"] for r in records})):
             for arm, style in (("baseline", "--"), ("spec", "-")):
                 xs = sorted(1e3 * x for r in records if r["condition"] == key and
@@ -202,11 +202,6 @@ def plots(verdicts: list[Verdict], decision: dict[str, Any], records: list[dict[
 def _legend(ax: Any, size: int) -> None:
     if ax.get_legend_handles_labels()[0]:  # nothing plotted: no empty-legend warning
         ax.legend(fontsize=size)
-
-
-def _tpot_of(r: dict[str, Any]) -> float | None:
-    n, times = r["output_tokens"], r["token_times_s"]
-    return (r["e2e_s"] - times[0]) / (n - 1) if n > 1 and times else None
 
 
 def _png(fig: Any) -> str:

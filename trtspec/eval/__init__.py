@@ -24,8 +24,7 @@ def evaluate(recipe_path: str | Path, overrides: Sequence[str] = (),
              speed_bench_dir: str | Path = "data/speed-bench",
              progress: Callable[[int, int], None] | None = None) -> Path:
     """Run the recipe's eval; returns the eval folder."""
-    from trtspec.eval.run import Condition, EvalInputs, read_records, run_eval, summarize
-    from trtspec.eval.workloads import load_workload
+    from trtspec.eval.run import Condition, EvalInputs, run_eval
     from trtspec.gpu import detect
     from trtspec.manifest import check_gpu, load_manifest
 
@@ -43,24 +42,42 @@ def evaluate(recipe_path: str | Path, overrides: Sequence[str] = (),
         raise RecipeError(f"{recipe_path}: the recipe changed since {manifest_path} was built: "
                           "run `trtspec build` again (or pass the same --set overrides)")
 
-    out = Path(resume) if resume else Path(reports_root) / (
-        eval_id or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    requests = [r for spec in (workloads or recipe.eval.workloads)
-                for r in load_workload(spec, speed_bench_dir, per_category
-                                       or recipe.eval.per_category, recipe.sampling.seed)]
     conditions = [Condition(m.method, d, c) for m in recipe.methods
                   for d in manifest.draft_lengths for c in recipe.eval.concurrency]
+    out, requests = _start(recipe, recipe_path, overrides, workloads, per_category, eval_id,
+                           resume, reports_root, speed_bench_dir, "",
+                           {"conditions": [c.key for c in conditions]})
+    shutil.copyfile(manifest_path, out / "manifest.json")
     models = _loaded_models(manifest)
     inputs = EvalInputs(requests, conditions, _executor_factory(recipe, manifest, models),
                         _encoder(models), recipe.sampling.params(), recipe.eval.warmup)
+    return _finish(out, run_eval(out, inputs, resume=resume is not None, progress=progress))
+
+
+def _start(recipe: Recipe, recipe_path: str | Path, overrides: Sequence[str],
+           workloads: Sequence[str], per_category: int | None, eval_id: str | None,
+           resume: str | Path | None, reports_root: str | Path, speed_bench_dir: str | Path,
+           tag: str, extra: dict[str, Any]) -> tuple[Path, list[Any]]:
+    """The eval folder (new or resumed) with recipe.yaml and eval.json, and its requests."""
+    from trtspec.eval.workloads import load_workload
+
+    out = Path(resume) if resume else Path(reports_root) / (
+        eval_id or f"{recipe.name}{tag}-{time.strftime('%Y%m%d-%H%M%S')}")
+    requests = [r for spec in (workloads or recipe.eval.workloads)
+                for r in load_workload(spec, speed_bench_dir, per_category
+                                       or recipe.eval.per_category, recipe.sampling.seed)]
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(recipe_path, out / "recipe.yaml")
-    shutil.copyfile(manifest_path, out / "manifest.json")
     (out / "eval.json").write_text(json.dumps({
         "recipe": recipe.name, "recipe_digest": recipe.digest(), "overrides": list(overrides),
         "workloads": list(workloads or recipe.eval.workloads), "requests": len(requests),
-        "conditions": [c.key for c in conditions]}, indent=2) + "\n")
-    records = run_eval(out, inputs, resume=resume is not None, progress=progress)
+        **extra}, indent=2) + "\n")
+    return out, requests
+
+
+def _finish(out: Path, records: Path) -> Path:
+    from trtspec.eval.run import read_records, summarize
+
     (out / "summary.json").write_text(json.dumps(summarize(read_records(records)), indent=2)
                                       + "\n")
     return out
@@ -75,27 +92,14 @@ def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
                       progress: Callable[[int, int], None] | None = None) -> Path:
     """The recipe's workloads, sampling and concurrency against OpenAI-compatible servers."""
     from trtspec.eval.endpoint import run_endpoint_eval
-    from trtspec.eval.run import read_records, summarize
-    from trtspec.eval.workloads import load_workload
 
     recipe = load_recipe(recipe_path, overrides)
-    out = Path(resume) if resume else Path(reports_root) / (
-        eval_id or f"{recipe.name}-endpoint-{time.strftime('%Y%m%d-%H%M%S')}")
-    requests = [r for spec in (workloads or recipe.eval.workloads)
-                for r in load_workload(spec, speed_bench_dir, per_category
-                                       or recipe.eval.per_category, recipe.sampling.seed)]
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(recipe_path, out / "recipe.yaml")
-    (out / "eval.json").write_text(json.dumps({
-        "recipe": recipe.name, "recipe_digest": recipe.digest(), "overrides": list(overrides),
-        "workloads": list(workloads or recipe.eval.workloads), "requests": len(requests),
-        "endpoint": url, "baseline_endpoint": baseline_url, "model": model}, indent=2) + "\n")
-    records = run_endpoint_eval(out, requests, url, model, recipe.sampling.params(),
-                                recipe.eval.concurrency, baseline_url, resume is not None,
-                                progress)
-    (out / "summary.json").write_text(json.dumps(summarize(read_records(records)), indent=2)
-                                      + "\n")
-    return out
+    out, requests = _start(recipe, recipe_path, overrides, workloads, per_category, eval_id,
+                           resume, reports_root, speed_bench_dir, "-endpoint",
+                           {"endpoint": url, "baseline_endpoint": baseline_url, "model": model})
+    return _finish(out, run_endpoint_eval(out, requests, url, model, recipe.sampling.params(),
+                                          recipe.eval.concurrency, baseline_url,
+                                          resume is not None, progress))
 
 
 def _loaded_models(manifest: Any) -> Callable[..., Any]:
