@@ -263,5 +263,4 @@ def _loc(parts: tuple[Any, ...]) -> str:
 _HINTS = {
     "extra_forbidden": " (unknown key: check its spelling against the README's recipe reference)",
     "missing": " (add it to the recipe)",
-    "union_tag_invalid": "",
 }

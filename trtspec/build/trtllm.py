@@ -20,11 +20,6 @@ class BuildRefused(RuntimeError):
     """This machine cannot run the plan; the message says why and what would run."""
 
 
-def available() -> str | None:
-    """tensorrt_llm's version, or None when it cannot be imported."""
-    return None if tensorrt_llm is None else getattr(tensorrt_llm, "__version__", "unknown")
-
-
 def execute(plan: Plan, has_gpu: bool) -> list[str]:
     """Run the plan's steps in order; returns the commands run. Fails with the step's log tail."""
     if tensorrt_llm is None or not has_gpu:

@@ -100,7 +100,6 @@ class HFRunner:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.cache: RowCache | None = None
-        self.forward_calls = 0
 
     @property
     def vocab_size(self) -> int:
@@ -132,7 +131,6 @@ class HFRunner:
         ids = torch.tensor([list(tokens[b]) + [0] * (width - counts[b])
                             for b in range(rows.start, rows.stop)], dtype=torch.long)
         positions = cache.begin(rows, width)  # [b, T]
-        self.forward_calls += 1
         mask = cache.mask()  # [b, 1, T, width] bool
         if self._additive_mask:  # eager attention adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(
