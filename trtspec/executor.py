@@ -34,6 +34,8 @@ class Delta:
     index: int
     token_ids: list[int]
     finish_reason: str | None  # None while running, then "stop" or "length"
+    num_draft: int = 0  # drafts proposed in this round (0 after prefill)
+    num_accepted: int = 0  # of which the target accepted
 
 
 @dataclass
@@ -175,7 +177,7 @@ class SpecExecutor:
             else:
                 r.stats.close_request()
             accepted[b] = a
-            deltas.append(Delta(b, kept, r.finish_reason))
+            deltas.append(Delta(b, kept, r.finish_reason, n_draft[b], a))
         self.target.rollback(lengths)
         if self.proposer is not None:
             self.proposer.observe(accepted)

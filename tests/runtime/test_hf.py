@@ -45,6 +45,20 @@ def test_rollback_then_score_equals_fresh_prefill_on_smollm2(smollm2) -> None:
         runner.rollback([10_000, 1])
 
 
+def test_identical_prompts_are_prefilled_once_and_then_diverge() -> None:
+    model = tiny_llama(vocab=64)
+    prompts = [[1, 2, 3], [4, 5], [1, 2, 3], [1, 2, 3]]
+    runner = HFRunner(model)
+    first = runner.prefill(prompts)
+    assert runner.cache.keys[0].shape[0] == 4 and runner.lengths() == [3, 2, 3, 3]
+    for b, p in enumerate(prompts):
+        assert torch.allclose(first[b], full_logits(model, p)[-1], atol=1e-5)
+    logits = runner.score([[7], [8], [9, 10], [11]])  # the copies are separate rows now
+    for b, new in enumerate([[7], [8], [9, 10], [11]]):
+        ref = full_logits(model, prompts[b] + new)[-len(new):]
+        assert torch.allclose(logits[b, : len(new)], ref, atol=1e-5)
+
+
 def test_cache_grows_past_its_first_capacity() -> None:
     model = tiny_llama(vocab=64)
     runner = HFRunner(model)

@@ -65,6 +65,15 @@ class RowCache:
         values.scatter_(2, index, value)
         return keys[:, :, : self._width], values[:, :, : self._width]
 
+    def select(self, rows: torch.Tensor) -> RowCache:
+        """A cache whose row i is a copy of this cache's row ``rows[i]``."""
+        out = copy.copy(self)
+        out.keys = [k.index_select(0, rows) for k in self.keys]
+        out.values = [v.index_select(0, rows) for v in self.values]
+        out.lengths = self.lengths.index_select(0, rows)
+        out._rows, out._slots, out._width = slice(0, len(rows)), None, 0
+        return out
+
     def _grow(self, capacity: int) -> None:
         def grown(t: torch.Tensor) -> torch.Tensor:
             pad = t.new_zeros((*t.shape[:2], capacity - t.shape[2], t.shape[3]))
@@ -110,10 +119,20 @@ class HFRunner:
         return self._eos
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Identical prompts (n samples of one prompt) are computed once and their cache rows
+        copied, so a batch of n samples costs one prompt's prefill."""
+        first: dict[tuple[int, ...], int] = {}
+        for p in prompts:
+            first.setdefault(tuple(p), len(first))
         longest = max(len(p) for p in prompts)
-        self.cache = RowCache(self._num_layers, len(prompts), self._kv_heads, self._head_dim,
+        self.cache = RowCache(self._num_layers, len(first), self._kv_heads, self._head_dim,
                               self.dtype, self.device, capacity=max(256, 2 * longest))
-        return self.score(prompts, last_only=True)[:, 0]
+        logits = self.score(list(first), last_only=True)[:, 0]  # [U, V]
+        if len(first) == len(prompts):
+            return logits
+        rows = torch.tensor([first[tuple(p)] for p in prompts], device=self.device)
+        self.cache = self.cache.select(rows)
+        return logits.index_select(0, rows)
 
     @torch.inference_mode()
     def score(self, tokens: Sequence[Sequence[int]], last_only: bool = False) -> torch.Tensor:
