@@ -112,6 +112,24 @@ def check_gpu(manifest: Manifest, gpus: list[DetectedGpu], path: str | Path = ""
             "`trtspec build RECIPE --force`")
 
 
+def open_built(recipe: Any, recipe_path: str | Path, engines_root: str | Path = "engines"
+               ) -> tuple[Manifest, Path]:
+    """The manifest ``trtspec build`` wrote for this recipe on this machine, checked: same GPU
+    class and the recipe unchanged since."""
+    from trtspec.gpu import detect
+
+    gpus = detect()
+    slug = recipe.gpu.name.lower() if recipe.gpu.name != "auto" else (
+        gpus[0].profile().slug if gpus and gpus[0].profile() else "cpu")
+    path = Path(engines_root) / recipe.name / slug / MANIFEST
+    manifest = load_manifest(path)
+    check_gpu(manifest, gpus, path)
+    if manifest.recipe_digest != recipe.digest():
+        raise ManifestError(f"{recipe_path}: the recipe changed since {path} was built: run "
+                            "`trtspec build` again (or pass the same --set overrides)")
+    return manifest, path
+
+
 def versions() -> dict[str, str | None]:
     """trtspec, python, torch, transformers and tensorrt_llm versions (None = not installed)."""
     from importlib.metadata import PackageNotFoundError, version

@@ -25,22 +25,13 @@ def evaluate(recipe_path: str | Path, overrides: Sequence[str] = (),
              progress: Callable[[int, int], None] | None = None) -> Path:
     """Run the recipe's eval; returns the eval folder."""
     from trtspec.eval.run import Condition, EvalInputs, run_eval
-    from trtspec.gpu import detect
-    from trtspec.manifest import check_gpu, load_manifest
+    from trtspec.manifest import open_built
 
     recipe = load_recipe(recipe_path, overrides)
     if recipe.backend.kind != "torch":
         raise RecipeError(f"{recipe_path}: in-process eval runs the torch backend; the "
                           "TensorRT-LLM runtime and --endpoint evals are not built yet")
-    gpus = detect()
-    slug = recipe.gpu.name.lower() if recipe.gpu.name != "auto" else (
-        gpus[0].profile().slug if gpus and gpus[0].profile() else "cpu")
-    manifest_path = Path(engines_root) / recipe.name / slug / "manifest.json"
-    manifest = load_manifest(manifest_path)
-    check_gpu(manifest, gpus, manifest_path)
-    if manifest.recipe_digest != recipe.digest():
-        raise RecipeError(f"{recipe_path}: the recipe changed since {manifest_path} was built: "
-                          "run `trtspec build` again (or pass the same --set overrides)")
+    manifest, manifest_path = open_built(recipe, recipe_path, engines_root)
 
     conditions = [Condition(m.method, d, c) for m in recipe.methods
                   for d in manifest.draft_lengths for c in recipe.eval.concurrency]
