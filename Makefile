@@ -28,13 +28,14 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_verify.py
 	$(BIN)/python benchmarks/bench_cpu.py
 
-# build the CPU recipe, eval it on the built-in workload (~10 min on 2 cores), decide, report
+# build the CPU recipe, eval it on the built-in workload (~9 min on 2 cores), audit, decide
 demo: $(STAMP)
 	$(BIN)/trtspec build recipes/cpu-smollm2.yaml
 	$(BIN)/trtspec eval recipes/cpu-smollm2.yaml --eval-id $(DEMO_ID)
+	$(BIN)/trtspec audit reports/$(DEMO_ID) || test $$? -eq 1  # 1 = a method failed: decide says NO-GO
 	$(BIN)/trtspec decide reports/$(DEMO_ID) || test $$? -eq 1  # 1 = not every condition is GO
 	@echo
-	@echo "report:  reports/$(DEMO_ID)/report.md  (decision.json, records.jsonl, summary.json)"
+	@echo "report:  reports/$(DEMO_ID)/report.html  (report.md, decision.json, audit.json, records.jsonl)"
 	@echo "MLflow:  $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db  → http://127.0.0.1:5000"
 
 clean:

@@ -67,6 +67,27 @@ def test_gate_failures_are_no_go_even_with_speedup() -> None:
     assert judge(wrong, "ngram/D4/c1", CRITERIA, greedy=False).verdict == GO
 
 
+def test_audit_and_gpu_memory_gates() -> None:
+    fast = paired("ngram/D4/c1", 0.050, 0.025)
+    passed = {"methods": {"ngram": {"passed": True, "p_value": 0.4, "threshold": 2.5e-4}}}
+    failed = {"methods": {"ngram": {"passed": False, "p_value": 1e-9, "threshold": 2.5e-4}}}
+    assert judge(fast, "ngram/D4/c1", CRITERIA, False, audit=passed, needs_audit=True
+                 ).verdict == GO
+    v = judge(fast, "ngram/D4/c1", CRITERIA, False, audit=failed)
+    assert v.verdict == NO_GO and "exactness audit failed (p = 1e-09" in v.reasons[0]
+    v = judge(fast, "ngram/D4/c1", CRITERIA, False, audit=None, needs_audit=True)
+    assert v.verdict == INCONCLUSIVE and "no exactness audit" in v.reasons[0]
+    other = {"methods": {"layer_skip": passed["methods"]["ngram"]}}  # another method's audit
+    assert judge(fast, "ngram/D4/c1", CRITERIA, False, audit=other, needs_audit=True
+                 ).verdict == INCONCLUSIVE
+    for r in fast:  # 75 of 80 GiB at peak: 6 % free < 10 %
+        r |= {"cuda_max_allocated_mb": 75 * 1024 if r["arm"] == "spec" else 60 * 1024,
+              "cuda_total_mb": 80 * 1024}
+    v = judge(fast, "ngram/D4/c1", CRITERIA, False)
+    assert v.verdict == NO_GO and "GPU memory headroom 6 % < 10 % (peak 75.0 of 80.0 GiB)" \
+        in v.reasons[0]
+
+
 def test_too_few_requests_and_per_category_verdicts() -> None:
     few = judge(paired("ngram/D4/c1", 0.05, 0.02, n=5), "ngram/D4/c1", CRITERIA, greedy=False)
     assert few.verdict == INCONCLUSIVE and "5 paired requests < min_requests 20" in few.reasons[0]
@@ -118,7 +139,13 @@ def test_decide_command_writes_report_and_exits_as_a_ci_gate(tmp_path, capsys) -
     from trtspec.cli import main
 
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml"
-    for name, spec_tpot, code in (("fast", 0.025, 0), ("slow", 0.060, 1)):
+    audit = {"samples": 100, "draft_len": 1, "alpha": 1e-3, "sampling": {
+        "temperature": 0.7, "top_k": 0, "top_p": 1.0}, "methods": {"ngram": {
+            "passed": True, "weak": False, "p_value": 0.3, "threshold": 5e-4, "prompts": [
+                {"prompt": "a | b", "p_value": 0.3, "speculated": 0.9, "rejected": 0.2}]}}}
+    cases = (("fast", 0.025, None, 0, "GO"), ("slow", 0.060, None, 1, "NO-GO"),
+             ("unaudited", 0.025, {}, 1, "INCONCLUSIVE"), ("audited", 0.025, audit, 0, "GO"))
+    for name, spec_tpot, manifest_audit, code, verdict in cases:
         out = tmp_path / name
         out.mkdir()
         shutil.copyfile(recipe, out / "recipe.yaml")
@@ -126,14 +153,22 @@ def test_decide_command_writes_report_and_exits_as_a_ci_gate(tmp_path, capsys) -
         rows = paired("ngram/D4/c1", 0.050, spec_tpot, n=30, rounds=20, proposed=80,
                       accepted=40)
         (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if manifest_audit is not None:  # an in-process eval: the audit is required
+            (out / "manifest.json").write_text("{}")
+            if manifest_audit:
+                (out / "audit.json").write_text(json.dumps(manifest_audit))
         with pytest.raises(SystemExit) as exit_info:
-            main(["decide", str(out)])
-        assert exit_info.value.code == code
+            main(["decide", str(out), "--no-mlflow"])
+        assert exit_info.value.code == code, name
         report = (out / "report.md").read_text()
         assert "## Verdict per condition" in report and "## Cost model" in report
+        assert "## Exactness audit" in report
         page = (out / "report.html").read_text()
         assert page.count('src="data:image/png;base64,') == 4 and "<table>" in page
         decision = json.loads((out / "decision.json").read_text())
-        assert decision["verdicts"][0]["verdict"] == ("GO" if code == 0 else "NO-GO")
+        assert decision["verdicts"][0]["verdict"] == verdict, name
         assert decision["cost_model"]["ngram/D4/c1"]["alpha"] == pytest.approx(0.5)
+    assert "| ngram | PASS | a / b | 0.3 | 90 % | 20 % |" in \
+        (tmp_path / "audited" / "report.md").read_text()
+    assert "Not run: `trtspec audit" in (tmp_path / "unaudited" / "report.md").read_text()
     assert "ngram/D4/c1" in capsys.readouterr().out

@@ -8,11 +8,13 @@ category within it:
   with a 95 % CI from a *paired* bootstrap: requests are resampled, and each resampled request
   brings its baseline and spec measurement together (same prompt, same seed).
 * **gates**: TTFT p99 and E2E p99 may not regress beyond the recipe's limits; at temperature 0
-  the spec output must equal the baseline output (greedy identity); too few requests → no
-  verdict.
+  the spec output must equal the baseline output (greedy identity); the method's exactness
+  audit (``trtspec audit``) must pass; on a GPU, peak memory must leave
+  ``min_gpu_memory_headroom`` free; too few requests → no verdict.
 * **verdict**: GO when no gate fails and the CI's lower bound ≥ ``min_speedup``; NO-GO when a
   gate fails or the CI's upper bound < ``min_speedup``; INCONCLUSIVE otherwise (the CI straddles
-  the threshold, or too few requests).
+  the threshold, too few requests, or an in-process eval whose method was never audited while
+  the recipe requires it).
 
 The cost model takes α (acceptance rate) and c (draft step / target step, derived from the
 records: a round costs D·c + 1 target steps) and predicts Leviathan's speedup
@@ -78,7 +80,9 @@ def paired_speedup(base: np.ndarray, spec: np.ndarray, resamples: int = 2000, se
 
 
 def judge(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
-          greedy: bool, category: str | None = None, seed: int = 0) -> Verdict:
+          greedy: bool, category: str | None = None, seed: int = 0,
+          audit: dict[str, Any] | None = None, needs_audit: bool = False) -> Verdict:
+    """``audit`` is audit.json (None: not run); ``needs_audit``: no GO without it."""
     matched = pairs(records, condition, category)
     metric = criteria.primary_metric
     values = [(_metric(b, metric), _metric(s, metric)) for b, s in matched]
@@ -91,11 +95,21 @@ def judge(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
     base, spec = (np.array(x) for x in zip(*values, strict=True))
     speedup, ci = paired_speedup(base, spec, seed=seed)
     reasons = _gates(matched, criteria, greedy)
+    method = condition.split("/")[0]
+    audited = (audit or {}).get("methods", {}).get(method)
+    if audited and not audited["passed"]:
+        reasons.append(f"exactness audit failed (p = {audited['p_value']:.2g} < "
+                       f"{audited['threshold']:.2g}): the output distribution is not the "
+                       "target's")
     if ci[1] < criteria.min_speedup:
         reasons.append(f"speedup CI {ci[0]:.2f}–{ci[1]:.2f}× is below "
                        f"{criteria.min_speedup:.2f}×")
     if reasons:
         verdict = NO_GO
+    elif ci[0] >= criteria.min_speedup and needs_audit and not audited:
+        verdict, reasons = INCONCLUSIVE, [f"{method} has no exactness audit: run `trtspec "
+                                          "audit <eval dir>` (or set decide.require_audit: "
+                                          "false)"]
     elif ci[0] >= criteria.min_speedup:
         verdict = GO
     else:
@@ -116,6 +130,14 @@ def _gates(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decid
             if change > limit:
                 reasons.append(f"{name.removesuffix('_s').upper()} p99 regressed "
                                f"{100 * change:.0f} % (limit {100 * limit:.0f} %)")
+    peaks = [(s["cuda_max_allocated_mb"], s["cuda_total_mb"]) for _, s in matched
+             if s.get("cuda_max_allocated_mb") is not None and s.get("cuda_total_mb")]
+    if peaks:
+        used, total = max(peaks)
+        if 1 - used / total < criteria.min_gpu_memory_headroom:
+            reasons.append(f"GPU memory headroom {100 * (1 - used / total):.0f} % < "
+                           f"{100 * criteria.min_gpu_memory_headroom:.0f} % (peak "
+                           f"{used / 1024:.1f} of {total / 1024:.1f} GiB)")
     if greedy:
         same = [b.get("output_digest") == s.get("output_digest") for b, s in matched]
         rate = float(np.mean(same)) if same else 1.0
@@ -125,14 +147,15 @@ def _gates(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decid
     return reasons
 
 
-def decide(records: Sequence[dict[str, Any]], criteria: Decide, greedy: bool, seed: int = 0
-           ) -> list[Verdict]:
+def decide(records: Sequence[dict[str, Any]], criteria: Decide, greedy: bool, seed: int = 0,
+           audit: dict[str, Any] | None = None, needs_audit: bool = False) -> list[Verdict]:
     """A verdict per condition (category 'all') and per category within it."""
     out = []
     for condition in sorted({r["condition"] for r in records}):
-        out.append(judge(records, condition, criteria, greedy, None, seed))
-        for category in sorted({r["category"] for r in records if r["condition"] == condition}):
-            out.append(judge(records, condition, criteria, greedy, category, seed))
+        for category in [None, *sorted({r["category"] for r in records
+                                        if r["condition"] == condition})]:
+            out.append(judge(records, condition, criteria, greedy, category, seed, audit,
+                             needs_audit))
     return out
 
 

@@ -141,6 +141,9 @@ class Decide(Strict):
     max_ttft_p99_regression: float = Field(0.10, ge=0)
     max_e2e_p99_regression: float = Field(0.10, ge=0)
     min_requests: int = Field(20, ge=1)
+    require_audit: bool = Field(True, description="no GO without a passing `trtspec audit`")
+    min_gpu_memory_headroom: float = Field(0.10, ge=0, lt=1,
+                                           description="GPU memory that must stay free at peak")
 
 
 class Recipe(Strict):

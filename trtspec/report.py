@@ -4,20 +4,26 @@ its markdown twin ``report.md``, and ``decision.json``, next to the records."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from trtspec.decide import GO, Verdict, apply_where, cost_model, decide, tpot
+from trtspec.decide import GO, NO_GO, Verdict, apply_where, cost_model, decide, tpot
 from trtspec.recipe import Recipe
 
 
 def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, Any]]
                   ) -> tuple[list[Verdict], dict[str, Any]]:
     """Verdicts, the apply-where table and the cost model; writes decision.json + report.md."""
+    from trtspec.audit import read_audit
+
     out = Path(out_dir)
     greedy = recipe.sampling.temperature == 0
-    verdicts = decide(records, recipe.decide, greedy, seed=recipe.sampling.seed)
+    audit = read_audit(out)
+    in_process = (out / "manifest.json").is_file()  # an endpoint eval cannot be audited here
+    verdicts = decide(records, recipe.decide, greedy, recipe.sampling.seed, audit,
+                      needs_audit=recipe.decide.require_audit and in_process)
     models = {}
     for key in sorted({r["condition"] for r in records}):
         if not key.split("/")[1].endswith("D0") and any(
@@ -26,7 +32,8 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
             models[key] = cost_model(records, key)
     decision = {"criteria": recipe.decide.model_dump(), "greedy": greedy,
                 "verdicts": [asdict(v) for v in verdicts], "apply_where": apply_where(verdicts),
-                "cost_model": models}
+                "cost_model": models, "audit": audit,
+                "audit_applies": in_process}
     (out / "decision.json").write_text(json.dumps(decision, indent=2) + "\n")
     (out / "report.md").write_text(markdown(out.name, recipe, verdicts, decision))
     summary = json.loads((out / "summary.json").read_text()) \
@@ -45,18 +52,27 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
         f"CI of the speedup clears **{c.min_speedup:.2f}×** and no gate fails (TTFT p99 "
         f"regression ≤ {100 * c.max_ttft_p99_regression:.0f} %, E2E p99 regression ≤ "
         f"{100 * c.max_e2e_p99_regression:.0f} %, ≥ {c.min_requests} paired requests"
-        + (", greedy identity 100 %" if decision["greedy"] else "") + ").", "",
+        + (", greedy identity 100 %" if decision["greedy"] else "")
+        + (", exactness audit passed" if c.require_audit and decision.get("audit_applies")
+           else "") + f", GPU memory headroom ≥ {100 * c.min_gpu_memory_headroom:.0f} %).",
+        "",
+        "## Summary", "", *summary_lines(verdicts, decision, c.min_speedup), "",
         "## Verdict per condition", "",
         "| condition | verdict | speedup | 95 % CI | requests | why |",
         "|---|---|---:|---|---:|---|"]
     for v in verdicts:
         if v.category == "all":
             lines.append(_row(v))
-    lines += ["", "## Per category", "", "| condition | category | verdict | speedup | 95 % CI "
-              "| requests | why |", "|---|---|---|---:|---|---:|---|"]
-    for v in verdicts:
-        if v.category != "all":
-            lines.append(_row(v, with_category=True))
+    decided = [v for v in verdicts if v.category != "all" and v.speedup == v.speedup]
+    lines += ["", "## Per category", ""]
+    if decided:
+        lines += ["| condition | category | verdict | speedup | 95 % CI | requests | why |",
+                  "|---|---|---|---:|---|---:|---|", *(_row(v, True) for v in decided), ""]
+    undecided = sorted({v.category for v in verdicts if v.category != "all"} -
+                       {v.category for v in decided})
+    if undecided:
+        lines.append(f"No verdict for {', '.join(undecided)}: fewer than {c.min_requests} "
+                     "paired requests per category (raise eval.per_category).")
     lines += ["", "## Apply where", ""]
     for method, entry in decision["apply_where"].items():
         best = ", ".join(f"{c}: D={d} ({s:.2f}×)" for c, (d, s) in entry["best_d"].items())
@@ -72,9 +88,96 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
             lines.append(f"| {key} | {m['alpha']:.2f} | {m['c']:.2f} | "
                          f"{m['predicted_speedup']:.2f}× | {m['measured_speedup']:.2f}× | "
                          f"{m['recommended_d']} |")
+    lines += ["", *_audit_section(decision)]
     lines += ["", "Speedup = baseline / speculative on the primary metric (> 1: speculation is "
               "faster), from the same requests with the same seeds.", ""]
-    return "\n".join(lines)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
+
+
+def summary_lines(verdicts: list[Verdict], decision: dict[str, Any], threshold: float
+                  ) -> list[str]:
+    """Per method, in words: where it is GO, else its best condition, why, and what would
+    change the verdict (more requests for a straddling CI; the draft cost the cost model says
+    would break even)."""
+    lines = []
+    overall = [v for v in verdicts if v.category == "all"]
+    by_category: dict[str, list[Verdict]] = {}
+    for v in verdicts:
+        if v.category != "all":
+            by_category.setdefault(v.condition, []).append(v)
+    for method in sorted({v.condition.split("/")[0] for v in overall}):
+        mine = [v for v in overall if v.condition.startswith(method + "/")]
+        go = [v for v in mine if v.verdict == GO]
+        if go:
+            where = "; ".join(f"{v.condition} ({v.speedup:.2f}×, CI {v.ci[0]:.2f}–"
+                              f"{v.ci[1]:.2f}×)"
+                              + _categories(by_category, v, NO_GO, " but NO-GO for {}")
+                              for v in go)
+            lines.append(f"- **{method}: GO** for {where}.")
+            continue
+        best = max(mine, key=lambda v: v.speedup if v.speedup == v.speedup else -1.0)
+        text = f"- **{method}: not GO overall.** Best measured: {best.condition}, "
+        text += (f"{best.speedup:.2f}× (95 % CI {best.ci[0]:.2f}–{best.ci[1]:.2f}×), "
+                 if best.speedup == best.speedup else "")
+        text += f"{best.verdict}: {'; '.join(best.reasons) or '—'}."
+        text += _what_would_change(best, decision["cost_model"].get(best.condition), threshold)
+        text += "".join(_categories(by_category, v, GO, f" Within {v.condition} it is GO for {{}}.")
+                        for v in mine)
+        lines.append(text)
+    return lines or ["- No conditions were measured."]
+
+
+def _categories(by_category: dict[str, list[Verdict]], v: Verdict, verdict: str, form: str
+                ) -> str:
+    """``form`` filled with the categories of v's condition that have this verdict, or ''."""
+    names = [c.category for c in by_category.get(v.condition, []) if c.verdict == verdict]
+    return form.format(", ".join(names)) if names else ""
+
+
+def _what_would_change(v: Verdict, model: dict[str, float] | None, threshold: float) -> str:
+    from trtspec.decide import INCONCLUSIVE, leviathan
+
+    if v.verdict == INCONCLUSIVE and v.speedup == v.speedup:
+        margin, half = abs(v.speedup - threshold), (v.ci[1] - v.ci[0]) / 2
+        if margin > 0.01 * threshold:
+            needed = int(min(1e6, v.requests * (half / margin) ** 2)) + 1
+            return f" About {needed} paired requests would resolve it (the CI narrows as 1/√n)."
+        return " The speedup sits at the threshold: more requests will not make it a clear GO."
+    if model and v.speedup == v.speedup and v.speedup < threshold:
+        d, alpha = int(model["draft_len"]), model["alpha"]
+        c_max = (leviathan(alpha, d, 0.0) / threshold - 1) / d if d else 0.0
+        if c_max <= 0:
+            return (f" At acceptance α = {alpha:.2f} even a free draft cannot reach "
+                    f"{threshold:.2f}× with D = {d}: acceptance must rise.")
+        return (f" To reach {threshold:.2f}× at α = {alpha:.2f}, D = {d}, a draft step must cost "
+                f"≤ {c_max:.2f} target steps (measured c = {model['c']:.2f}).")
+    return ""
+
+
+def _audit_section(decision: dict[str, Any]) -> list[str]:
+    audit = decision.get("audit")
+    lines = ["## Exactness audit", ""]
+    if not decision.get("audit_applies"):
+        return lines + ["Not applicable: an endpoint eval's sampler runs in the server."]
+    if audit is None:
+        return lines + ["Not run: `trtspec audit <eval dir>` samples the first two output "
+                        "tokens on these models and tests them against the target's exact "
+                        "probabilities."]
+    s = audit["sampling"]
+    lines += [f"{audit['samples']} samples per prompt of (x₀, x₁) at D = {audit['draft_len']}, "
+              f"temperature {s['temperature']}, top-k {s['top_k']}, top-p {s['top_p']}; "
+              "chi-square with pooled tail against the exact joint probability; a method "
+              f"passes when every p-value ≥ α / tests (α = {audit['alpha']}).", "",
+              "| method | result | prompt | p-value | speculated | first draft rejected |",
+              "|---|---|---|---:|---:|---:|"]
+    for method, m in audit["methods"].items():
+        result = ("PASS" if m["passed"] else "FAIL") + (" (weak: few rejections)"
+                                                         if m["weak"] else "")
+        for p in m["prompts"]:
+            prompt = p["prompt"].replace("|", "/")  # a table cell
+            lines.append(f"| {method} | {result} | {prompt} | {p['p_value']:.3g} | "
+                         f"{100 * p['speculated']:.0f} % | {100 * p['rejected']:.0f} % |")
+    return lines
 
 
 def _row(v: Verdict, with_category: bool = False) -> str:
@@ -102,7 +205,7 @@ def html(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: dict[s
     for line in text.splitlines():
         if line.startswith("|"):
             if not set(line) <= set("|-: "):
-                cells = [escape.escape(c.strip()) for c in line.strip("|").split("|")]
+                cells = [_bold(escape.escape(c.strip())) for c in line.strip("|").split("|")]
                 tag = "th" if not table else "td"
                 table.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
             continue
@@ -114,21 +217,27 @@ def html(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: dict[s
         elif line.startswith("## "):
             body.append(f"<h2>{escape.escape(line[3:])}</h2>")
         elif line.startswith("- "):
-            body.append(f"<p>• {escape.escape(line[2:]).replace('**', '')}</p>")
+            body.append(f"<p>• {_bold(escape.escape(line[2:]))}</p>")
         elif line.strip():
-            body.append(f"<p>{escape.escape(line).replace('**', '')}</p>")
+            body.append(f"<p>{_bold(escape.escape(line))}</p>")
     if table:
         body.append("<table>" + "".join(table) + "</table>")
     body.append("<h2>Plots</h2>")
     for title, png in plots(verdicts, decision, records, summary):
-        body.append(f'<figure><img alt="{title}" src="data:image/png;base64,{png}">'
+        wide = ' class="wide"' if "CDF" in title else ""
+        body.append(f'<figure{wide}><img alt="{title}" src="data:image/png;base64,{png}">'
                     f"<figcaption>{title}</figcaption></figure>")
     style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;"
              "color:#222}table{border-collapse:collapse;margin:1em 0;font-size:14px}"
              "td,th{border:1px solid #ccc;padding:4px 8px}th{background:#f3f3f3}"
-             "figure{display:inline-block;margin:8px}img{max-width:520px}")
+             "figure{display:inline-block;margin:8px}img{max-width:520px}"
+             ".wide img{max-width:1040px}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{eval_id}</title>"
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def _bold(text: str) -> str:
+    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
 
 
 def plots(verdicts: list[Verdict], decision: dict[str, Any], records: list[dict[str, Any]],

@@ -103,6 +103,37 @@ def log_eval(out_dir: str | Path, uri: str | None = None) -> dict[str, Any]:
     return receipt
 
 
+def log_decision(out_dir: str | Path, receipt: dict[str, Any]) -> None:
+    """Attach the decision to the eval's runs: report.html, report.md, decision.json and
+    audit.json as artifacts of the parent run, a ``verdict`` tag and ``decide/*`` metrics on
+    each condition's run. Re-running decide overwrites the artifacts and adds a metric step."""
+    from mlflow.tracking import MlflowClient
+
+    out = Path(out_dir)
+    check_reachable(receipt["uri"])
+    client = MlflowClient(tracking_uri=receipt["uri"])
+    run_id = receipt["run_id"]
+    decision = json.loads((out / "decision.json").read_text())
+    for name in ("report.html", "report.md", "decision.json", "audit.json"):
+        if (out / name).is_file():
+            client.log_artifact(run_id, str(out / name), artifact_path="decision")
+    overall = [v for v in decision["verdicts"] if v["category"] == "all"]
+    for v in overall:
+        client.set_tag(run_id, f"verdict.{v['condition']}", v["verdict"])
+        child = receipt.get("conditions", {}).get(v["condition"])
+        if child:
+            client.set_tag(child, "verdict", v["verdict"])
+            for name, value in (("speedup", v["speedup"]), ("ci_low", v["ci"][0]),
+                                ("ci_high", v["ci"][1])):
+                if value == value:  # NaN when there were too few requests
+                    client.log_metric(child, f"decide/{name}", float(value))
+    client.log_metric(run_id, "decide/go_conditions",
+                      float(sum(v["verdict"] == "GO" for v in overall)))
+    for method, m in ((decision.get("audit") or {}).get("methods") or {}).items():
+        client.log_metric(run_id, f"audit/{method}/p_value", float(m["p_value"]))
+        client.set_tag(run_id, f"audit.{method}", "pass" if m["passed"] else "fail")
+
+
 def condition_metrics(entry: dict[str, Any], records: list[dict[str, Any]], key: str
                       ) -> dict[str, float]:
     """Stable MLflow metric names for one condition's summary (+ AL per category)."""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from trtspec.audit import PROMPTS
 from trtspec.cli import main
 from trtspec.eval.run import read_records
 
@@ -48,6 +49,27 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys)
     child = client.get_run(receipt["conditions"]["ngram/D4/c1"])
     assert child.data.tags["method"] == "ngram" and child.data.metrics["spec/al_pooled"] > 1.0
     assert "spec/category_al/copy" in child.data.metrics
+    # audit the models this eval measured, then decide: the report lands in the same run
+    with pytest.raises(SystemExit) as exit_info:
+        main(["audit", str(out), "--samples", "300", "--prompt", PROMPTS[0]])
+    assert exit_info.value.code == 0
+    audit = json.loads((out / "audit.json").read_text())
+    assert audit["methods"]["ngram"]["passed"] and audit["sampling"]["temperature"] == 1.0
+    assert audit["methods"]["ngram"]["prompts"][0]["rejected"] > 0.05
+    with pytest.raises(SystemExit) as exit_info:
+        main(["decide", str(out)])
+    assert exit_info.value.code in (0, 1)
+    decision = json.loads((out / "decision.json").read_text())
+    verdict = decision["verdicts"][0]["verdict"]
+    assert "no exactness audit" not in " ".join(decision["verdicts"][0]["reasons"])
+    assert "report, verdicts and audit logged to run" in capsys.readouterr().out
+    parent = client.get_run(receipt["run_id"])
+    assert parent.data.tags["verdict.ngram/D4/c1"] == verdict
+    assert parent.data.tags["audit.ngram"] == "pass"
+    assert {a.path for a in client.list_artifacts(receipt["run_id"], "decision")} == {
+        "decision/report.html", "decision/report.md", "decision/decision.json",
+        "decision/audit.json"}
+    assert client.get_run(receipt["conditions"]["ngram/D4/c1"]).data.tags["verdict"] == verdict
     with pytest.raises(SystemExit) as exit_info:  # the same eval id again without --resume
         main(["eval", str(RECIPE), "--engines", str(tmp_path / "engines"), "--reports",
               str(tmp_path / "reports"), "--eval-id", "e1", "-w", str(workload), *sets])

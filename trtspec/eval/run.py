@@ -153,6 +153,8 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
         import torch
 
         memory["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        memory["cuda_total_mb"] = torch.cuda.get_device_properties(
+            torch.cuda.current_device()).total_memory / 2**20
     records = []
     for r, prompt, c, times in zip(batch, prompts, completions, arrivals, strict=True):
         stats = c.stats

@@ -1,0 +1,72 @@
+"""report: the markdown's plain-words summary, and the HTML rendering in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_decide import paired
+
+from trtspec.recipe import load_recipe
+from trtspec.report import make_decision
+
+ROOT = Path(__file__).resolve().parents[1]
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which(
+    "google-chrome")
+
+
+def eval_folder(tmp_path: Path) -> Path:
+    """An eval folder with three conditions: a clear GO, a straddling CI and a slow one."""
+    out = tmp_path / "e"
+    out.mkdir()
+    shutil.copyfile(ROOT / "recipes" / "cpu-smollm2.yaml", out / "recipe.yaml")
+    rows = (paired("ngram/D4/c1", 0.050, 0.025, n=30, rounds=20, proposed=80, accepted=60)
+            + paired("draft_model/D2/c1", 0.050, 0.045, n=8, noise=0.2, seed=5, rounds=30,
+                     proposed=60, accepted=30)
+            + paired("layer_skip/D2/c1", 0.050, 0.080, n=30, rounds=30, proposed=60,
+                     accepted=20))
+    for i, r in enumerate(rows):
+        r["category"] = ("chat", "summarise")[i % 4 // 2]
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    al = {"chat": {"al_pooled": 3.1}, "summarise": {"al_pooled": 3.6}}  # for the AL plot
+    (out / "summary.json").write_text(json.dumps({k: {"spec": {"categories": al}} for k in (
+        "ngram/D4/c1", "draft_model/D2/c1", "layer_skip/D2/c1")}))
+    return out
+
+
+def test_summary_says_where_it_is_go_and_what_would_change_it(tmp_path: Path) -> None:
+    out = eval_folder(tmp_path)
+    recipe = load_recipe(out / "recipe.yaml", ["sampling.temperature=0.7"])
+    make_decision(out, recipe, [json.loads(x) for x in (out / "records.jsonl").open()])
+    text = (out / "report.md").read_text()
+    summary = text.split("## Summary")[1].split("##")[0]
+    assert "**ngram: GO** for ngram/D4/c1 (1.9" in summary
+    assert "**draft_model: not GO overall.**" in summary and "INCONCLUSIVE" in summary
+    assert "paired requests would resolve it" in summary
+    assert "**layer_skip: not GO overall.**" in summary and "a draft step must cost ≤" in summary
+    per_category = text.split("## Per category")[1].split("##")[0]
+    assert "| ngram/D4/c1 | chat | **GO** |" in per_category
+    assert "No verdict for" not in per_category  # every category had ≥ 6 pairs somewhere
+
+
+@pytest.mark.skipif(BROWSER is None, reason="needs chromium for the headless render check")
+def test_html_report_renders_with_its_plots_in_headless_chromium(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    out = eval_folder(tmp_path)
+    make_decision(out, load_recipe(out / "recipe.yaml"),
+                  [json.loads(x) for x in (out / "records.jsonl").open()])
+    png = tmp_path / "report.png"
+    subprocess.run([ROOT / "scripts" / "screenshot_report.sh", out, png], check=True,
+                   capture_output=True, timeout=180)
+    pixels = matplotlib.image.imread(png)[..., :3]  # [H, W, 3] in 0..1
+    assert pixels.shape[0] >= 2000 and pixels.shape[1] == 1200
+    # the plots are the only saturated colour on the page (tables and text are grey/black)
+    colour = (pixels.max(-1) - pixels.min(-1)) > 0.3
+    rows = np.flatnonzero(colour.sum(1) > 3)
+    assert colour.sum() > 10_000, colour.sum()
+    assert rows.max() - rows.min() > 800  # colour spread over several figures, top to bottom

@@ -1,0 +1,254 @@
+"""The measuring commands: build, eval, audit, decide, sync, prepare-data, doctor."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+
+@click.command()
+@click.argument("recipe", type=click.Path(dir_okay=False))
+@click.option("--gpu", default=None, help="plan for this GPU (H200, A100-80GB, …) instead of "
+              "the recipe's / this machine's")
+@click.option("--dry-run", is_flag=True, help="print the plan as shell and stop")
+@click.option("--force", is_flag=True, help="rebuild even if the manifest is up to date")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a recipe value, e.g. --set limits.max_batch_size=16")
+@click.option("--engines", default="engines", show_default=True, type=click.Path(),
+              help="root folder for build outputs")
+def build(recipe: str, gpu: str | None, dry_run: bool, force: bool, overrides: tuple[str, ...],
+          engines: str) -> None:
+    """Build (TensorRT-LLM engines, or torch checkpoints) for RECIPE and write a manifest."""
+    from trtspec.build import build as run_build
+
+    say = (lambda text: click.echo(text, err=True)) if dry_run else click.echo
+    result = run_build(recipe, overrides, gpu, dry_run, force, engines, say)
+    if dry_run:
+        click.echo(result.plan.shell(), nl=False)
+
+
+@click.command("eval")
+@click.argument("recipe", type=click.Path(dir_okay=False))
+@click.option("--workload", "-w", "workloads", multiple=True,
+              help="builtin, speed-bench:<config> or a JSONL file [default: the recipe's]")
+@click.option("--per-category", type=click.IntRange(1), default=None,
+              help="stratified sample: at most N requests per category")
+@click.option("--eval-id", default=None, help="folder name under --reports [default: timestamp]")
+@click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
+              help="continue an interrupted eval folder, skipping what is recorded")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE")
+@click.option("--engines", default="engines", show_default=True, type=click.Path())
+@click.option("--reports", default="reports", show_default=True, type=click.Path())
+@click.option("--speed-bench-dir", default="data/speed-bench", show_default=True,
+              type=click.Path())
+@click.option("--mlflow-uri", default=None,
+              help="tracking URI [default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]")
+@click.option("--no-mlflow", is_flag=True, help="keep results local only")
+@click.option("--endpoint", default=None,
+              help="evaluate an OpenAI-compatible server (…/v1) instead of in-process models")
+@click.option("--model", default=None, help="the model name the endpoint serves")
+@click.option("--baseline-endpoint", default=None,
+              help="the same model served without speculation (the baseline arm)")
+def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | None,
+                 eval_id: str | None, resume: str | None, overrides: tuple[str, ...],
+                 engines: str, reports: str, speed_bench_dir: str, mlflow_uri: str | None,
+                 no_mlflow: bool, endpoint: str | None, model: str | None,
+                 baseline_endpoint: str | None) -> None:
+    """Baseline vs speculative on RECIPE's built models; records land in reports/<eval-id>/."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from trtspec.eval import evaluate, evaluate_endpoint
+
+    if endpoint and not model:
+        raise click.UsageError("--endpoint needs --model (the name the server serves)")
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), transient=True) as bar:
+        task = bar.add_task("requests measured", total=None)
+
+        def tick(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        if endpoint:
+            out = evaluate_endpoint(recipe, endpoint, model or "", baseline_endpoint, overrides,
+                                    workloads, per_category, eval_id, resume, reports,
+                                    speed_bench_dir, tick)
+        else:
+            out = evaluate(recipe, overrides, workloads, per_category, eval_id, resume, engines,
+                           reports, speed_bench_dir, tick)
+    _print_summary(out)
+    if not no_mlflow:
+        _log_to_mlflow(out, mlflow_uri)
+
+
+def _log_to_mlflow(out: Path, uri: str | None, decision: bool = False) -> None:
+    """Log after the measurements are on disk; a tracking failure costs nothing measured."""
+    from trtspec.tracking import log_decision, log_eval, tracking_uri
+
+    try:
+        receipt = log_eval(out, uri)
+        if decision:
+            log_decision(out, receipt)
+    except Exception as e:  # unreachable server, auth, disk: the eval folder is intact
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        again = f"trtspec decide {out}" if decision else f"trtspec sync {out}"
+        click.secho(f"MLflow: not logged ({reason}). Everything is kept in {out}; run "
+                    f"`{again}` when the server is back.", fg="yellow", err=True)
+        return
+    what = "report, verdicts and audit logged to run" if decision else "run"
+    click.echo(f"MLflow: {what} {receipt['run_id']} at {receipt.get('uri', tracking_uri(uri))}"
+               " (compare runs with `mlflow ui`)")
+
+
+MLFLOW_URI_HELP = "tracking URI [default: the eval's, $MLFLOW_TRACKING_URI, sqlite:///mlflow.db]"
+
+
+@click.command()
+@click.argument("source", type=click.Path(exists=True))
+@click.option("--samples", "-n", type=click.IntRange(50), default=1000, show_default=True,
+              help="seeded samples per method and prompt")
+@click.option("--prompt", "prompts", multiple=True,
+              help="audit prompt (plain text, repeatable) [default: two built-in ones]")
+@click.option("--draft-len", "-D", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="D of the audited round (x₁ depends only on the first draft position)")
+@click.option("--temperature", type=click.FloatRange(0, min_open=True), default=None,
+              help="[default: the recipe's, or 1.0 when the recipe is greedy]")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=1e-3,
+              show_default=True, help="false-alarm rate of the whole audit (Bonferroni)")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="recipe overrides (when SOURCE is a recipe)")
+@click.option("--engines", default="engines", show_default=True, type=click.Path())
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="where audit.json goes [default: the eval folder, or reports/<recipe>-audit-…]")
+def audit(source: str, samples: int, prompts: tuple[str, ...], draft_len: int,
+          temperature: float | None, alpha: float, overrides: tuple[str, ...], engines: str,
+          out: str | None) -> None:
+    """Exactness audit: sample the first two output tokens through speculative sampling on the
+    actual models and test them against the target's exact probabilities (chi-square), per
+    method. SOURCE is an eval folder (audits the models it measured; `trtspec decide` then uses
+    the result as a gate) or a recipe. Exit 0 when every method passes, 1 otherwise."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from trtspec.audit import run_audit
+
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), transient=True) as bar:
+        task = bar.add_task("samples drawn", total=None)
+        where, report = run_audit(source, overrides, engines, out, prompts, samples, draft_len,
+                                  temperature, alpha,
+                                  progress=lambda d, t: bar.update(task, completed=d, total=t))
+    table = Table(title=f"exactness audit ({report['samples']} samples per prompt, "
+                        f"T = {report['sampling']['temperature']})")
+    for column in ("method", "result", "min p-value", "threshold", "speculated", "rejected"):
+        table.add_column(column)
+    for method, m in report["methods"].items():
+        spec = sum(p["speculated"] for p in m["prompts"]) / len(m["prompts"])
+        rej = sum(p["rejected"] for p in m["prompts"]) / len(m["prompts"])
+        table.add_row(method, ("PASS" if m["passed"] else "FAIL") + (" (weak)" if m["weak"]
+                                                                      else ""),
+                      f"{m['p_value']:.3g}", f"{m['threshold']:.2g}", f"{100 * spec:.0f} %",
+                      f"{100 * rej:.0f} %")
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    click.echo(f"audit: {where / 'audit.json'}")
+    sys.exit(0 if all(m["passed"] for m in report["methods"].values()) else 1)
+
+
+@click.command()
+@click.argument("eval_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--mlflow-uri", default=None, help=MLFLOW_URI_HELP)
+@click.option("--no-mlflow", is_flag=True, help="write the report locally only")
+def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool) -> None:
+    """Go / no-go per condition for an eval; writes report.html, report.md and decision.json
+    next to the records and logs them to the eval's MLflow run. Exit 0 when every condition is
+    GO, 1 otherwise (NO-GO or INCONCLUSIVE), 2 on error: usable as a CI gate."""
+    from trtspec.eval.run import read_records
+    from trtspec.recipe import load_recipe
+    from trtspec.report import all_go, make_decision
+
+    out = Path(eval_dir)
+    if not (out / "recipe.yaml").is_file():
+        raise click.UsageError(f"{out} is not an eval folder (no recipe.yaml): pass "
+                               "reports/<eval-id>")
+    recipe = load_recipe(out / "recipe.yaml", json.loads((out / "eval.json").read_text())
+                         .get("overrides", []) if (out / "eval.json").is_file() else [])
+    verdicts, _ = make_decision(out, recipe, read_records(out))
+    table = Table(title=f"decision {out.name}")
+    for column in ("condition", "verdict", "speedup", "95 % CI", "why"):
+        table.add_column(column)
+    for v in verdicts:
+        if v.category == "all":
+            ci = "—" if v.ci[0] != v.ci[0] else f"{v.ci[0]:.2f}–{v.ci[1]:.2f}×"
+            table.add_row(v.condition, v.verdict, f"{v.speedup:.2f}×", ci,
+                          "; ".join(v.reasons) or "—")
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    click.echo(f"report: {out / 'report.html'}  (markdown: {out / 'report.md'})")
+    if not no_mlflow:
+        _log_to_mlflow(out, mlflow_uri, decision=True)
+    sys.exit(0 if all_go(verdicts) else 1)
+
+
+@click.command("prepare-data")
+@click.argument("dataset", type=click.Choice(["speed-bench"]))
+@click.option("--out", default="data/speed-bench", show_default=True, type=click.Path())
+@click.option("--config", "configs", multiple=True, default=("qualitative",), show_default=True,
+              help="SPEED-Bench configs: qualitative, throughput_1k … throughput_32k")
+def prepare_data(dataset: str, out: str, configs: tuple[str, ...]) -> None:
+    """Download a benchmark (needs `datasets` and hub access) into local JSONL files."""
+    from trtspec.eval import speed_bench
+
+    for path in speed_bench.prepare(out, configs):
+        click.echo(f"wrote {path}")
+
+
+@click.command()
+@click.argument("eval_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--mlflow-uri", default=None, help=MLFLOW_URI_HELP)
+def sync(eval_dir: str, mlflow_uri: str | None) -> None:
+    """Log an eval folder to MLflow (after the server was down); never duplicates."""
+    from trtspec.tracking import log_eval
+
+    receipt = log_eval(eval_dir, mlflow_uri)
+    click.echo(f"MLflow: run {receipt['run_id']} (experiment {receipt['experiment_id']})")
+
+
+def _print_summary(out: Path) -> None:
+    summary = json.loads((out / "summary.json").read_text())
+    table = Table(title=f"eval {out.name}")
+    for column in ("condition", "requests", "TPOT p50 base→spec ms", "speedup TPOT p50",
+                   "AL pooled", "AL per-request", "acceptance"):
+        table.add_column(column, justify="left" if column == "condition" else "right")
+    for key, entry in summary.items():
+        base, spec = entry.get("baseline", {}), entry.get("spec", {})
+        table.add_row(key, str(int(spec.get("requests", 0))),
+                      f"{base.get('tpot_ms_p50', float('nan')):.1f} → "
+                      f"{spec.get('tpot_ms_p50', float('nan')):.1f}",
+                      f"{entry.get('speedup_tpot_p50', float('nan')):.2f}×",
+                      f"{spec.get('al_pooled', float('nan')):.2f}",
+                      f"{spec.get('al_request_mean', float('nan')):.2f}",
+                      f"{spec.get('acceptance_rate', float('nan')):.2f}")
+    Console(width=None if sys.stdout.isatty() else 160).print(table)  # logs: no truncation
+    click.echo(f"records: {out / 'records.jsonl'}\nsummary: {out / 'summary.json'}")
+
+
+@click.command()
+@click.argument("recipes", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+def doctor(recipes: tuple[str, ...]) -> None:
+    """What this machine has, and what each recipe (default: recipes/*.yaml) still needs."""
+    from trtspec.doctor import machine, recipe_needs
+
+    console = Console()
+    table = Table(title="this machine", show_header=False)
+    for key, value in machine():
+        table.add_row(key, value)
+    console.print(table)
+    paths = [Path(r) for r in recipes] or sorted(Path("recipes").glob("*.yaml"))
+    for path in paths:
+        needs = recipe_needs(path)
+        status = "[green]ready[/]" if not needs else "[yellow]needs[/] " + "; ".join(needs)
+        console.print(f"{path}: {status}", highlight=False)
+
+
