@@ -51,6 +51,16 @@ def test_clear_go_and_clear_no_go() -> None:
     assert slow.verdict == NO_GO and slow.ci[1] < 1.05 and "below" in slow.reasons[-1]
 
 
+def test_each_primary_metric_has_its_own_speedup() -> None:
+    records = paired("ngram/D4/c1", 0.050, 0.025, ttft=0.5)  # spec's slow prefill dilutes E2E
+    speedups = {m: judge(records, "ngram/D4/c1", CRITERIA.model_copy(
+        update={"primary_metric": m}), greedy=False).speedup
+        for m in ("tpot_p50", "e2e_p50", "throughput")}
+    assert speedups["tpot_p50"] == pytest.approx(2.0, rel=0.05)
+    assert 1.2 < speedups["e2e_p50"] < 1.6
+    assert speedups["throughput"] == pytest.approx(speedups["e2e_p50"], rel=0.01)
+
+
 def test_straddling_ci_is_inconclusive() -> None:
     v = judge(paired("ngram/D2/c1", 0.050, 0.048, n=20, noise=0.15, seed=3), "ngram/D2/c1",
               CRITERIA, greedy=False)

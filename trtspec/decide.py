@@ -33,7 +33,6 @@ from trtspec.metrics import RequestTiming
 from trtspec.recipe import Decide
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
-METRIC_FIELD = {"tpot_p50": "tpot", "e2e_p50": "e2e"}
 
 
 @dataclass
@@ -54,7 +53,13 @@ def tpot(r: dict[str, Any]) -> float | None:
 
 
 def _metric(r: dict[str, Any], name: str) -> float | None:
-    return tpot(r) if METRIC_FIELD.get(name, "tpot") == "tpot" else r["e2e_s"]
+    """Per-request seconds (lower is better) whose baseline/spec median ratio is the speedup:
+    TPOT, E2E, or E2E per output token for ``throughput`` (prefill included)."""
+    if name == "e2e_p50":
+        return r["e2e_s"]
+    if name == "throughput":
+        return r["e2e_s"] / r["output_tokens"] if r["output_tokens"] else None
+    return tpot(r)
 
 
 def pairs(records: Sequence[dict[str, Any]], condition: str, category: str | None = None
