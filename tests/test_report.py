@@ -70,3 +70,19 @@ def test_html_report_renders_with_its_plots_in_headless_chromium(tmp_path: Path)
     rows = np.flatnonzero(colour.sum(1) > 3)
     assert colour.sum() > 10_000, colour.sum()
     assert rows.max() - rows.min() > 800  # colour spread over several figures, top to bottom
+
+
+def test_summary_names_the_categories_that_break_ranks() -> None:
+    from trtspec.decide import GO, INCONCLUSIVE, NO_GO, Verdict
+    from trtspec.report import summary_lines
+
+    verdicts = [Verdict("ngram/D4/c1", "all", GO, 1.6, (1.3, 1.9), 60),
+                Verdict("ngram/D4/c1", "rag", GO, 2.1, (1.8, 2.4), 30),
+                Verdict("ngram/D4/c1", "chat", NO_GO, 0.9, (0.8, 1.0), 30),
+                Verdict("eagle/D3/c8", "all", INCONCLUSIVE, 1.1, (0.95, 1.3), 60),
+                Verdict("eagle/D3/c8", "code", GO, 1.4, (1.2, 1.6), 30)]
+    lines = summary_lines(verdicts, {"cost_model": {}}, 1.05)
+    assert lines[1] == ("- **ngram: GO** for ngram/D4/c1 (1.60×, CI 1.30–1.90×) but NO-GO for "
+                        "chat.")
+    assert lines[0].startswith("- **eagle: not GO overall.** Best measured: eagle/D3/c8, 1.10×")
+    assert lines[0].endswith(" Within eagle/D3/c8 it is GO for code.")
