@@ -161,6 +161,9 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
 
     source = Path(source)
     if source.is_dir():
+        if not (source / "recipe.yaml").is_file():
+            raise ValueError(f"{source} is not an eval folder (no recipe.yaml): pass "
+                             "reports/<eval-id> or a recipe file")
         meta = json.loads((source / "eval.json").read_text()) \
             if (source / "eval.json").is_file() else {}
         if not (source / "manifest.json").is_file():
