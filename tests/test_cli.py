@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from trtspec import __version__
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -64,6 +67,21 @@ def test_torch_errors_are_one_line(tmp_path) -> None:
                        (("generate", "--method", "draft_model"), "needs a draft model"),
                        (("generate", "--backend", "toy", "--method", "layer_skip"),
                         "no layers to skip")]:
+        out = run(*args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert text in out.stderr and "Traceback" not in out.stderr
+
+
+def test_audit_and_decide_errors_are_one_line(tmp_path) -> None:
+    (tmp_path / "endpoint").mkdir()
+    (tmp_path / "endpoint" / "recipe.yaml").write_text(
+        (ROOT / "recipes" / "cpu-smollm2.yaml").read_text())
+    recipe = str(ROOT / "recipes" / "cpu-smollm2.yaml")
+    for args, text in [(("audit", str(tmp_path)), "is not an eval folder"),
+                       (("audit", str(tmp_path / "endpoint")), "endpoint eval cannot be audited"),
+                       (("audit", recipe, "--engines", str(tmp_path)),
+                        "run `trtspec build RECIPE` first"),
+                       (("decide", str(tmp_path)), "not an eval folder")]:
         out = run(*args)
         assert out.returncode == 2, (args, out.stderr)
         assert text in out.stderr and "Traceback" not in out.stderr
