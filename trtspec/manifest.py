@@ -116,10 +116,10 @@ def open_built(recipe: Any, recipe_path: str | Path, engines_root: str | Path = 
                ) -> tuple[Manifest, Path]:
     """The manifest ``trtspec build`` wrote for this recipe on this machine, checked: same GPU
     class and the recipe unchanged since."""
-    from trtspec.gpu import detect
+    from trtspec.gpu import detect, profile
 
     gpus = detect()
-    slug = recipe.gpu.name.lower() if recipe.gpu.name != "auto" else (
+    slug = profile(recipe.gpu.name).slug if recipe.gpu.name != "auto" else (  # as build names it
         gpus[0].profile().slug if gpus and gpus[0].profile() else "cpu")
     path = Path(engines_root) / recipe.name / slug / MANIFEST
     manifest = load_manifest(path)

@@ -82,3 +82,15 @@ def test_dry_run_prints_copy_pasteable_shell(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert out.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in out
     assert "--speculative_decoding_mode medusa" in out and "$TRTLLM_EXAMPLES/medusa/" in out
+
+
+def test_an_aliased_gpu_name_finds_the_build_where_build_put_it(tmp_path: Path) -> None:
+    from trtspec.manifest import GpuInfo, Manifest, open_built
+    from trtspec.recipe import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes" / "h100-llama31-8b-draft1b.yaml", ["gpu.name=H100-SXM"])
+    Manifest(recipe=recipe.name, recipe_digest=recipe.digest(), backend="trtllm", versions={},
+             gpu=GpuInfo(name="H100", compute_capability="9.0", detected=False),
+             draft_lengths=[4], artifacts=[]).save(tmp_path / recipe.name / "h100")
+    with pytest.raises(ManifestError, match=r"built for H100 .* no NVIDIA GPU"):  # found it
+        open_built(recipe, "recipe.yaml", tmp_path)
