@@ -153,7 +153,7 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
               progress: Callable[[int, int], None] | None = None) -> tuple[Path, dict[str, Any]]:
     """Audit every speculative method of an eval folder (the models it measured) or a recipe
     (its build); writes ``audit.json`` into the eval folder or ``out``."""
-    from trtspec.eval import _executor_factory, _loaded_models
+    from trtspec.eval import _executor_factory, _loaded_models, eval_recipe, in_process
     from trtspec.eval.run import Condition
     from trtspec.manifest import load_manifest, open_built
     from trtspec.models import encode
@@ -161,15 +161,10 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
 
     source = Path(source)
     if source.is_dir():
-        if not (source / "recipe.yaml").is_file():
-            raise ValueError(f"{source} is not an eval folder (no recipe.yaml): pass "
-                             "reports/<eval-id> or a recipe file")
-        meta = json.loads((source / "eval.json").read_text()) \
-            if (source / "eval.json").is_file() else {}
-        if not (source / "manifest.json").is_file():
+        recipe = eval_recipe(source)
+        if not in_process(source):
             raise ValueError(f"{source}: no manifest.json: an endpoint eval cannot be audited "
                              "here (audit the server's build recipe instead)")
-        recipe = load_recipe(source / "recipe.yaml", meta.get("overrides", []))
         manifest = load_manifest(source / "manifest.json")
         target_dir = Path(out) if out else source
     else:

@@ -45,6 +45,14 @@ class Verdict:
     requests: int
     reasons: list[str] = field(default_factory=list)
 
+    @property
+    def speedup_text(self) -> str:
+        return "—" if self.speedup != self.speedup else f"{self.speedup:.2f}×"  # NaN: no pairs
+
+    @property
+    def ci_text(self) -> str:
+        return "—" if self.ci[0] != self.ci[0] else f"{self.ci[0]:.2f}–{self.ci[1]:.2f}×"
+
 
 def tpot(r: dict[str, Any]) -> float | None:
     """A record's TPOT, by the one definition in trtspec.metrics.RequestTiming."""

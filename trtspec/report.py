@@ -9,7 +9,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from trtspec.decide import GO, NO_GO, Verdict, apply_where, cost_model, decide, tpot
+from trtspec.decide import (
+    GO,
+    INCONCLUSIVE,
+    NO_GO,
+    Verdict,
+    apply_where,
+    cost_model,
+    decide,
+    leviathan,
+    tpot,
+)
 from trtspec.recipe import Recipe
 
 
@@ -17,13 +27,14 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                   ) -> tuple[list[Verdict], dict[str, Any]]:
     """Verdicts, the apply-where table and the cost model; writes decision.json + report.md."""
     from trtspec.audit import read_audit
+    from trtspec.eval import in_process
 
     out = Path(out_dir)
     greedy = recipe.sampling.temperature == 0
     audit = read_audit(out)
-    in_process = (out / "manifest.json").is_file()  # an endpoint eval cannot be audited here
+    audit_applies = in_process(out)
     verdicts = decide(records, recipe.decide, greedy, recipe.sampling.seed, audit,
-                      needs_audit=recipe.decide.require_audit and in_process)
+                      needs_audit=recipe.decide.require_audit and audit_applies)
     models = {}
     for key in sorted({r["condition"] for r in records}):
         if not key.split("/")[1].endswith("D0") and any(
@@ -33,7 +44,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     decision = {"criteria": recipe.decide.model_dump(), "greedy": greedy,
                 "verdicts": [asdict(v) for v in verdicts], "apply_where": apply_where(verdicts),
                 "cost_model": models, "audit": audit,
-                "audit_applies": in_process}
+                "audit_applies": audit_applies}
     (out / "decision.json").write_text(json.dumps(decision, indent=2) + "\n")
     (out / "report.md").write_text(markdown(out.name, recipe, verdicts, decision))
     summary = json.loads((out / "summary.json").read_text()) \
@@ -135,8 +146,6 @@ def _categories(by_category: dict[str, list[Verdict]], v: Verdict, verdict: str,
 
 
 def _what_would_change(v: Verdict, model: dict[str, float] | None, threshold: float) -> str:
-    from trtspec.decide import INCONCLUSIVE, leviathan
-
     if v.verdict == INCONCLUSIVE and v.speedup == v.speedup:
         margin, half = abs(v.speedup - threshold), (v.ci[1] - v.ci[0]) / 2
         if margin > 0.01 * threshold:
@@ -183,9 +192,7 @@ def _audit_section(decision: dict[str, Any]) -> list[str]:
 def _row(v: Verdict, with_category: bool = False) -> str:
     mark = f"**{v.verdict}**" if v.verdict == GO else v.verdict  # plain words: fonts vary
     cat = f" {v.category} |" if with_category else ""
-    ci = "—" if v.ci[0] != v.ci[0] else f"{v.ci[0]:.2f}–{v.ci[1]:.2f}×"
-    speed = "—" if v.speedup != v.speedup else f"{v.speedup:.2f}×"
-    return (f"| {v.condition} |{cat} {mark} | {speed} | {ci} | {v.requests} | "
+    return (f"| {v.condition} |{cat} {mark} | {v.speedup_text} | {v.ci_text} | {v.requests} | "
             f"{'; '.join(v.reasons) or '—'} |")
 
 

@@ -165,24 +165,19 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool) -> None:
     """Go / no-go per condition for an eval; writes report.html, report.md and decision.json
     next to the records and logs them to the eval's MLflow run. Exit 0 when every condition is
     GO, 1 otherwise (NO-GO or INCONCLUSIVE), 2 on error: usable as a CI gate."""
+    from trtspec.eval import eval_recipe
     from trtspec.eval.run import read_records
-    from trtspec.recipe import load_recipe
     from trtspec.report import all_go, make_decision
 
     out = Path(eval_dir)
-    if not (out / "recipe.yaml").is_file():
-        raise click.UsageError(f"{out} is not an eval folder (no recipe.yaml): pass "
-                               "reports/<eval-id>")
-    recipe = load_recipe(out / "recipe.yaml", json.loads((out / "eval.json").read_text())
-                         .get("overrides", []) if (out / "eval.json").is_file() else [])
+    recipe = eval_recipe(out)
     verdicts, _ = make_decision(out, recipe, read_records(out))
     table = Table(title=f"decision {out.name}")
     for column in ("condition", "verdict", "speedup", "95 % CI", "why"):
         table.add_column(column)
     for v in verdicts:
         if v.category == "all":
-            ci = "—" if v.ci[0] != v.ci[0] else f"{v.ci[0]:.2f}–{v.ci[1]:.2f}×"
-            table.add_row(v.condition, v.verdict, f"{v.speedup:.2f}×", ci,
+            table.add_row(v.condition, v.verdict, v.speedup_text, v.ci_text,
                           "; ".join(v.reasons) or "—")
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     click.echo(f"report: {out / 'report.html'}  (markdown: {out / 'report.md'})")

@@ -45,6 +45,22 @@ def evaluate(recipe_path: str | Path, overrides: Sequence[str] = (),
     return _finish(out, run_eval(out, inputs, resume=resume is not None, progress=progress))
 
 
+def eval_recipe(eval_dir: str | Path) -> Recipe:
+    """The recipe an eval folder ran, with the --set overrides it ran with."""
+    out = Path(eval_dir)
+    if not (out / "recipe.yaml").is_file():
+        raise RecipeError(f"{out} is not an eval folder (no recipe.yaml): pass "
+                          "reports/<eval-id>")
+    meta = json.loads((out / "eval.json").read_text()) if (out / "eval.json").is_file() else {}
+    return load_recipe(out / "recipe.yaml", meta.get("overrides", []))
+
+
+def in_process(eval_dir: str | Path) -> bool:
+    """An in-process eval keeps its build's manifest.json; an endpoint eval has none (and its
+    sampler, running in the server, cannot be audited here)."""
+    return (Path(eval_dir) / "manifest.json").is_file()
+
+
 def _start(recipe: Recipe, recipe_path: str | Path, overrides: Sequence[str],
            workloads: Sequence[str], per_category: int | None, eval_id: str | None,
            resume: str | Path | None, reports_root: str | Path, speed_bench_dir: str | Path,
