@@ -106,6 +106,9 @@ class HFRunner:
         # transformers ≥ 5 calls it `cache`; 4.x (TensorRT-LLM 1.2's pin) `past_key_values`
         decoder_args = inspect.signature(self._decoder.forward).parameters
         self._cache_kwarg = "cache" if "cache" in decoder_args else "past_key_values"
+        # 4.x also takes a 1D `cache_position` (5.x has none); left out, 4.x derives it from
+        # cache.get_seq_length(), which RowCache lacks: ragged rows have no single length
+        self._cache_position = "cache_position" in decoder_args
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.cache: RowCache | None = None
@@ -154,9 +157,13 @@ class HFRunner:
         if self._additive_mask:  # eager attention adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(
                 ~mask, torch.finfo(self.dtype).min)
+        extra: dict[str, Any] = {self._cache_kwarg: cache}
+        if self._cache_position:  # 4.x: a stand-in. With a 4D mask (returned as-is) and per-row
+            # position_ids it only reaches cache.update's kwargs, which RowCache ignores
+            extra["cache_position"] = positions[0]
         hidden = self._decoder(input_ids=ids.to(self.device), attention_mask=mask,
                                position_ids=positions, use_cache=True,
-                               **{self._cache_kwarg: cache}).last_hidden_state  # [b, T, d]
+                               **extra).last_hidden_state  # [b, T, d]
         n = torch.tensor(counts[rows], device=self.device)  # [b]
         if last_only:
             hidden = hidden[torch.arange(len(n), device=self.device), (n - 1).clamp(min=0)][:, None]
