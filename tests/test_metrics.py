@@ -74,3 +74,17 @@ def test_latency_definitions_on_hand_built_timings() -> None:
     assert s["request_output_tokens_per_s_mean"] == pytest.approx((5 / 1.0 + 1 / 0.1) / 2)
     assert s["itl_ms_p50"] == pytest.approx(150.0)  # ITLs 300, 0, 0, 400 → median 150
     assert latency_summary([]) == {}
+
+
+def test_throughput_is_tokens_over_the_union_of_request_intervals() -> None:
+    from trtspec.metrics import RequestTiming, busy_seconds, latency_summary
+
+    # [0, 1] and [0.5, 2] overlap (2 s together), [3, 4] runs alone: 3 s busy, not 4 or 1
+    timings = [RequestTiming(0.0, [0.5, 1.0], 1.0), RequestTiming(0.5, [1.0, 2.0], 2.0),
+               RequestTiming(3.0, [3.5, 3.6, 4.0], 4.0)]
+    assert busy_seconds(timings) == pytest.approx(3.0)
+    assert latency_summary(timings)["output_tokens_per_s"] == pytest.approx(7 / 3.0)
+    # a record on the eval clock: start_s shifts its times; token times stay relative
+    r = RequestTiming.from_record({"start_s": 10.0, "token_times_s": [0.2, 0.4], "e2e_s": 0.5,
+                                   "output_tokens": 2})
+    assert (r.start, r.end, r.ttft, r.e2e) == pytest.approx((10.0, 10.5, 0.2, 0.5))

@@ -4,21 +4,29 @@ The verdict comes from time per token, not acceptance: a setting that is accepte
 costs more per round is a NO-GO. For each condition (method × D × concurrency), and for each
 category within it:
 
-* **speedup** = baseline TPOT p50 / spec TPOT p50 (the recipe's ``decide.primary_metric``),
-  with a 95 % CI from a *paired* bootstrap: requests are resampled, and each resampled request
-  brings its baseline and spec measurement together (same prompt, same seed).
-* **gates**: TTFT p99 and E2E p99 may not regress beyond the recipe's limits; at temperature 0
-  the spec output must equal the baseline output (greedy identity); the method's exactness
-  audit (``trtspec audit``) must pass; on a GPU, peak memory must leave
-  ``min_gpu_memory_headroom`` free; too few requests → no verdict.
+* **speedup** = baseline / spec median of the recipe's ``decide.primary_metric`` (TPOT, E2E or
+  E2E per output token), with a 95 % CI from a *paired* bootstrap: requests are resampled, and
+  each resampled request brings its baseline and spec measurement together (same prompt, seed).
+* **gates** (each a statistic, never a single number):
+  - TTFT and E2E regression = spec / baseline percentile − 1, with a paired-bootstrap 95 % CI.
+    The percentile follows the sample: p99 from ``P99_MIN`` paired requests, p90 from
+    ``P90_MIN``, the median below that (a p99 of 8 requests is their maximum). The gate fails
+    only when the CI's lower bound exceeds the limit (a demonstrated regression); a CI that
+    straddles the limit leaves the verdict standing with a caveat.
+  - greedy identity (temperature 0): a spec output that differs from its baseline fails the
+    gate unless, at the first difference, the target's logits of the two tokens are within
+    ``greedy_tie_margin`` (a numerical near-tie; counted and reported apart).
+  - the method's exactness audit (``trtspec audit``) must pass; a weak audit (few rejections
+    seen) cannot support a GO.
+  - on a GPU, peak memory must leave ``min_gpu_memory_headroom`` free.
 * **verdict**: GO when no gate fails and the CI's lower bound ≥ ``min_speedup``; NO-GO when a
-  gate fails or the CI's upper bound < ``min_speedup``; INCONCLUSIVE otherwise (the CI straddles
-  the threshold, too few requests, or an in-process eval whose method was never audited while
-  the recipe requires it).
+  gate fails or the CI's upper bound < ``min_speedup``; INCONCLUSIVE otherwise. Noise moves a
+  verdict between GO and INCONCLUSIVE or INCONCLUSIVE and NO-GO, not from GO to NO-GO.
 
-The cost model takes α (acceptance rate) and c (draft step / target step, derived from the
-records: a round costs D·c + 1 target steps) and predicts Leviathan's speedup
-(1 − α^(D+1)) / ((1 − α)(D·c + 1)) per D, next to the measured one, with the D it recommends.
+The cost model estimates α, the per-token acceptance probability of Leviathan et al.
+(accepted / (accepted + rejected rounds), the i.i.d. maximum-likelihood estimate; not the
+acceptance *rate* accepted / proposed), and c = draft step / target step from round times, and
+predicts (1 − α^(D+1)) / ((1 − α)(D·c + 1)) next to the measured speedup and its CI.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from trtspec.metrics import RequestTiming
 from trtspec.recipe import Decide
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
+P99_MIN, P90_MIN = 100, 20  # paired requests a gate needs before it may use p99 / p90
 
 
 @dataclass
@@ -43,7 +52,9 @@ class Verdict:
     speedup: float
     ci: tuple[float, float]
     requests: int
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # why not GO
+    caveats: list[str] = field(default_factory=list)  # what a reviewer should know anyway
+    greedy: dict[str, int] | None = None  # identical / ties / diverged, at temperature 0
 
     @property
     def speedup_text(self) -> str:
@@ -56,8 +67,7 @@ class Verdict:
 
 def tpot(r: dict[str, Any]) -> float | None:
     """A record's TPOT, by the one definition in trtspec.metrics.RequestTiming."""
-    return RequestTiming(r.get("start_s", 0.0), r["token_times_s"], r["e2e_s"],
-                         r["output_tokens"]).tpot
+    return RequestTiming.from_record(r).tpot
 
 
 def _metric(r: dict[str, Any], name: str) -> float | None:
@@ -72,10 +82,12 @@ def _metric(r: dict[str, Any], name: str) -> float | None:
 
 def pairs(records: Sequence[dict[str, Any]], condition: str, category: str | None = None
           ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(baseline, spec) records of the same request in one condition."""
+    """(baseline, spec) records of the same request in one condition; a request that failed in
+    either arm (an endpoint error) has no pair."""
     arms: dict[str, dict[str, dict[str, Any]]] = {"baseline": {}, "spec": {}}
     for r in records:
-        if r["condition"] == condition and (category is None or r["category"] == category):
+        if r["condition"] == condition and (category is None or r["category"] == category) \
+                and r.get("error") is None:
             arms[r["arm"]][r["request_id"]] = r
     return [(arms["baseline"][k], arms["spec"][k]) for k in sorted(arms["spec"])
             if k in arms["baseline"]]
@@ -92,22 +104,62 @@ def paired_speedup(base: np.ndarray, spec: np.ndarray, resamples: int = 2000, se
     return point, (float(low), float(high))
 
 
+def gate_percentile(n: int) -> int:
+    """The percentile a latency gate can estimate from n paired requests."""
+    return 99 if n >= P99_MIN else 90 if n >= P90_MIN else 50
+
+
+def paired_regression(base: np.ndarray, spec: np.ndarray, q: float, resamples: int = 2000,
+                      seed: int = 0) -> tuple[float, tuple[float, float]]:
+    """percentile_q(spec) / percentile_q(base) − 1 and its 95 % paired-bootstrap CI."""
+    point = float(np.percentile(spec, q) / np.percentile(base, q) - 1)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(base), size=(resamples, len(base)))
+    boot = np.percentile(spec[idx], q, axis=1) / np.percentile(base[idx], q, axis=1) - 1
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return point, (float(low), float(high))
+
+
+def requests_to_resolve(n: int, point: float, ci: tuple[float, float], limit: float
+                        ) -> int | None:
+    """Paired requests that would narrow a CI straddling ``limit`` until it excludes it,
+    assuming the CI's side that crosses the limit shrinks as 1/√n; None when the estimate
+    sits on the limit."""
+    near = point - ci[0] if point > limit else ci[1] - point  # the side that crosses
+    margin = abs(point - limit)
+    if margin <= 0.01 * max(abs(limit), 1e-9):
+        return None
+    return max(n + 1, int(min(1e6, n * (near / margin) ** 2)) + 1)
+
+
 def judge(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
           greedy: bool, category: str | None = None, seed: int = 0,
-          audit: dict[str, Any] | None = None, needs_audit: bool = False) -> Verdict:
-    """``audit`` is audit.json (None: not run); ``needs_audit``: no GO without it."""
+          audit: dict[str, Any] | None = None, needs_audit: bool = False,
+          divergences: dict[tuple[str, str], dict[str, Any]] | None = None) -> Verdict:
+    """``audit`` is audit.json (None: not run); ``needs_audit``: no GO without it;
+    ``divergences``: (condition, request id) → the eval's divergences.jsonl entry."""
     matched = pairs(records, condition, category)
     metric = criteria.primary_metric
     values = [(_metric(b, metric), _metric(s, metric)) for b, s in matched]
     values = [(b, s) for b, s in values if b is not None and s is not None and s > 0]
     label = category or "all"
+    lost = sum(1 for r in records if r["condition"] == condition and r.get("error") is not None
+               and (category is None or r["category"] == category))
+    caveats = [f"{lost} request(s) failed at the endpoint and are left out"] if lost else []
     if len(values) < criteria.min_requests:
         return Verdict(condition, label, INCONCLUSIVE, float("nan"), (float("nan"),) * 2,
                        len(values), [f"{len(values)} paired requests < min_requests "
-                                     f"{criteria.min_requests}"])
+                                     f"{criteria.min_requests}"], caveats)
     base, spec = (np.array(x) for x in zip(*values, strict=True))
     speedup, ci = paired_speedup(base, spec, seed=seed)
-    reasons = _gates(matched, criteria, greedy)
+    reasons, gate_caveats = _latency_gates(matched, criteria, seed)
+    caveats += gate_caveats
+    reasons += _memory_gate(matched, criteria)
+    counts = None
+    if greedy:
+        counts, why, note = _greedy_gate(matched, criteria, divergences or {})
+        reasons += why
+        caveats += note
     method = condition.split("/")[0]
     audited = (audit or {}).get("methods", {}).get(method)
     if audited and not audited["passed"]:
@@ -123,52 +175,95 @@ def judge(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
         verdict, reasons = INCONCLUSIVE, [f"{method} has no exactness audit: run `trtspec "
                                           "audit <eval dir>` (or set decide.require_audit: "
                                           "false)"]
+    elif ci[0] >= criteria.min_speedup and audited and audited.get("weak"):
+        verdict, reasons = INCONCLUSIVE, [f"the exactness audit of {method} is weak (too few "
+                                          "rejections seen to test the residual): re-run "
+                                          "`trtspec audit` with more --samples or a --prompt "
+                                          "where drafts are rejected"]
     elif ci[0] >= criteria.min_speedup:
         verdict = GO
     else:
         verdict, reasons = INCONCLUSIVE, [f"speedup CI {ci[0]:.2f}–{ci[1]:.2f}× straddles "
                                           f"{criteria.min_speedup:.2f}×: measure more requests"]
-    return Verdict(condition, label, verdict, speedup, ci, len(values), reasons)
+    return Verdict(condition, label, verdict, speedup, ci, len(values), reasons, caveats,
+                   counts)
 
 
-def _gates(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide,
-           greedy: bool) -> list[str]:
-    reasons = []
+def _latency_gates(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide,
+                   seed: int) -> tuple[list[str], list[str]]:
+    """TTFT and E2E regression gates: (failures, caveats)."""
+    reasons, caveats = [], []
     for name, limit in (("ttft_s", criteria.max_ttft_p99_regression),
                         ("e2e_s", criteria.max_e2e_p99_regression)):
-        base = [b[name] for b, _ in matched if b.get(name) is not None]
-        spec = [s[name] for _, s in matched if s.get(name) is not None]
-        if base and spec:
-            change = np.percentile(spec, 99) / np.percentile(base, 99) - 1
-            if change > limit:
-                reasons.append(f"{name.removesuffix('_s').upper()} p99 regressed "
-                               f"{100 * change:.0f} % (limit {100 * limit:.0f} %)")
+        both = [(b[name], s[name]) for b, s in matched
+                if b.get(name) is not None and s.get(name) is not None and b[name] > 0]
+        if len(both) < 2:
+            continue
+        q = gate_percentile(len(both))
+        stat = f"{name.removesuffix('_s').upper()} {'median' if q == 50 else f'p{q}'}"
+        base, spec = (np.array(x) for x in zip(*both, strict=True))
+        point, (low, high) = paired_regression(base, spec, q, seed=seed)
+        span = f"95 % CI {100 * low:+.0f} … {100 * high:+.0f} %, limit {100 * limit:.0f} %"
+        if low > limit:
+            reasons.append(f"{stat} regressed {100 * point:.0f} % ({span}, {len(both)} "
+                           "requests)")
+        elif high > limit:
+            n = requests_to_resolve(len(both), point, (low, high), limit)
+            more = f"about {n} paired requests would resolve it" if n else \
+                "the estimate sits on the limit"
+            caveats.append(f"{stat} regression of {100 * limit:.0f} % not ruled out (measured "
+                           f"{100 * point:+.0f} %, {span}); {more}")
+    return reasons, caveats
+
+
+def _memory_gate(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide
+                 ) -> list[str]:
     peaks = [(s["cuda_max_allocated_mb"], s["cuda_total_mb"]) for _, s in matched
              if s.get("cuda_max_allocated_mb") is not None and s.get("cuda_total_mb")]
     if peaks:
         used, total = max(peaks)
         if 1 - used / total < criteria.min_gpu_memory_headroom:
-            reasons.append(f"GPU memory headroom {100 * (1 - used / total):.0f} % < "
-                           f"{100 * criteria.min_gpu_memory_headroom:.0f} % (peak "
-                           f"{used / 1024:.1f} of {total / 1024:.1f} GiB)")
-    if greedy:
-        same = [b.get("output_digest") == s.get("output_digest") for b, s in matched]
-        rate = float(np.mean(same)) if same else 1.0
-        if rate < 1.0:
-            reasons.append(f"greedy identity {100 * rate:.1f} % < 100 %: spec output differs "
-                           "from the baseline")
-    return reasons
+            return [f"GPU memory headroom {100 * (1 - used / total):.0f} % < "
+                    f"{100 * criteria.min_gpu_memory_headroom:.0f} % (peak "
+                    f"{used / 1024:.1f} of {total / 1024:.1f} GiB)"]
+    return []
+
+
+def _greedy_gate(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide,
+                 divergences: dict[tuple[str, str], dict[str, Any]]
+                 ) -> tuple[dict[str, int], list[str], list[str]]:
+    """(counts, failures, caveats). A differing output is a numerical tie when the target's
+    logit margin between the two tokens at the first difference is ≤ greedy_tie_margin; a
+    difference without a recorded margin counts as a divergence."""
+    tol = criteria.greedy_tie_margin
+    differ = [s for b, s in matched if b.get("output_digest") != s.get("output_digest")]
+    ties = 0
+    for s in differ:
+        d = divergences.get((s["condition"], s["request_id"]))
+        ties += bool(d and d.get("margin") is not None and d["margin"] <= tol)
+    n, diverged = len(matched), len(differ) - ties
+    counts = {"identical": n - len(differ), "ties": ties, "diverged": diverged}
+    tie_text = f"{ties} at a numerical tie (logit margin ≤ {tol:g})"
+    if diverged:
+        return counts, [f"greedy identity {100 * (n - len(differ)) / n:.1f} %: {diverged} of {n}"
+                        " spec outputs differ from the baseline beyond a numerical tie"
+                        + (f" (+{tie_text})" if ties else "")], []
+    if ties:
+        return counts, [], [f"greedy identity: {n - ties} of {n} outputs identical, {tie_text}"]
+    return counts, [], []
 
 
 def decide(records: Sequence[dict[str, Any]], criteria: Decide, greedy: bool, seed: int = 0,
-           audit: dict[str, Any] | None = None, needs_audit: bool = False) -> list[Verdict]:
+           audit: dict[str, Any] | None = None, needs_audit: bool = False,
+           divergences: Sequence[dict[str, Any]] = ()) -> list[Verdict]:
     """A verdict per condition (category 'all') and per category within it."""
+    by_pair = {(d["condition"], d["request_id"]): d for d in divergences}
     out = []
     for condition in sorted({r["condition"] for r in records}):
         for category in [None, *sorted({r["category"] for r in records
                                         if r["condition"] == condition})]:
             out.append(judge(records, condition, criteria, greedy, category, seed, audit,
-                             needs_audit))
+                             needs_audit, by_pair))
     return out
 
 
@@ -197,26 +292,62 @@ def leviathan(alpha: float, d: int, c: float) -> float:
 
 
 def recommend_d(alpha: float, c: float, max_d: int = 16) -> int:
-    return max(range(1, max_d + 1), key=lambda d: leviathan(alpha, d, c))
+    """The D that maximises the predicted speedup, or 0 (do not speculate) when none > 1."""
+    best = max(range(1, max_d + 1), key=lambda d: leviathan(alpha, d, c))
+    return best if leviathan(alpha, best, c) > 1.0 else 0
 
 
-def cost_model(records: Sequence[dict[str, Any]], condition: str) -> dict[str, float]:
-    """α, c and predicted vs measured speedup for one condition, from its records.
+def alpha_from_al(al: float, d: int) -> float:
+    """Solve AL = (1 − α^(D+1)) / (1 − α) for α (bisection; AL counts accepted + 1 per
+    round). For records that lack rejected_rounds."""
+    if d <= 0 or al <= 1.0:
+        return 0.0
+    if al >= d + 1:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if (1 - mid ** (d + 1)) / (1 - mid) < al:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
 
-    c comes from time per round: a spec round lasts D·c + 1 baseline steps (Leviathan's model,
-    verification ≈ one target step), so c = (round / step − 1) / D.
+
+def cost_model(records: Sequence[dict[str, Any]], condition: str, seed: int = 0
+               ) -> dict[str, Any]:
+    """α, c, and predicted vs measured TPOT speedup (with its paired 95 % CI) for one condition.
+
+    α is the per-token acceptance probability (SpecStats.alpha: accepted / (accepted +
+    rejected rounds)); for older records without rejected_rounds it is solved from the pooled
+    AL of the rounds, (accepted + rounds) / rounds. c comes from time per round: a spec round
+    lasts D·c + 1 baseline steps (Leviathan's model, verification ≈ one target step), so
+    c = (round / step − 1) / D.
     """
+    from trtspec.metrics import SpecStats
+
     matched = pairs(records, condition)
     d = int(condition.split("/")[1][1:])
-    step = np.median([t for b, _ in matched if (t := tpot(b)) is not None])
     spec = [s for _, s in matched if s["verification_rounds"]]
-    proposed = sum(s["proposed_tokens"] for s in spec)
-    alpha = sum(s["accepted_draft_tokens"] for s in spec) / proposed if proposed else 0.0
-    round_time = np.median([(s["e2e_s"] - s["token_times_s"][0]) / s["verification_rounds"]
-                            for s in spec])
+    accepted = sum(s["accepted_draft_tokens"] for s in spec)
+    rejected = [s.get("rejected_rounds") for s in spec]
+    if spec and None not in rejected:
+        alpha = SpecStats(accepted_draft_tokens=accepted, rejected_rounds=sum(rejected)).alpha
+        alpha = 0.0 if alpha != alpha else alpha  # nothing tried
+    else:
+        rounds = sum(s["verification_rounds"] for s in spec)
+        alpha = alpha_from_al((accepted + rounds) / rounds, d) if rounds else 0.0
+    both = [(b, s, tb, ts) for b, s in matched
+            if s["verification_rounds"] and (tb := tpot(b)) is not None
+            and (ts := tpot(s)) is not None]
+    step = float(np.median([tb for *_, tb, _ in both]))
+    round_time = float(np.median([(s["e2e_s"] - s["token_times_s"][0]) / s["verification_rounds"]
+                                  for _, s, _, _ in both]))
     c = max(0.0, (round_time / step - 1) / d) if d else 0.0
-    base = np.array([t for b, _ in matched if (t := tpot(b)) is not None])
-    spec_tpot = np.array([t for _, s in matched if (t := tpot(s)) is not None])
-    return {"alpha": alpha, "c": c, "draft_len": d, "predicted_speedup": leviathan(alpha, d, c),
-            "measured_speedup": float(np.median(base) / np.median(spec_tpot)),
+    measured, ci = paired_speedup(np.array([tb for *_, tb, _ in both]),
+                                  np.array([ts for *_, ts in both]), seed=seed)
+    predicted = leviathan(alpha, d, c)
+    return {"alpha": alpha, "c": c, "draft_len": d, "predicted_speedup": predicted,
+            "measured_speedup": measured, "measured_ci": list(ci),
+            "prediction_within_ci": bool(ci[0] <= predicted <= ci[1]),
             "recommended_d": recommend_d(alpha, c)}

@@ -67,11 +67,9 @@ class Manifest(Strict):
 
     def save(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / MANIFEST
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(self.model_dump_json(indent=2) + "\n")
-        tmp.replace(path)
-        return path
+        from trtspec.files import write_atomic
+
+        return write_atomic(directory / MANIFEST, self.model_dump_json(indent=2) + "\n")
 
     def artifact(self, name: str) -> Artifact:
         for a in self.artifacts:

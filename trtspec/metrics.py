@@ -8,6 +8,9 @@ The four counters describe what verification did; ``discarded_tokens`` is kept a
 * verification_rounds   target verification calls (decode steps; prefill is not one)
 * discarded_tokens      tokens verification produced but stop handling dropped (EOS or a stop
                         token inside an accepted run, max_tokens reached)
+* rejected_rounds       rounds in which a draft was rejected (fewer accepted than proposed); with
+                        accepted_draft_tokens it gives the per-token acceptance probability
+                        α̂ = accepted / (accepted + rejected_rounds) (see :attr:`alpha`)
 
 so per round ``emitted + discarded == accepted + 1``. The first output token comes from prefill and
 is in no counter. AL is reported two ways and always named: pooled (Σ emitted / Σ rounds, vLLM's)
@@ -32,10 +35,13 @@ class SpecStats:
     proposed_per_position: list[int] = field(default_factory=list)  # [i]: rounds with a draft at i
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: rounds accepting draft i
     request_al: list[float] = field(default_factory=list)  # one AL per request that had rounds
+    rejected_rounds: int | None = 0  # None: not recorded (records older than this counter)
 
     def record_round(self, num_draft: int, num_accepted: int, num_kept: int) -> None:
         """Count one verification round: num_accepted + 1 tokens verified, num_kept committed."""
         self.verification_rounds += 1
+        if num_accepted < num_draft and self.rejected_rounds is not None:
+            self.rejected_rounds += 1
         self.proposed_tokens += num_draft
         self.accepted_draft_tokens += num_accepted
         self.emitted_tokens += num_kept
@@ -52,6 +58,19 @@ class SpecStats:
     def acceptance_rate(self) -> float:
         """accepted_draft_tokens / proposed_tokens (NaN when nothing was proposed)."""
         return _ratio(self.accepted_draft_tokens, self.proposed_tokens)
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance probability α, the α of Leviathan's formulas: the maximum-
+        likelihood estimate under i.i.d. acceptance, accepted / (accepted + rejected_rounds).
+        Each round is a run of accepted drafts ended by one rejection or by running out of
+        drafts, so every rejection is one failed trial and every accepted draft one success;
+        rounds that accept all their drafts end without a trial. Unlike acceptance_rate
+        (accepted / proposed, which counts the drafts after a rejection as failures), it does
+        not depend on D. NaN when nothing was tried or the counter was not recorded."""
+        if self.rejected_rounds is None:
+            return float("nan")
+        return _ratio(self.accepted_draft_tokens, self.accepted_draft_tokens + self.rejected_rounds)
 
     @property
     def al_pooled(self) -> float:
@@ -82,6 +101,8 @@ class SpecStats:
             _add_lists(total.proposed_per_position, s.proposed_per_position)
             _add_lists(total.accepted_per_position, s.accepted_per_position)
             total.request_al.extend(s.request_al)
+            total.rejected_rounds = None if None in (total.rejected_rounds, s.rejected_rounds) \
+                else total.rejected_rounds + s.rejected_rounds
         return total
 
     def summary(self) -> dict[str, float | int]:
@@ -92,7 +113,10 @@ class SpecStats:
             "emitted_tokens": self.emitted_tokens,
             "verification_rounds": self.verification_rounds,
             "discarded_tokens": self.discarded_tokens,
+            "rejected_rounds": self.rejected_rounds if self.rejected_rounds is not None
+            else float("nan"),
             "acceptance_rate": self.acceptance_rate,
+            "alpha": self.alpha,
             "al_pooled": self.al_pooled,
             "al_request_mean": self.al_request_mean,
         }
@@ -110,6 +134,15 @@ class RequestTiming:
     token_times: list[float]  # per token; for endpoints, per streamed chunk
     end: float
     tokens: int | None = None  # output tokens when chunks carry several (server usage)
+
+    @classmethod
+    def from_record(cls, r: dict) -> RequestTiming:
+        """An eval record on the eval's clock: ``start_s`` is when the request was sent (seconds
+        on one clock per eval; 0 in records written before that clock existed), its
+        ``token_times_s`` and ``e2e_s`` are relative to that start."""
+        start = float(r.get("start_s") or 0.0)
+        return cls(start, [start + t for t in r["token_times_s"]], start + r["e2e_s"],
+                   r["output_tokens"])
 
     @property
     def output_tokens(self) -> int:
@@ -150,9 +183,22 @@ def distribution(values: Sequence[float], prefix: str, scale: float = 1e3) -> di
     return out
 
 
+def busy_seconds(timings: Sequence[RequestTiming]) -> float:
+    """Length of the union of the requests' [start, end] intervals: the wall time during which
+    at least one of them was running. Two arms measured in turn each get only their own time;
+    requests running together count once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted((t.start, t.end) for t in timings):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def latency_summary(timings: Sequence[RequestTiming]) -> dict[str, float]:
     """TTFT, ITL, TPOT, E2E in ms (mean, p50, p90, p99), output tokens/s per request (mean) and
-    aggregate throughput (all output tokens / wall time from first start to last end)."""
+    aggregate throughput ``output_tokens_per_s`` = all output tokens / :func:`busy_seconds`
+    (the wall time the requests were running, on one clock)."""
     if not timings:
         return {}
     out: dict[str, float] = {}
@@ -163,7 +209,7 @@ def latency_summary(timings: Sequence[RequestTiming]) -> dict[str, float]:
     rates = [t.output_tokens / t.e2e for t in timings if t.e2e > 0]
     if rates:
         out["request_output_tokens_per_s_mean"] = float(np.mean(rates))
-    wall = max(t.end for t in timings) - min(t.start for t in timings)
+    wall = busy_seconds(timings)
     if wall > 0:
         out["output_tokens_per_s"] = sum(t.output_tokens for t in timings) / wall
     out["requests"] = float(len(timings))

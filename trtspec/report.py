@@ -13,11 +13,14 @@ from trtspec.decide import (
     GO,
     INCONCLUSIVE,
     NO_GO,
+    P90_MIN,
+    P99_MIN,
     Verdict,
     apply_where,
     cost_model,
     decide,
     leviathan,
+    requests_to_resolve,
     tpot,
 )
 from trtspec.recipe import Recipe
@@ -28,29 +31,32 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     """Verdicts, the apply-where table and the cost model; writes decision.json + report.md."""
     from trtspec.audit import read_audit
     from trtspec.eval import in_process
+    from trtspec.eval.run import DIVERGENCES, read_jsonl
+    from trtspec.files import write_atomic
 
     out = Path(out_dir)
     greedy = recipe.sampling.temperature == 0
     audit = read_audit(out)
     audit_applies = in_process(out)
     verdicts = decide(records, recipe.decide, greedy, recipe.sampling.seed, audit,
-                      needs_audit=recipe.decide.require_audit and audit_applies)
+                      needs_audit=recipe.decide.require_audit and audit_applies,
+                      divergences=read_jsonl(out / DIVERGENCES))
     models = {}
     for key in sorted({r["condition"] for r in records}):
         if not key.split("/")[1].endswith("D0") and any(
                 r["condition"] == key and r["arm"] == "spec" and r["verification_rounds"]
-                for r in records):
-            models[key] = cost_model(records, key)
+                and r.get("error") is None for r in records):
+            models[key] = cost_model(records, key, recipe.sampling.seed)
     decision = {"criteria": recipe.decide.model_dump(), "greedy": greedy,
                 "verdicts": [asdict(v) for v in verdicts], "apply_where": apply_where(verdicts),
                 "cost_model": models, "audit": audit,
                 "audit_applies": audit_applies}
-    (out / "decision.json").write_text(json.dumps(decision, indent=2) + "\n")
-    (out / "report.md").write_text(markdown(out.name, recipe, verdicts, decision))
+    write_atomic(out / "decision.json", json.dumps(decision, indent=2) + "\n")
+    write_atomic(out / "report.md", markdown(out.name, recipe, verdicts, decision))
     summary = json.loads((out / "summary.json").read_text()) \
         if (out / "summary.json").is_file() else {}
-    (out / "report.html").write_text(html(out.name, recipe, verdicts, decision, records,
-                                          summary))
+    write_atomic(out / "report.html", html(out.name, recipe, verdicts, decision, records,
+                                           summary))
     return verdicts, decision
 
 
@@ -60,25 +66,35 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
     lines = [
         f"# Speculative decoding: go / no-go — {recipe.name} ({eval_id})", "",
         f"Criteria: primary metric **{c.primary_metric}**, GO when the 95 % paired-bootstrap "
-        f"CI of the speedup clears **{c.min_speedup:.2f}×** and no gate fails (TTFT p99 "
-        f"regression ≤ {100 * c.max_ttft_p99_regression:.0f} %, E2E p99 regression ≤ "
-        f"{100 * c.max_e2e_p99_regression:.0f} %, ≥ {c.min_requests} paired requests"
-        + (", greedy identity 100 %" if decision["greedy"] else "")
+        f"CI of the speedup clears **{c.min_speedup:.2f}×** and no gate fails (TTFT tail "
+        f"regression ≤ {100 * c.max_ttft_p99_regression:.0f} %, E2E tail regression ≤ "
+        f"{100 * c.max_e2e_p99_regression:.0f} %, each failing only when its paired-bootstrap "
+        f"95 % CI lies above the limit; the tail is p99 from {P99_MIN} paired requests, p90 "
+        f"from {P90_MIN}, else the median; ≥ {c.min_requests} paired requests"
+        + (f", greedy identity 100 % except numerical ties (target logit margin ≤ "
+           f"{c.greedy_tie_margin:g} at the first difference)" if decision["greedy"] else "")
         + (", exactness audit passed" if c.require_audit and decision.get("audit_applies")
            else "") + f", GPU memory headroom ≥ {100 * c.min_gpu_memory_headroom:.0f} %).",
         "",
         "## Summary", "", *summary_lines(verdicts, decision, c.min_speedup), "",
         "## Verdict per condition", "",
-        "| condition | verdict | speedup | 95 % CI | requests | why |",
-        "|---|---|---:|---|---:|---|"]
+        "| condition | verdict | speedup | 95 % CI | requests | why | caveats |",
+        "|---|---|---:|---|---:|---|---|"]
     for v in verdicts:
         if v.category == "all":
             lines.append(_row(v))
+    if decision["greedy"]:
+        lines += ["", "Greedy identity per condition (spec output = baseline output): "
+                  + "; ".join(f"{v.condition}: {g['identical']} identical, {g['ties']} "
+                              f"numerical ties, {g['diverged']} diverged"
+                              for v in verdicts if v.category == "all" and (g := v.greedy))
+                  + "."]
     decided = [v for v in verdicts if v.category != "all" and v.speedup == v.speedup]
     lines += ["", "## Per category", ""]
     if decided:
-        lines += ["| condition | category | verdict | speedup | 95 % CI | requests | why |",
-                  "|---|---|---|---:|---|---:|---|", *(_row(v, True) for v in decided), ""]
+        lines += ["| condition | category | verdict | speedup | 95 % CI | requests | why | "
+                  "caveats |", "|---|---|---|---:|---|---:|---|---|",
+                  *(_row(v, True) for v in decided), ""]
     undecided = sorted({v.category for v in verdicts if v.category != "all"} -
                        {v.category for v in decided})
     if undecided:
@@ -91,14 +107,21 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
                      + (f"; best D per concurrency: {best}" if best else ""))
     if decision["cost_model"]:
         lines += ["", "## Cost model (Leviathan et al.)", "",
-                  "α = acceptance rate; c = draft step / target step derived from round times; "
-                  "predicted = (1 − α^(D+1)) / ((1 − α)(D·c + 1)).", "",
-                  "| condition | α | c | predicted | measured | recommended D |",
-                  "|---|---:|---:|---:|---:|---:|"]
+                  "α = per-token acceptance probability, accepted / (accepted + rejected "
+                  "rounds) (the i.i.d. maximum-likelihood estimate; not accepted / proposed); "
+                  "c = draft step / target step derived from round times; predicted TPOT "
+                  "speedup = (1 − α^(D+1)) / ((1 − α)(D·c + 1)); measured = baseline / spec "
+                  "TPOT median with its 95 % paired-bootstrap CI. The model holds where the "
+                  "prediction falls inside that CI.", "",
+                  "| condition | α | c | predicted | measured | 95 % CI | within CI | "
+                  "recommended D |", "|---|---:|---:|---:|---:|---|---|---:|"]
         for key, m in decision["cost_model"].items():
+            low, high = m.get("measured_ci", (float("nan"),) * 2)
+            best = m["recommended_d"] or "0 (do not speculate)"
             lines.append(f"| {key} | {m['alpha']:.2f} | {m['c']:.2f} | "
                          f"{m['predicted_speedup']:.2f}× | {m['measured_speedup']:.2f}× | "
-                         f"{m['recommended_d']} |")
+                         f"{low:.2f}–{high:.2f}× | "
+                         f"{'yes' if m.get('prediction_within_ci') else 'no'} | {best} |")
     lines += ["", *_audit_section(decision)]
     lines += ["", "Speedup = baseline / speculative on the primary metric (> 1: speculation is "
               "faster), from the same requests with the same seeds.", ""]
@@ -124,7 +147,9 @@ def summary_lines(verdicts: list[Verdict], decision: dict[str, Any], threshold: 
                               f"{v.ci[1]:.2f}×)"
                               + _categories(by_category, v, NO_GO, " but NO-GO for {}")
                               for v in go)
-            lines.append(f"- **{method}: GO** for {where}.")
+            notes = [f"{v.condition}: {c}" for v in go for c in v.caveats]
+            lines.append(f"- **{method}: GO** for {where}."
+                         + (f" Caveats: {'; '.join(notes)}." if notes else ""))
             continue
         best = max(mine, key=lambda v: v.speedup if v.speedup == v.speedup else -1.0)
         text = f"- **{method}: not GO overall.** Best measured: {best.condition}, "
@@ -145,11 +170,10 @@ def _categories(by_category: dict[str, list[Verdict]], v: Verdict, verdict: str,
     return form.format(", ".join(names)) if names else ""
 
 
-def _what_would_change(v: Verdict, model: dict[str, float] | None, threshold: float) -> str:
+def _what_would_change(v: Verdict, model: dict[str, Any] | None, threshold: float) -> str:
     if v.verdict == INCONCLUSIVE and v.speedup == v.speedup:
-        margin, half = abs(v.speedup - threshold), (v.ci[1] - v.ci[0]) / 2
-        if margin > 0.01 * threshold:
-            needed = int(min(1e6, v.requests * (half / margin) ** 2)) + 1
+        needed = requests_to_resolve(v.requests, v.speedup, v.ci, threshold)
+        if needed:
             return f" About {needed} paired requests would resolve it (the CI narrows as 1/√n)."
         return " The speedup sits at the threshold: more requests will not make it a clear GO."
     if model and v.speedup == v.speedup and v.speedup < threshold:
@@ -193,7 +217,7 @@ def _row(v: Verdict, with_category: bool = False) -> str:
     mark = f"**{v.verdict}**" if v.verdict == GO else v.verdict  # plain words: fonts vary
     cat = f" {v.category} |" if with_category else ""
     return (f"| {v.condition} |{cat} {mark} | {v.speedup_text} | {v.ci_text} | {v.requests} | "
-            f"{'; '.join(v.reasons) or '—'} |")
+            f"{'; '.join(v.reasons) or '—'} | {'; '.join(v.caveats) or '—'} |")
 
 
 def all_go(verdicts: list[Verdict]) -> bool:

@@ -72,3 +72,56 @@ def test_sigkill_then_resume_measures_every_request_exactly_once(tmp_path: Path)
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     keys = Counter((r["condition"], r["arm"], r["request_id"]) for r in rows)
     assert len(keys) == 4 * 2 * 6 and set(keys.values()) == {1}
+
+
+def test_throughput_divides_by_the_arm_s_own_wall_time(tmp_path: Path) -> None:
+    """Every batch has its own start on one eval clock, so an arm's throughput is its tokens
+    over the time its batches ran: c = 1 → Σ E2E; c = 2 → Σ over batches of the longest E2E."""
+    from collections import defaultdict
+
+    records = read_records(run_eval(tmp_path, toy_inputs(delay=0.002)))
+    summary = summarize(records)
+    for key in ("draft_model/D2/c1", "draft_model/D4/c2"):
+        for arm in ARMS:
+            rows = [r for r in records if r["condition"] == key and r["arm"] == arm]
+            batches = defaultdict(list)
+            for r in rows:
+                batches[r["start_s"]].append(r["e2e_s"])
+            assert len(batches) == len(rows) // int(key[-1])
+            wall = sum(max(e2e) for e2e in batches.values())
+            tokens = sum(r["output_tokens"] for r in rows)
+            assert summary[key][arm]["output_tokens_per_s"] == pytest.approx(tokens / wall,
+                                                                             rel=1e-5)
+
+
+def test_greedy_divergences_are_located_and_measured(tmp_path: Path) -> None:
+    """A spec arm whose target differs: each differing output gets its first divergence and
+    the margin function's value there; a resumed eval does not add them twice."""
+    from trtspec.eval.run import DIVERGENCES, first_divergence, read_jsonl
+    from trtspec.executor import SpecExecutor
+    from trtspec.runtime.toy import MarkovLM, ToyRunner
+
+    inputs = toy_inputs()
+    other = MarkovLM(vocab_size=16, order=2, seed=9, eos_token_id=15)
+    make = inputs.make_executor
+    inputs.make_executor = lambda c, arm: make(c, arm) if arm == "baseline" else \
+        SpecExecutor(ToyRunner(other))
+    inputs.sampling = inputs.sampling.model_copy(update={"temperature": 0.0})
+    calls = []
+    inputs.margin = lambda prefix, a, b: calls.append((len(prefix), a, b)) or 0.125
+    records = read_records(run_eval(tmp_path, inputs))
+    found = read_jsonl(tmp_path / DIVERGENCES)
+    assert found and len(found) == len(calls)
+    by = {(r["condition"], r["arm"], r["request_id"]): r for r in records}
+    for d in found:
+        base = by[(d["condition"], "baseline", d["request_id"])]["output_token_ids"]
+        spec = by[(d["condition"], "spec", d["request_id"])]["output_token_ids"]
+        assert d["position"] == first_divergence(base, spec)
+        assert base[: d["position"]] == spec[: d["position"]]
+        if d["margin"] is not None:
+            assert (d["baseline_token"], d["spec_token"]) == (base[d["position"]],
+                                                              spec[d["position"]])
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    run_eval(tmp_path, inputs, resume=True)
+    assert len(read_jsonl(tmp_path / DIVERGENCES)) == len(found)

@@ -177,8 +177,9 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool) -> None:
         table.add_column(column)
     for v in verdicts:
         if v.category == "all":
+            why = v.reasons + [f"caveat: {c}" for c in v.caveats]
             table.add_row(v.condition, v.verdict, v.speedup_text, v.ci_text,
-                          "; ".join(v.reasons) or "—")
+                          "; ".join(why) or "—")
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     click.echo(f"report: {out / 'report.html'}  (markdown: {out / 'report.md'})")
     if not no_mlflow:

@@ -13,6 +13,7 @@ killing the process loses only the requests in flight.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -52,6 +53,9 @@ class EvalInputs:
     encode: Callable[[WorkloadRequest], list[int]]
     sampling: SamplingParams  # max_tokens here is the default; a request's own wins
     warmup: int = 1
+    # (prompt + common output prefix, token a, token b) → |logit a − logit b| under the target;
+    # used at temperature 0 to tell a numerical tie from a real divergence between the arms
+    margin: Callable[[list[int], int, int], float] | None = None
 
 
 def request_seed(base: int, request_id: str) -> int:
@@ -94,8 +98,8 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
         for condition in inputs.conditions:
             executors = {arm: inputs.make_executor(condition, arm) for arm in ARMS}
             _warm_up(executors, inputs)
-            for batch in _batches(inputs.requests, condition.concurrency):
-                for arm in _alternate(ARMS, batch[0].id):
+            for i, batch in enumerate(_batches(inputs.requests, condition.concurrency)):
+                for arm in _alternate(ARMS, i):
                     todo = [r for r in batch if (condition.key, arm, r.id) not in done]
                     if not todo:
                         continue
@@ -106,6 +110,8 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
                         finished += 1
                         if progress:
                             progress(finished, total)
+    if inputs.sampling.greedy and inputs.margin is not None:
+        record_divergences(out, read_records(path), inputs)
     return path
 
 
@@ -114,9 +120,10 @@ def _batches(requests: Sequence[WorkloadRequest], size: int) -> Iterator[list[Wo
         yield list(requests[i: i + size])
 
 
-def _alternate(arms: tuple[str, ...], batch_id: str) -> tuple[str, ...]:
-    """A B for one batch, B A for the next (by a stable hash), so neither arm always goes first."""
-    return arms if zlib.crc32(batch_id.encode()) % 2 == 0 else arms[::-1]
+def _alternate(arms: tuple[str, ...], batch_index: int) -> tuple[str, ...]:
+    """A B for even batches, B A for odd ones: neither arm always goes first, and each goes
+    first equally often (one more at most)."""
+    return arms if batch_index % 2 == 0 else arms[::-1]
 
 
 def _warm_up(executors: dict[str, SpecExecutor], inputs: EvalInputs) -> None:
@@ -136,11 +143,13 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
         import torch
 
         torch.cuda.reset_peak_memory_stats()
+    reset_peak_rss()
     params = [inputs.sampling.model_copy(update={
         "seed": request_seed(inputs.sampling.seed or 0, r.id),
         "max_tokens": r.max_tokens or inputs.sampling.max_tokens}) for r in batch]
     arrivals: list[list[float]] = [[] for _ in batch]
-    start = time.perf_counter()
+    started = time.time()  # the eval's clock (shared across arms, batches and resumed runs)
+    start = time.perf_counter()  # this batch's precise clock
 
     def on_step(deltas: list[Delta]) -> None:
         now = time.perf_counter() - start
@@ -148,7 +157,7 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
             arrivals[d.index] += [now] * len(d.token_ids)
 
     completions = executor.generate(prompts, params, on_step=on_step)
-    memory = {"rss_mb": _rss_mb()}
+    memory = {"peak_rss_mb": peak_rss_mb()}
     if cuda:
         import torch
 
@@ -156,14 +165,14 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
         memory["cuda_total_mb"] = torch.cuda.get_device_properties(
             torch.cuda.current_device()).total_memory / 2**20
     records = []
-    for r, prompt, c, times in zip(batch, prompts, completions, arrivals, strict=True):
+    for r, prompt, p, c, times in zip(batch, prompts, params, completions, arrivals, strict=True):
         stats = c.stats
         records.append({
             "condition": condition.key, **asdict(condition), "arm": arm, "request_id": r.id,
             "category": r.category, "source": r.source, "context_tokens": len(prompt),
             "output_tokens": len(c.token_ids), "finish_reason": c.finish_reason,
-            "output_digest": _digest(c.token_ids),
-            "seed": params[batch.index(r)].seed, "start_s": 0.0, "token_times_s": times,
+            "output_digest": _digest(c.token_ids), "output_token_ids": c.token_ids,
+            "seed": p.seed, "start_s": started, "token_times_s": times,
             "ttft_s": times[0] if times else None, "e2e_s": times[-1] if times else 0.0,
             "prefill_s": times[0] if times else None,
             "decode_s": (times[-1] - times[0]) if times else 0.0,
@@ -172,11 +181,64 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
             "emitted_tokens": stats.emitted_tokens,
             "verification_rounds": stats.verification_rounds,
             "discarded_tokens": stats.discarded_tokens,
+            "rejected_rounds": stats.rejected_rounds,
             "accepted_per_position": stats.accepted_per_position,
             "proposed_per_position": stats.proposed_per_position,
             "wall_clock": time.time(), **memory,
         })
     return records
+
+
+DIVERGENCES = "divergences.jsonl"
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where two outputs differ (a length difference counts), or None."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def record_divergences(out: Path, records: Sequence[dict[str, Any]], inputs: EvalInputs) -> None:
+    """For greedy evals: where each spec output first differs from its baseline, and the
+    target's logit margin between the two tokens there (one prefill of prompt + common prefix).
+    A margin within the decide step's tie tolerance is a numerical near-tie (bf16 kernels may
+    order two almost-equal logits differently in a 1-token and a (D+1)-token forward), not a
+    verification error. Appended to divergences.jsonl; pairs already there are skipped."""
+    assert inputs.margin is not None
+    path = out / DIVERGENCES
+    seen = {(d["condition"], d["request_id"]) for d in read_jsonl(path)}
+    by_id = {r.id: r for r in inputs.requests}
+    arms: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for r in records:
+        arms.setdefault((r["condition"], r["request_id"]), {})[r["arm"]] = r
+    with path.open("a") as sink:
+        for (condition, rid), pair in sorted(arms.items()):
+            if (condition, rid) in seen or len(pair) < 2 or rid not in by_id:
+                continue
+            base = pair["baseline"].get("output_token_ids")
+            spec = pair["spec"].get("output_token_ids")
+            if base is None or spec is None:
+                continue
+            at = first_divergence(base, spec)
+            if at is None:
+                continue
+            if at >= min(len(base), len(spec)):  # one output stopped early: no token pair
+                entry = {"position": at, "baseline_token": None, "spec_token": None,
+                         "margin": None}
+            else:
+                prefix = inputs.encode(by_id[rid]) + list(base[:at])
+                entry = {"position": at, "baseline_token": base[at], "spec_token": spec[at],
+                         "margin": inputs.margin(prefix, base[at], spec[at])}
+            sink.write(json.dumps({"condition": condition, "request_id": rid, **entry}) + "\n")
+            sink.flush()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _digest(token_ids: list[int]) -> str:
@@ -186,10 +248,26 @@ def _digest(token_ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:16]
 
 
-def _rss_mb() -> float:
-    import psutil
+def reset_peak_rss() -> None:
+    """Start a new peak-RSS window (Linux: writing 5 to clear_refs resets VmHWM)."""
+    with contextlib.suppress(OSError):  # not Linux, or not allowed: then a lifetime peak
+        Path("/proc/self/clear_refs").write_text("5")
 
-    return psutil.Process().memory_info().rss / 2**20
+
+def peak_rss_mb() -> float:
+    """The process's peak resident set since :func:`reset_peak_rss` (VmHWM), in MiB; where
+    /proc is missing, the lifetime peak from getrusage."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes vs KiB
 
 
 def _cuda_in_use() -> bool:
@@ -209,7 +287,8 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per condition: each arm's latency distributions and speculation stats, and the
-    baseline/spec ratios of TPOT p50 and E2E p50 (> 1 means speculation is faster)."""
+    baseline/spec ratios of TPOT p50 and E2E p50 (> 1 means speculation is faster).
+    Failed requests (an endpoint error) are counted per arm, not measured."""
 
     out: dict[str, dict[str, Any]] = {}
     keys = sorted({r["condition"] for r in records})
@@ -219,9 +298,11 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             rows = [r for r in records if r["condition"] == key and r["arm"] == arm]
             if not rows:
                 continue
-            entry[arm] = _arm_summary(rows)
-            entry[arm]["categories"] = {c: _arm_summary([r for r in rows if r["category"] == c])
-                                        for c in sorted({r["category"] for r in rows})}
+            good = [r for r in rows if not failed(r)]
+            entry[arm] = _arm_summary(good)
+            entry[arm]["failed_requests"] = len(rows) - len(good)
+            entry[arm]["categories"] = {c: _arm_summary([r for r in good if r["category"] == c])
+                                        for c in sorted({r["category"] for r in good})}
         base, spec = entry.get("baseline", {}), entry.get("spec", {})
         for metric in ("tpot_ms_p50", "e2e_ms_p50"):
             if base.get(metric) and spec.get(metric):
@@ -230,23 +311,27 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def failed(record: dict[str, Any]) -> bool:
+    """A request that got no answer (an endpoint error): it has no latency to measure."""
+    return record.get("error") is not None
+
+
 def _arm_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Latency distributions, prefill/decode split, memory and speculation stats of records."""
     from trtspec.metrics import RequestTiming, SpecStats, distribution, latency_summary
 
-    timings = [RequestTiming(r["start_s"], r["token_times_s"], r["e2e_s"], r["output_tokens"])
-               for r in rows]
     stats = SpecStats.merge(_stats(r) for r in rows)
-    out = {**latency_summary(timings), **stats.summary(),
+    out = {**latency_summary([RequestTiming.from_record(r) for r in rows]), **stats.summary(),
            "acceptance_per_position": stats.acceptance_per_position}
     out |= distribution([r["prefill_s"] for r in rows if r.get("prefill_s") is not None],
                         "prefill_ms")
     out |= distribution([r["decode_s"] for r in rows if r.get("decode_s") is not None],
                         "decode_ms")
-    for key in ("rss_mb", "cuda_max_allocated_mb"):
-        values = [r[key] for r in rows if r.get(key) is not None]
+    for key, names in (("peak_rss_mb", ("peak_rss_mb", "rss_mb")),
+                       ("peak_cuda_max_allocated_mb", ("cuda_max_allocated_mb",))):
+        values = [v for r in rows for n in names if (v := r.get(n)) is not None]
         if values:
-            out[f"peak_{key}"] = max(values)
+            out[key] = max(values)
     return out
 
 
@@ -256,6 +341,7 @@ def _stats(record: dict[str, Any]):
     s = SpecStats(record["proposed_tokens"], record["accepted_draft_tokens"],
                   record["emitted_tokens"], record["verification_rounds"],
                   record["discarded_tokens"], list(record["proposed_per_position"]),
-                  list(record["accepted_per_position"]))
+                  list(record["accepted_per_position"]),
+                  rejected_rounds=record.get("rejected_rounds"))
     s.close_request()
     return s
