@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,9 @@ from conftest import free_port
 
 from trtspec.cli import main
 from trtspec.eval.run import read_records, run_eval, summarize
-from trtspec.tracking import condition_metrics, log_eval
+from trtspec.tracking import TrackingUnavailable, _origin_tags, condition_metrics, log_eval
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def toy_eval(out: Path) -> Path:
@@ -84,3 +87,157 @@ def test_metric_names_on_a_hand_built_summary() -> None:
                        "baseline/tpot_p50_ms": 60.0, "spec/al_pooled": 3.0,
                        "spec/acceptance_pos/0": 0.5, "speedup/tpot_p50": 2.0,
                        "spec/category_al/a": 3.0}
+
+
+def _parents(client, experiment_id: str, eval_id: str) -> list:
+    return client.search_runs([experiment_id],
+                              filter_string=f"tags.`trtspec.eval_id` = '{eval_id}' and "
+                                            "tags.`trtspec.level` = 'eval'")
+
+
+def _children(client, experiment_id: str, run_id: str) -> list:
+    return client.search_runs([experiment_id],
+                              filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'")
+
+
+def _edit_meta(out: Path, **changes) -> None:
+    meta = json.loads((out / "eval.json").read_text())
+    (out / "eval.json").write_text(json.dumps(meta | changes))
+
+
+def test_failed_parent_is_deleted_and_the_eval_logged_again(tmp_path: Path, mlflow_server: str,
+                                                            monkeypatch) -> None:
+    """A sync that broke inside the run leaves a FAILED parent: the next sync must not adopt
+    it (it has no conditions), but delete it and log everything again."""
+    from mlflow.tracking import MlflowClient
+
+    import trtspec.tracking as tracking
+
+    out = toy_eval(tmp_path / "toy-eval-failed")
+    real, calls = tracking.condition_metrics, []
+
+    def fail_once(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("disk hiccup")
+        return real(*args)
+
+    monkeypatch.setattr(tracking, "condition_metrics", fail_once)
+    with pytest.raises(RuntimeError, match="disk hiccup"):
+        log_eval(out, mlflow_server)
+    assert not (out / "mlflow.json").exists()
+    client = MlflowClient(tracking_uri=mlflow_server)
+    experiment_id = client.get_experiment_by_name("toy-tracking").experiment_id
+    (failed,) = _parents(client, experiment_id, "toy-eval-failed")
+    assert failed.info.status == "FAILED"
+    assert len(_children(client, experiment_id, failed.info.run_id)) == 1
+
+    receipt = log_eval(out, mlflow_server)
+    assert receipt["run_id"] != failed.info.run_id
+    assert client.get_run(receipt["run_id"]).info.status == "FINISHED"
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(receipt["conditions"]) == set(summary)
+    children = _children(client, experiment_id, receipt["run_id"])
+    assert {c.info.run_id for c in children} == set(receipt["conditions"].values())
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert [r.info.run_id for r in _parents(client, experiment_id, "toy-eval-failed")] == [
+        receipt["run_id"]]  # the failed parent is deleted …
+    assert not _children(client, experiment_id, failed.info.run_id)  # … and its nested run
+    assert json.loads((out / "mlflow.json").read_text()) == receipt
+
+
+def test_lost_receipt_adopts_the_run_with_its_conditions(tmp_path: Path,
+                                                         mlflow_server: str) -> None:
+    """The receipt rebuilt from the server names each condition's run (log_decision needs
+    them), and nothing is logged twice."""
+    from mlflow.tracking import MlflowClient
+
+    out = toy_eval(tmp_path / "toy-eval-lost")
+    first = log_eval(out, mlflow_server)
+    (out / "mlflow.json").unlink()
+    second = log_eval(out, mlflow_server)
+    assert second == first and len(first["conditions"]) == 4
+    assert json.loads((out / "mlflow.json").read_text()) == first
+    client = MlflowClient(tracking_uri=mlflow_server)
+    assert len(_parents(client, first["experiment_id"], "toy-eval-lost")) == 1
+    assert len(_children(client, first["experiment_id"], first["run_id"])) == 4
+    child = client.get_run(first["conditions"]["draft_model/D4/c2"])
+    assert child.data.tags["trtspec.condition"] == "draft_model/D4/c2"
+
+
+def test_params_are_the_recipe_with_its_overrides(tmp_path: Path, mlflow_server: str) -> None:
+    """`--set` overrides change what ran: the params show the validated recipe after them,
+    and the raw YAML only when the folder's recipe no longer validates."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    out = toy_eval(tmp_path / "toy-eval-recipe")
+    shutil.copyfile(ROOT / "recipes" / "cpu-smollm2.yaml", out / "recipe.yaml")
+    _edit_meta(out, overrides=["sampling.max_tokens=7", "methods.0.max_n=4"])
+    params = client.get_run(log_eval(out, mlflow_server)["run_id"]).data.params
+    assert params["recipe.sampling.max_tokens"] == "7"
+    assert params["recipe.methods.0.max_n"] == "4"
+    assert params["recipe.sampling.seed"] == "0"  # a default the file leaves out
+
+    old = toy_eval(tmp_path / "toy-eval-old-recipe")
+    (old / "recipe.yaml").write_text("name: old\nsampling:\n  max_tokens: 9\n")
+    params = client.get_run(log_eval(old, mlflow_server)["run_id"]).data.params
+    assert params["recipe.sampling.max_tokens"] == "9" and "recipe.sampling.seed" not in params
+
+
+def test_endpoint_eval_is_tagged_with_its_server(tmp_path: Path, mlflow_server: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    out = toy_eval(tmp_path / "toy-eval-endpoint")
+    url = "http://gpu-box:8000/v1"
+    _edit_meta(out, endpoint=url, server="vllm", model="m")
+    receipt = log_eval(out, mlflow_server)
+    client = MlflowClient(tracking_uri=mlflow_server)
+    for run_id in (receipt["run_id"], receipt["conditions"]["draft_model/D4/c2"]):
+        tags = client.get_run(run_id).data.tags
+        assert (tags["backend"], tags["gpu"], tags["endpoint"]) == ("endpoint:vllm", "remote",
+                                                                    url)
+
+
+def test_origin_tags_without_a_server() -> None:
+    assert _origin_tags({"endpoint": "http://h/v1"}, None) == {
+        "backend": "endpoint:unknown", "gpu": "remote", "endpoint": "http://h/v1"}
+    assert _origin_tags({"endpoint": "http://h/v1"}, {"backend": "torch", "gpu": None}) == {
+        "backend": "torch", "gpu": "cpu"}
+    assert _origin_tags({}, {"backend": "trtllm", "gpu": {"name": "H200"}}) == {
+        "backend": "trtllm", "gpu": "H200"}
+    assert _origin_tags({}, None) == {"backend": "toy", "gpu": "cpu"}
+
+
+@pytest.mark.parametrize("kind", ["mlflow", "connection"])
+def test_server_errors_become_tracking_unavailable(tmp_path: Path, mlflow_server: str,
+                                                   monkeypatch, kind: str) -> None:
+    """Callers (the CLI, the eval) catch one exception type with a one-line message."""
+    import requests
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    error = MlflowException("RESOURCE_EXHAUSTED: too many requests\n  details …") \
+        if kind == "mlflow" else requests.exceptions.ConnectionError("Connection reset\nmore")
+
+    def refuse(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(MlflowClient, "search_runs", refuse)
+    out = toy_eval(tmp_path / f"toy-eval-{kind}-error")
+    with pytest.raises(TrackingUnavailable) as info:
+        log_eval(out, mlflow_server)
+    message = str(info.value)
+    assert mlflow_server in message and "\n" not in message
+    assert ("too many requests" if kind == "mlflow" else "Connection reset") in message
+    assert not (out / "mlflow.json").exists()
+
+
+@pytest.mark.parametrize("missing", ["eval.json", "summary.json", "records.jsonl"])
+def test_not_an_eval_folder_is_a_value_error(tmp_path: Path, missing: str) -> None:
+    for name in ("eval.json", "summary.json", "records.jsonl"):
+        if name != missing:
+            (tmp_path / name).write_text("{}\n")
+    dead = f"http://127.0.0.1:{free_port()}"  # never asked: the folder is checked first
+    with pytest.raises(ValueError, match=f"no {missing} .*`trtspec eval` writes it"):
+        log_eval(tmp_path, dead)

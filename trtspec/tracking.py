@@ -19,12 +19,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from trtspec.files import write_atomic
+
 RECEIPT = "mlflow.json"
 DEFAULT_URI = "sqlite:///mlflow.db"
+EVAL_FILES = ("eval.json", "summary.json", "records.jsonl")
 
 
 class TrackingUnavailable(RuntimeError):
-    """The tracking server cannot be reached (the eval's files are intact)."""
+    """The tracking server cannot be reached or refused a call (the eval's files are intact)."""
 
 
 def tracking_uri(explicit: str | None = None) -> str:
@@ -44,20 +47,42 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
 
 
 def log_eval(out_dir: str | Path, uri: str | None = None) -> dict[str, Any]:
-    """Log an eval folder to MLflow (once); returns the receipt."""
+    """Log an eval folder to MLflow (once); returns the receipt.
+
+    A finished parent run found by its ``trtspec.eval_id`` tag is adopted (the receipt was
+    lost); a failed or interrupted one is deleted and the eval logged again, so a sync that
+    broke halfway never leaves a run without its conditions behind a receipt."""
+    from mlflow.exceptions import MlflowException
+
     out = Path(out_dir)
+    for name in EVAL_FILES:  # before any MLflow call: a wrong path is not a server problem
+        if not (out / name).is_file():
+            raise ValueError(f"{out} is not an eval folder: it has no {name} "
+                             "(`trtspec eval` writes it)")
     receipt_path = out / RECEIPT
     if receipt_path.is_file():
         return json.loads(receipt_path.read_text())
     uri = tracking_uri(uri)
     check_reachable(uri)
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
     meta = json.loads((out / "eval.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()
                if line.strip()]
+    try:
+        receipt = _log(out, uri, meta, summary, records)
+    except (MlflowException, OSError) as e:
+        cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise TrackingUnavailable(f"MLflow at {uri} failed: {cause}") from e
+    write_atomic(receipt_path, json.dumps(receipt, indent=2) + "\n")
+    return receipt
+
+
+def _log(out: Path, uri: str, meta: dict[str, Any], summary: dict[str, Any],
+         records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Adopt a finished parent run or log the eval anew; returns the receipt."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(meta["recipe"])
     experiment_id = experiment.experiment_id if experiment else \
@@ -66,16 +91,19 @@ def log_eval(out_dir: str | Path, uri: str | None = None) -> dict[str, Any]:
     existing = client.search_runs([experiment_id],
                                   filter_string=f"tags.`trtspec.eval_id` = '{eval_id}' and "
                                                 "tags.`trtspec.level` = 'eval'")
-    if existing:  # logged before, receipt lost: do not duplicate
-        receipt = {"uri": uri, "experiment_id": experiment_id,
-                   "run_id": existing[0].info.run_id, "conditions": {}}
-        receipt_path.write_text(json.dumps(receipt, indent=2) + "\n")
-        return receipt
+    for run in existing:  # FAILED, KILLED or RUNNING: a sync that broke halfway
+        if run.info.status != "FINISHED":
+            for child in _children(client, experiment_id, run.info.run_id):
+                client.delete_run(child.info.run_id)
+            client.delete_run(run.info.run_id)
+    finished = [run for run in existing if run.info.status == "FINISHED"]
+    if finished:  # logged before, receipt lost: do not duplicate
+        run_id = finished[0].info.run_id
+        return {"uri": uri, "experiment_id": experiment_id, "run_id": run_id,
+                "conditions": _condition_map(client, experiment_id, run_id)}
 
-    manifest = _read_json(out / "manifest.json")
     tags = {"trtspec.eval_id": eval_id, "trtspec.level": "eval", "git_sha": _git_sha(),
-            "backend": (manifest or {}).get("backend", "toy"),
-            "gpu": ((manifest or {}).get("gpu") or {}).get("name", "cpu")}
+            **_origin_tags(meta, _read_json(out / "manifest.json"))}
     mlflow.set_tracking_uri(uri)
     conditions: dict[str, str] = {}
     with mlflow.start_run(experiment_id=experiment_id, run_name=eval_id, tags=tags) as parent:
@@ -83,7 +111,7 @@ def log_eval(out_dir: str | Path, uri: str | None = None) -> dict[str, Any]:
                   "manifest_digest": _digest(out / "manifest.json"),
                   "workloads": ",".join(meta.get("workloads", [])),
                   "requests": meta.get("requests", 0)}
-        params |= _flatten(_read_yaml(out / "recipe.yaml") or {}, "recipe")
+        params |= _flatten(_recipe_data(out), "recipe")
         mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
         for name in ("records.jsonl", "summary.json", "eval.json", "recipe.yaml",
                      "manifest.json"):
@@ -91,16 +119,57 @@ def log_eval(out_dir: str | Path, uri: str | None = None) -> dict[str, Any]:
                 mlflow.log_artifact(str(out / name))
         for key, entry in summary.items():
             method, d, c = key.split("/")
-            run_tags = {**tags, "trtspec.level": "condition", "method": method}
+            run_tags = {**tags, "trtspec.level": "condition", "trtspec.condition": key,
+                        "method": method}
             with mlflow.start_run(run_name=key, nested=True, experiment_id=experiment_id,
                                   tags=run_tags) as child:
                 mlflow.log_params({"method": method, "draft_len": d[1:], "concurrency": c[1:]})
                 mlflow.log_metrics(condition_metrics(entry, records, key))
                 conditions[key] = child.info.run_id
-    receipt = {"uri": uri, "experiment_id": experiment_id, "run_id": parent.info.run_id,
-               "conditions": conditions}
-    receipt_path.write_text(json.dumps(receipt, indent=2) + "\n")
-    return receipt
+    return {"uri": uri, "experiment_id": experiment_id, "run_id": parent.info.run_id,
+            "conditions": conditions}
+
+
+def _children(client: Any, experiment_id: str, run_id: str) -> list[Any]:
+    return client.search_runs([experiment_id],
+                              filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'")
+
+
+def _condition_map(client: Any, experiment_id: str, run_id: str) -> dict[str, str]:
+    """condition key → nested run id, so log_decision can tag each condition's run."""
+    return {(r.data.tags.get("trtspec.condition") or r.data.tags.get("mlflow.runName")
+             or r.info.run_name): r.info.run_id
+            for r in _children(client, experiment_id, run_id)}
+
+
+def _origin_tags(meta: dict[str, Any], manifest: dict[str, Any] | None) -> dict[str, str]:
+    """Where the numbers came from: the in-process build's backend and GPU, or the endpoint's
+    server (on a machine trtspec cannot see); "toy"/"cpu" only for folders with neither."""
+    if manifest is not None:
+        return {"backend": manifest.get("backend") or "toy",
+                "gpu": (manifest.get("gpu") or {}).get("name") or "cpu"}
+    if meta.get("endpoint"):
+        return {"backend": f"endpoint:{meta.get('server') or 'unknown'}", "gpu": "remote",
+                "endpoint": str(meta["endpoint"])}
+    return {"backend": "toy", "gpu": "cpu"}
+
+
+def _recipe_data(out: Path) -> dict[str, Any]:
+    """The recipe the eval ran (recipe.yaml with eval.json's --set overrides, validated); the
+    raw YAML when it does not validate (an older schema), nothing when there is none."""
+    import yaml
+
+    from trtspec.eval import eval_recipe
+
+    try:
+        return eval_recipe(out).model_dump(mode="json")
+    except ValueError:  # RecipeError and pydantic's ValidationError
+        pass
+    try:
+        data = _read_yaml(out / "recipe.yaml")
+    except yaml.YAMLError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def log_decision(out_dir: str | Path, receipt: dict[str, Any]) -> None:
