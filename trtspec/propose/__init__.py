@@ -78,7 +78,8 @@ def make_proposer(method: str, target: Any = None, *, draft_len: int = 4,
 
                 check_vocab(target.tokenizer, draft.tokenizer)
                 vocab = target.model.get_output_embeddings().weight.shape[0]
-                return DraftModelProposer(HFRunner(draft.model), target_vocab=vocab)
+                return DraftModelProposer(HFRunner(draft.model), target_vocab=vocab,
+                                          fallback_id=draft.tokenizer.unk_token_id)
             return DraftModelProposer(draft)
         case _:
             raise ValueError(f"unknown method '{method}': use none, draft_model, layer_skip "

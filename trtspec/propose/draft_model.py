@@ -20,14 +20,21 @@ class DraftModelProposer:
     ``observe`` rolls the cache back to the committed prefix plus the accepted drafts.
     """
 
-    def __init__(self, runner: Runner, target_vocab: int | None = None) -> None:
+    def __init__(self, runner: Runner, target_vocab: int | None = None,
+                 fallback_id: int | None = None) -> None:
         self.runner = runner
         self.target_vocab = target_vocab or runner.vocab_size  # q is over the target's ids
+        # Committed tokens come from the target and may hold ids the draft lacks (a prefix
+        # vocabulary): they would index past its embedding table, so the draft reads them as
+        # ``fallback_id`` (its tokenizer's unk, else 0). Only its input changes: q is still
+        # what the draft computes, over the target's ids, so the sampling stays exact.
+        self.input_vocab = runner.vocab_size
+        self.fallback_id = fallback_id or 0
         self._valid: list[int] = []  # per row: leading cache tokens that are committed
         self._after_propose: list[tuple[int, int]] = []  # per row: (committed len, cache len)
 
     def start(self, prompts: Sequence[Sequence[int]]) -> None:
-        self.runner.prefill(prompts)
+        self.runner.prefill([self._inputs(p) for p in prompts])
         self._valid = [len(p) for p in prompts]
         self._after_propose = []
 
@@ -36,8 +43,8 @@ class DraftModelProposer:
         batch, steps = len(tokens), max(draft_len, default=0)
         if steps == 0:
             return Draft.empty(batch)
-        feed = [list(t[v:]) if n else [] for t, v, n in zip(tokens, self._valid, draft_len,
-                                                             strict=True)]
+        feed = [self._inputs(t[v:]) if n else [] for t, v, n in zip(tokens, self._valid,
+                                                                    draft_len, strict=True)]
         ids, probs = [], []
         for step in range(steps):
             logits = _fit(self.runner.score(feed, last_only=True)[:, 0], self.target_vocab)
@@ -51,6 +58,9 @@ class DraftModelProposer:
                                for t, n, v in zip(tokens, draft_len, self._valid, strict=True)]
         return Draft(torch.tensor(ids, dtype=torch.long).T.contiguous(),
                      torch.as_tensor(list(draft_len), dtype=torch.long), torch.stack(probs, 1))
+
+    def _inputs(self, ids: Sequence[int]) -> list[int]:
+        return [t if t < self.input_vocab else self.fallback_id for t in ids]
 
     def observe(self, num_accepted: Sequence[int]) -> None:
         if not self._after_propose:
