@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.executor import SpecExecutor
+from trtspec.files import write_atomic
 from trtspec.metrics import chi_square_gof
 from trtspec.sampling import SamplingParams, rows_to_probs
 
@@ -177,7 +178,7 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
                          f"is {manifest.backend}")
     d = draft_len or 1  # x₁ depends only on the first draft position: D = 1 is the cheapest
     params = audit_params(recipe.sampling.params(), temperature)
-    models = _loaded_models(manifest)
+    models = _loaded_models(manifest, recipe)
     make = _executor_factory(recipe, manifest, models)
     texts = list(prompts) or list(PROMPTS)
     ids = [encode(models().tokenizer, t, chat=False) for t in texts]
@@ -197,7 +198,7 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
               "sampling": params.model_dump(mode="json"),
               "methods": {r.method: {**asdict(r), "p_value": r.p_value} for r in results}}
     target_dir.mkdir(parents=True, exist_ok=True)
-    (target_dir / AUDIT).write_text(json.dumps(report, indent=2) + "\n")
+    write_atomic(target_dir / AUDIT, json.dumps(report, indent=2) + "\n")
     return target_dir, report
 
 

@@ -53,7 +53,10 @@ class Artifact(Strict):
 class Manifest(Strict):
     schema_version: Literal[1] = 1
     recipe: str
-    recipe_digest: str
+    recipe_digest: str  # the whole recipe that built it (provenance)
+    build_digest: str | None = None  # Recipe.build_digest(): what the artefacts depend on
+    build_inputs: dict[str, Any] = Field(default_factory=dict)  # to name what changed
+    methods: dict[str, str] = Field(default_factory=dict)  # method → Recipe.method_digests()
     backend: Literal["torch", "trtllm"]
     workflow: Literal["engine", "pytorch"] | None = None
     created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
@@ -113,7 +116,7 @@ def check_gpu(manifest: Manifest, gpus: list[DetectedGpu], path: str | Path = ""
 def open_built(recipe: Any, recipe_path: str | Path, engines_root: str | Path = "engines"
                ) -> tuple[Manifest, Path]:
     """The manifest ``trtspec build`` wrote for this recipe on this machine, checked: same GPU
-    class and the recipe unchanged since."""
+    class, and built for what this recipe needs (see :func:`check_covers`)."""
     from trtspec.gpu import detect, profile
 
     gpus = detect()
@@ -122,10 +125,40 @@ def open_built(recipe: Any, recipe_path: str | Path, engines_root: str | Path = 
     path = Path(engines_root) / recipe.name / slug / MANIFEST
     manifest = load_manifest(path)
     check_gpu(manifest, gpus, path)
-    if manifest.recipe_digest != recipe.digest():
-        raise ManifestError(f"{recipe_path}: the recipe changed since {path} was built: run "
-                            "`trtspec build` again (or pass the same --set overrides)")
+    problem = check_covers(manifest, recipe)
+    if problem:
+        raise ManifestError(f"{recipe_path}: {path} {problem}: run `trtspec build` with this "
+                            "recipe and its --set overrides")
     return manifest, path
+
+
+def check_covers(manifest: Manifest, recipe: Any) -> str | None:
+    """None when the build serves this recipe: the same build inputs (target, dtype, backend,
+    device, GPU, and for engines limits and draft lengths), and every method of the recipe
+    built with the same settings (a subset of the built methods is fine); else what differs."""
+    if manifest.build_digest is None:
+        return "was written by an older trtspec (no build digest)"
+    if manifest.build_digest != recipe.build_digest():
+        changed = _changed(manifest.build_inputs, recipe.build_inputs())
+        return f"was built for other settings ({'; '.join(changed) or 'build inputs'})"
+    for method, digest in recipe.method_digests().items():
+        if method not in manifest.methods:
+            return (f"has no {method} (built: {', '.join(manifest.methods) or 'no method'})")
+        if manifest.methods[method] != digest:
+            return f"was built with other {method} settings"
+    return None
+
+
+def _changed(built: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:
+    """'key.path: built → wanted' for every leaf that differs."""
+    out = []
+    for key in sorted(set(built) | set(wanted)):
+        a, b = built.get(key), wanted.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _changed(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: built {a}, recipe {b}")
+    return out
 
 
 def versions() -> dict[str, str | None]:

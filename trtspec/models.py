@@ -60,6 +60,8 @@ def resolve(spec: str, convert: bool = True) -> Path:
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"{path} is a directory without config.json: not a HF model")
         return path
+    if not path.exists() and (path.is_absolute() or spec.startswith((".", "~"))):
+        raise ModelNotFound(f"{path}: no such model directory or file")
     if path.exists() or spec.count("/") != 1:
         raise ModelNotFound(f"model '{spec}' is not a built-in ({', '.join(BUILTIN)}), "
                             "a .gguf file, a local HF directory or an org/name hub id")
@@ -116,6 +118,39 @@ def gguf_to_hf(gguf: Path, convert: bool = True) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def check_spec(spec: str) -> None:
+    """Raise ModelNotFound unless the spec resolves on this machine (a built-in or GGUF file
+    that is not converted yet is fine: building converts it)."""
+    try:
+        resolve(spec, convert=False)
+    except ModelNotFound as e:
+        if "is not converted yet" not in str(e):
+            raise
+
+
+def check_device(device: str) -> None:
+    """Raise ValueError unless ``device`` is a torch device this machine has."""
+    if device in ("auto", "cpu"):
+        return
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"'{device}' is not a torch device: use auto, cpu, cuda or cuda:N"
+                         ) from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"{device}, but this machine has no CUDA GPU that torch can use: "
+                             "use auto or cpu")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"{device}, but this machine has {count} CUDA device(s) "
+                             f"(cuda:0 … cuda:{count - 1})")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{device}, but MPS is not available here: use auto or cpu")
+    elif dev.type not in ("cuda", "mps"):
+        raise ValueError(f"'{device}' is not supported: use auto, cpu, cuda or cuda:N")
 
 
 def pick_device(device: str = "auto") -> torch.device:

@@ -182,6 +182,12 @@ class Recipe(Strict):
                 if m.method in ("medusa", "eagle"):
                     raise ValueError(f"method {m.method} needs TensorRT-LLM: use backend.kind: "
                                      "trtllm")
+            fp8 = ["target.dtype"] * (t.dtype == "fp8") + [
+                f"methods.{i}.dtype" for i, m in enumerate(self.methods)
+                if getattr(m, "dtype", None) == "fp8"]
+            if fp8:
+                raise ValueError(f"{fp8[0]}: fp8 needs TensorRT-LLM (backend.kind: trtllm); the "
+                                 "torch backend runs auto, float32, bfloat16 or float16")
         else:
             for m in self.methods:
                 if m.method == "layer_skip":
@@ -202,9 +208,34 @@ class Recipe(Strict):
         return self
 
     def digest(self) -> str:
-        """sha256 of the canonical JSON of this recipe (after overrides and defaults)."""
-        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()
+        """sha256 of the canonical JSON of this recipe (after overrides and defaults): the
+        eval's provenance. What a build depends on is :meth:`build_inputs`."""
+        return _sha256(self.model_dump(mode="json"))
+
+    def build_inputs(self) -> dict[str, Any]:
+        """What the built artefacts depend on, apart from the methods (see method_digests):
+        the target and its dtype, the backend (and its device), the GPU, and for TensorRT-LLM
+        the limits and draft lengths compiled into engines. Sampling, eval and decide settings
+        are not here: editing them never invalidates a build."""
+        inputs: dict[str, Any] = {"target": self.target.model_dump(mode="json"),
+                                  "backend": self.backend.model_dump(mode="json"),
+                                  "gpu": self.gpu.model_dump(mode="json")}
+        if self.backend.kind == "trtllm":
+            inputs["limits"] = self.limits.model_dump(mode="json")
+            inputs["draft_lengths"] = self.draft_lengths
+        return inputs
+
+    def build_digest(self) -> str:
+        return _sha256(self.build_inputs())
+
+    def method_digests(self) -> dict[str, str]:
+        """Per method, a digest of its settings: a build covers a set of methods, and an eval
+        of a subset of them uses it."""
+        return {m.method: _sha256(m.model_dump(mode="json")) for m in self.methods}
+
+
+def _sha256(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
@@ -232,19 +263,29 @@ def _apply_override(path: Path, data: dict[str, Any], item: str) -> None:
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise RecipeError(f"--set {item!r}: write it as key.path=value")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise RecipeError(f"--set {key}: the value {raw!r} is not valid YAML "
+                          f"({getattr(e, 'problem', None) or 'parse error'}): quote it, e.g. "
+                          f"--set '{key}=\"{raw}\"'") from None
     node: Any = data
     parts = key.split(".")
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
+        where = ".".join(parts[:i]) or "the recipe"
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
                 raise RecipeError(f"{path}: --set {key}: '{part}' is not an index of "
-                                  f"{'.'.join(parts[:i]) or 'the recipe'} (0..{len(node) - 1})")
+                                  f"{where} (0..{len(node) - 1})")
             index: Any = int(part)
-        else:
+        elif isinstance(node, dict):
             index = part
+        else:
+            raise RecipeError(f"{path}: --set {key}: {where} is a single value "
+                              f"({node!r}), not a mapping with keys: set {where}=… instead")
         if last:
-            node[index] = yaml.safe_load(raw)
+            node[index] = value
         else:
             if isinstance(node, dict) and index not in node:
                 node[index] = {}

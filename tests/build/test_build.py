@@ -10,11 +10,19 @@ import pytest
 
 from trtspec.build import build
 from trtspec.cli import main
-from trtspec.gpu import detect
 from trtspec.manifest import ManifestError, check_gpu, load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"
+
+
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests describe a machine without an NVIDIA GPU, whatever machine runs them (GPU
+    behaviour has its own tests in tests/gpu/)."""
+    import trtspec.gpu
+
+    monkeypatch.setattr(trtspec.gpu, "detect", lambda: [])
 
 
 def test_cpu_recipe_builds_then_is_a_no_op(tmp_path: Path, smollm2) -> None:
@@ -38,9 +46,20 @@ def test_cpu_recipe_builds_then_is_a_no_op(tmp_path: Path, smollm2) -> None:
     assert any(m.startswith("up to date") for m in messages)
     forced = build(CPU_RECIPE, engines_root=tmp_path, force=True, say=lambda _: None)
     assert not forced.up_to_date and forced.manifest.created != created
-    changed = build(CPU_RECIPE, ["limits.max_batch_size=2"], engines_root=tmp_path,
-                    say=lambda _: None)
-    assert not changed.up_to_date  # another recipe digest rebuilds
+    # what the artefacts do not depend on never rebuilds: sampling, eval, decide, a subset of
+    # the methods, and (on the torch backend, which compiles nothing) limits and draft lengths
+    for edit in (["sampling.temperature=0.7", "eval.per_category=3", "decide.min_speedup=1.2"],
+                 ["methods=[{method: ngram, min_n: 1, max_n: 3}]", "draft_lengths=[3]"],
+                 ["limits.max_batch_size=2"]):
+        assert build(CPU_RECIPE, edit, engines_root=tmp_path, say=lambda _: None).up_to_date
+    messages.clear()
+    changed = build(CPU_RECIPE, ["target.dtype=bfloat16"], engines_root=tmp_path,
+                    say=messages.append)
+    assert not changed.up_to_date
+    assert f"replacing {path}: it was built for other settings (target.dtype: built float32, " \
+        "recipe bfloat16)" in messages
+    assert not build(CPU_RECIPE, ["methods.1.layers=20"], engines_root=tmp_path,
+                     say=lambda _: None).up_to_date  # a method's own settings
 
 
 def test_manifest_edited_to_another_compute_capability_is_refused(tmp_path: Path,
@@ -53,7 +72,7 @@ def test_manifest_edited_to_another_compute_capability_is_refused(tmp_path: Path
     path.write_text(json.dumps(data))
     manifest = load_manifest(path)
     with pytest.raises(ManifestError) as err:
-        check_gpu(manifest, detect(), path)
+        check_gpu(manifest, [], path)  # a machine without an NVIDIA GPU
     assert str(err.value) == (
         f"{path}: built for H200 (compute capability 9.0), but this machine has no NVIDIA GPU: "
         "run it on that GPU or rebuild for this machine")
@@ -68,6 +87,10 @@ def test_corrupt_manifest_is_one_line(tmp_path: Path) -> None:
 
 
 def test_engine_build_refuses_without_tensorrt_llm(tmp_path: Path, capsys) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt_llm") is not None:
+        pytest.skip("tensorrt_llm is installed here")
     with pytest.raises(SystemExit) as exit_info:
         main(["build", str(ROOT / "recipes" / "h200-llama31-8b-draft1b.yaml"),
               "--engines", str(tmp_path)])

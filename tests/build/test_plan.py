@@ -61,6 +61,15 @@ def test_every_emitted_trtllm_flag_is_a_1_2_flag(path: Path) -> None:
             assert argv[argv.index("--speculative_decoding_mode") + 1] in MODES
 
 
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests describe a machine without an NVIDIA GPU, whatever machine runs them (GPU
+    behaviour has its own tests in tests/gpu/)."""
+    import trtspec.gpu
+
+    monkeypatch.setattr(trtspec.gpu, "detect", lambda: [])
+
+
 def test_draft_target_engines_have_the_right_flags() -> None:
     plan = plan_for(ROOT / "recipes" / "h200-llama31-8b-draft1b.yaml")
     steps = {s.name: s.argv for s in plan.steps}

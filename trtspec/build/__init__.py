@@ -13,7 +13,7 @@ from pathlib import Path
 from trtspec import gpu as gpus
 from trtspec.build.plan import Plan, make_plan
 from trtspec.manifest import MANIFEST, Artifact, GpuInfo, Manifest, ManifestError, versions
-from trtspec.recipe import Recipe, RecipeError, load_recipe
+from trtspec.recipe import DraftModel, Recipe, RecipeError, load_recipe
 
 
 @dataclass
@@ -30,6 +30,8 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
     recipe = load_recipe(recipe_path, overrides)
     detected = gpus.detect()
     profile = _target_gpu(recipe, gpu, detected, recipe_path)
+    if recipe.backend.kind == "torch":
+        _check_torch_inputs(recipe, recipe_path)
     d0, derivation = _d0(recipe)
     if recipe.draft_lengths == "auto":
         if d0 is None:
@@ -51,10 +53,12 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
 
     existing = out_dir / MANIFEST
     if existing.is_file() and not force:
-        current = _current(existing, recipe)
+        current, problem = _current(existing, recipe)
         if current is not None:
-            say(f"up to date: {existing} (recipe and GPU unchanged; --force rebuilds)")
+            say(f"up to date: {existing} (what the build depends on is unchanged; --force "
+                "rebuilds)")
             return BuildResult(plan, current, existing, up_to_date=True)
+        say(f"replacing {existing}: it {problem}")
 
     commands: list[str] = []
     if recipe.backend.kind == "torch":
@@ -78,7 +82,9 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
                        driver=here.driver if here else None, count=recipe.gpu.count,
                        detected=here is not None)
     manifest = Manifest(recipe=recipe.name, recipe_digest=recipe.digest(),
-                        backend=recipe.backend.kind, workflow=plan.workflow, versions=versions(),
+                        build_digest=recipe.build_digest(), build_inputs=recipe.build_inputs(),
+                        methods=recipe.method_digests(), backend=recipe.backend.kind,
+                        workflow=plan.workflow, versions=versions(),
                         gpu=info, draft_lengths=lengths, d0=d0, d0_derivation=derivation,
                         artifacts=artifacts, commands=commands)
     path = manifest.save(out_dir)
@@ -107,6 +113,25 @@ def _target_gpu(recipe: Recipe, flag: str | None, detected: list[gpus.DetectedGp
     return None  # the torch backend on this machine's CPU
 
 
+def _check_torch_inputs(recipe: Recipe, recipe_path: str | Path) -> None:
+    """The torch backend runs here: its device must exist and its models must be on this
+    machine (a TensorRT-LLM plan may name paths of the build machine instead)."""
+    from trtspec.models import check_device, check_spec
+
+    try:
+        check_device(recipe.backend.device)
+    except ValueError as e:
+        raise RecipeError(f"{recipe_path}: backend.device: {e}") from None
+    specs = [("target.model", recipe.target.model)] + [
+        (f"methods.{i}.model", m.model) for i, m in enumerate(recipe.methods)
+        if isinstance(m, DraftModel)]
+    for key, spec in specs:
+        try:
+            check_spec(spec)
+        except ValueError as e:
+            raise RecipeError(f"{recipe_path}: {key}: {e}") from None
+
+
 def _d0(recipe: Recipe) -> tuple[int | None, str | None]:
     t = recipe.target
     heads = (t.num_attention_heads, t.num_key_value_heads or t.num_attention_heads) \
@@ -120,16 +145,19 @@ def _d0(recipe: Recipe) -> tuple[int | None, str | None]:
     return gpus.d0(*heads)
 
 
-def _current(path: Path, recipe: Recipe) -> Manifest | None:
-    """The existing manifest if it was built from this exact recipe and its artifacts exist."""
-    from trtspec.manifest import load_manifest
+def _current(path: Path, recipe: Recipe) -> tuple[Manifest | None, str]:
+    """(the existing manifest, "") if it covers this recipe (same build inputs, its methods
+    built with the same settings) and its artifacts exist; else (None, why not)."""
+    from trtspec.manifest import check_covers, load_manifest
 
     try:
         manifest = load_manifest(path)
     except ManifestError:
-        return None
-    if manifest.recipe_digest != recipe.digest():
-        return None
-    if not all(Path(a.path).exists() for a in manifest.artifacts):
-        return None
-    return manifest
+        return None, "is not a valid manifest"
+    problem = check_covers(manifest, recipe)
+    if problem is not None:
+        return None, problem
+    missing = [a.path for a in manifest.artifacts if not Path(a.path).exists()]
+    if missing:
+        return None, f"lists artifacts that are gone ({missing[0]})"
+    return manifest, ""
