@@ -233,32 +233,36 @@ def report(sections, bandwidth, nbytes, floor_ms, t_target, t_draft, c, verify_c
         + (" **--quick smoke run: numbers are not meaningful.**" if quick else ""),
         "",
         "| prompt set | method | ms/token | speedup vs HF generate | speedup vs trtspec plain "
-        "| AL (pooled) | acceptance | Leviathan ideal | cost-adjusted | outside forwards |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| AL (pooled) | acceptance rate | α | Leviathan ideal | cost-adjusted "
+        "| outside forwards |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for set_name, results in sections.items():
         hf_plain = next(r for r in results if r.method == "HF generate").ms_per_token
         ours = next(r for r in results if r.method == "trtspec plain").ms_per_token
         for r in results:
-            al = acc = ideal = adjusted = "—"
+            al = acc = alpha_text = ideal = adjusted = "—"
             if r.stats is not None and r.stats.proposed_tokens:
-                alpha = r.stats.acceptance_rate
+                alpha = r.stats.alpha  # per-token acceptance probability, not the rate
                 cost = 0.0 if "ngram" in r.method else c
-                al, acc = f"{r.stats.al_pooled:.2f}", f"{alpha:.2f}"
+                al, acc = f"{r.stats.al_pooled:.2f}", f"{r.stats.acceptance_rate:.2f}"
+                alpha_text = f"{alpha:.2f}"
                 ideal = f"{leviathan(alpha, D, cost):.2f}×"
                 adjusted = f"{leviathan(alpha, D, cost, verify_cost):.2f}×"
             outside = "—" if r.outside is None else f"{100 * r.outside / r.seconds:.1f} %"
             lines.append(f"| {set_name} | {r.method} | {r.ms_per_token:.1f} | "
                          f"{hf_plain / r.ms_per_token:.2f}× | {ours / r.ms_per_token:.2f}× | "
-                         f"{al} | {acc} | {ideal} | {adjusted} | {outside} |")
+                         f"{al} | {acc} | {alpha_text} | {ideal} | {adjusted} | {outside} |")
     plain = statistics.mean(next(r for r in rs if r.method == "trtspec plain").ms_per_token
                             for rs in sections.values())
     hf = statistics.mean(next(r for r in rs if r.method == "HF generate").ms_per_token
                          for rs in sections.values())
     lines += [
         "",
-        "Leviathan ideal = (1 − α^(D+1)) / ((1 − α)(D·c + 1)) with α the measured acceptance "
-        f"rate (i.i.d. assumption) and c = t_draft / t_target = {c:.2f} (ngram: c = 0). "
+        "Leviathan ideal = (1 − α^(D+1)) / ((1 − α)(D·c + 1)) with α the per-token acceptance "
+        "probability, estimated as accepted / (accepted + rejected rounds) (the i.i.d. "
+        "maximum-likelihood estimate; the acceptance rate accepted / proposed is not α) and "
+        f"c = t_draft / t_target = {c:.2f} (ngram: c = 0). "
         f"Cost-adjusted charges verification its measured t({D + 1})/t(1) = {verify_cost:.2f} "
         "target steps instead of 1. \"Outside forwards\" is the share of wall time trtspec "
         "spends outside model forward calls (proposing, sampling, verification, bookkeeping).",

@@ -278,3 +278,14 @@ def test_decide_command_writes_report_and_exits_as_a_ci_gate(tmp_path, capsys) -
         (tmp_path / "audited" / "report.md").read_text()
     assert "Not run: `trtspec audit" in (tmp_path / "unaudited" / "report.md").read_text()
     assert "ngram/D4/c1" in capsys.readouterr().out
+
+
+def test_report_throughput_is_tokens_over_wall_time() -> None:
+    from trtspec.report import throughput
+
+    rows = [record("ngram/D4/c1", "spec", "a", 0.01, n=11) | {"start_s": 100.0},  # e2e 0.15
+            record("ngram/D4/c1", "spec", "b", 0.01, n=21) | {"start_s": 200.0},  # e2e 0.25
+            record("ngram/D4/c1", "spec", "c", 0.01, n=5) | {"start_s": 300.0, "error": "x"}]
+    t = throughput(rows)["ngram/D4/c1"]["spec"]
+    assert t["requests"] == 2 and t["output_tokens"] == 32
+    assert t["wall_s"] == pytest.approx(0.40) and t["tokens_per_s"] == pytest.approx(80.0)

@@ -48,6 +48,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                 and r.get("error") is None for r in records):
             models[key] = cost_model(records, key, recipe.sampling.seed)
     decision = {"criteria": recipe.decide.model_dump(), "greedy": greedy,
+                "throughput": throughput(records),
                 "verdicts": [asdict(v) for v in verdicts], "apply_where": apply_where(verdicts),
                 "cost_model": models, "audit": audit,
                 "audit_applies": audit_applies}
@@ -122,10 +123,38 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
                          f"{m['predicted_speedup']:.2f}× | {m['measured_speedup']:.2f}× | "
                          f"{low:.2f}–{high:.2f}× | "
                          f"{'yes' if m.get('prediction_within_ci') else 'no'} | {best} |")
+    if decision.get("throughput"):
+        lines += ["", "## Throughput", "",
+                  "Aggregate output tokens/s per arm = output tokens / wall time, where the wall "
+                  "time is the union of the arm's request intervals on the eval's clock (the "
+                  "other arm's turns and the gaps between batches are not counted).", "",
+                  "| condition | arm | requests | output tokens | wall s | tokens/s |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for key, arms in decision["throughput"].items():
+            for arm, t in arms.items():
+                lines.append(f"| {key} | {arm} | {t['requests']} | {t['output_tokens']} | "
+                             f"{t['wall_s']:.2f} | {t['tokens_per_s']:.1f} |")
     lines += ["", *_audit_section(decision)]
     lines += ["", "Speedup = baseline / speculative on the primary metric (> 1: speculation is "
               "faster), from the same requests with the same seeds.", ""]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
+
+
+def throughput(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per condition and arm: requests, output tokens, busy wall seconds and tokens/s."""
+    from trtspec.metrics import RequestTiming, busy_seconds
+
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for key in sorted({r["condition"] for r in records}):
+        for arm in ("baseline", "spec"):
+            rows = [r for r in records if r["condition"] == key and r["arm"] == arm
+                    and r.get("error") is None]
+            wall = busy_seconds([RequestTiming.from_record(r) for r in rows])
+            if rows and wall > 0:
+                tokens = sum(r["output_tokens"] for r in rows)
+                out.setdefault(key, {})[arm] = {"requests": len(rows), "output_tokens": tokens,
+                                                "wall_s": wall, "tokens_per_s": tokens / wall}
+    return out
 
 
 def summary_lines(verdicts: list[Verdict], decision: dict[str, Any], threshold: float

@@ -9,15 +9,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from trtspec.eval.endpoint import counter_delta, run_endpoint_eval, scrape
+from trtspec.eval.endpoint import counter_delta, counter_rates, run_endpoint_eval, scrape
 from trtspec.eval.run import read_records, summarize
 from trtspec.eval.workloads import WorkloadRequest
 from trtspec.sampling import SamplingParams
 
 
-def serve(speculative: bool):
+def serve(speculative: bool, fail: set[str] = frozenset()):
     """Streams max_tokens words; a speculative server sends them in bursts of 3 per chunk and
-    counts drafts like vLLM (2 of 3 drafts accepted per round)."""
+    counts drafts like vLLM (2 of 3 drafts accepted per round). A prompt in ``fail`` gets a
+    500 error."""
     counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
     seen: list[dict] = []
 
@@ -44,7 +45,13 @@ def serve(speculative: bool):
 
         def do_POST(self) -> None:
             payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(payload)
+            seen.append(payload | {"speculative": speculative, "at": time.perf_counter()})
+            if payload["messages"][-1]["content"] in fail:
+                self.send_response(500)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"error": {"message": "engine died", "type": "server"}}')
+                return
             n = payload["max_tokens"]
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -106,7 +113,8 @@ def test_endpoint_eval_measures_both_arms_and_scrapes_counters(tmp_path, servers
     counters = json.loads((tmp_path / "server_counters.json").read_text())
     spec_counters = counters["endpoint/D0/c1/spec"]
     assert spec_counters["acceptance_rate"] == pytest.approx(2 / 3)
-    assert spec_counters["al_pooled"] == pytest.approx(1 + 2 / 1)
+    assert spec_counters["al_from_counters"] == pytest.approx(1 + 2 / 1)
+    assert summary["spec"]["al_pooled"] != summary["spec"]["al_pooled"]  # NaN: not visible
     assert "endpoint/D0/c1/baseline" not in counters  # the plain server has no /metrics
     with pytest.raises(FileExistsError):
         run_endpoint_eval(tmp_path, requests, spec_url, "m", params, [1])
@@ -118,9 +126,11 @@ def test_endpoint_eval_measures_both_arms_and_scrapes_counters(tmp_path, servers
 def test_counter_parsing_and_deltas() -> None:
     assert scrape("http://127.0.0.1:9/v1", timeout=0.5) is None
     assert counter_delta(None, {"drafts": 1}) == {}
-    d = counter_delta({"drafts": 2, "proposed_tokens": 8, "accepted_draft_tokens": 4},
-                      {"drafts": 6, "proposed_tokens": 24, "accepted_draft_tokens": 10})
-    assert d["acceptance_rate"] == pytest.approx(6 / 16) and d["al_pooled"] == pytest.approx(2.5)
+    d = counter_rates(counter_delta(
+        {"drafts": 2, "proposed_tokens": 8, "accepted_draft_tokens": 4},
+        {"drafts": 6, "proposed_tokens": 24, "accepted_draft_tokens": 10}))
+    assert d["acceptance_rate"] == pytest.approx(6 / 16)
+    assert d["al_from_counters"] == pytest.approx(2.5)
 
 
 def test_trtspec_eval_against_endpoints_from_the_cli(tmp_path, servers, capsys) -> None:
@@ -142,3 +152,51 @@ def test_trtspec_eval_against_endpoints_from_the_cli(tmp_path, servers, capsys) 
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", str(recipe), "--endpoint", spec_url, "--reports", str(tmp_path)])
     assert exit_info.value.code == 2 and "--endpoint needs --model" in capsys.readouterr().err
+
+
+def test_arms_alternate_batch_by_batch_and_top_k_reaches_the_server(tmp_path) -> None:
+    """One log of both servers' requests: batches of 2 go spec, baseline, then baseline, spec."""
+    seen: list[dict] = []
+    spec, spec_url, spec_seen = serve(True)
+    base, base_url, base_seen = serve(False)
+    try:
+        requests = [WorkloadRequest(id=f"r{i}", category="c", prompt=f"p{i}") for i in range(6)]
+        params = SamplingParams(temperature=0.7, top_k=20, max_tokens=3, seed=1)
+        run_endpoint_eval(tmp_path, requests, spec_url, "m", params, [2], baseline_url=base_url)
+    finally:
+        spec.shutdown()
+        base.shutdown()
+    seen = sorted(spec_seen + base_seen, key=lambda p: p["at"])
+    order = ["spec" if p["speculative"] else "baseline" for p in seen]
+    assert order == ["spec"] * 2 + ["baseline"] * 4 + ["spec"] * 4 + ["baseline"] * 2
+    assert all(p["top_k"] == 20 for p in seen)
+
+
+def test_a_failed_request_is_recorded_and_the_arm_goes_on(tmp_path) -> None:
+    server, url, _ = serve(True, fail={"p1"})
+    try:
+        requests = [WorkloadRequest(id=f"r{i}", category="c", prompt=f"p{i}") for i in range(3)]
+        params = SamplingParams(temperature=0.0, max_tokens=3, seed=1)
+        records = read_records(run_endpoint_eval(tmp_path, requests, url, "m", params, [1]))
+        assert len(records) == 3
+        bad = next(r for r in records if r["request_id"] == "r1")
+        assert bad["finish_reason"] == "error" and "InternalServerError" in bad["error"]
+        entry = summarize(records)["endpoint/D0/c1"]["spec"]
+        assert entry["failed_requests"] == 1 and entry["requests"] == 2
+        # resume measures the failed request again
+        again = read_records(run_endpoint_eval(tmp_path, requests, url, "m", params, [1],
+                                               resume=True))
+        assert [r["request_id"] for r in again].count("r1") == 2
+    finally:
+        server.shutdown()
+    down = f"http://127.0.0.1:{_free_port()}/v1"
+    with pytest.raises(RuntimeError, match=r"\(spec arm\) failed every request of its first "
+                                           r"batch: APIConnectionError"):
+        run_endpoint_eval(tmp_path / "down", requests, down, "m", params, [1])
+    assert len(read_records(tmp_path / "down")) == 1  # kept
+
+
+def _free_port() -> int:
+    from conftest import free_port
+
+    return free_port()

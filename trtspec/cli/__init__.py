@@ -24,8 +24,13 @@ for command in (generate.generate, measure.build, measure.eval_command, measure.
     cli.add_command(command)
 
 
+EXIT_ERROR, EXIT_BUG = 2, 3  # 0 and 1 are verdicts (all GO / not all GO), never errors
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: library errors become one red line and exit code 2, never a traceback."""
+    """Entry point: errors become one red line, never a traceback. Exit 2 for a problem with
+    the input or the environment (recipe, folder, file, server), 3 for a bug in trtspec
+    (TRTSPEC_DEBUG=1 shows its traceback); exit 1 stays reserved for verdicts."""
     try:
         cli.main(args=argv, prog_name="trtspec", standalone_mode=False)
     except click.exceptions.Abort:
@@ -34,10 +39,23 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except (ValueError, ValidationError, RuntimeError, FileExistsError) as e:
+    except (ValueError, ValidationError, RuntimeError, OSError) as e:
         if os.environ.get("TRTSPEC_DEBUG"):
             raise
-        message = str(e).splitlines()[0] if not isinstance(e, ValidationError) else (
-            "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()))
-        click.secho(f"error: {message}", fg="red", err=True)
-        sys.exit(2)
+        click.secho(f"error: {_one_line(e)}", fg="red", err=True)
+        sys.exit(EXIT_ERROR)
+    except Exception as e:
+        if os.environ.get("TRTSPEC_DEBUG"):
+            raise
+        click.secho(f"internal error: {type(e).__name__}: {_one_line(e)} (a trtspec bug; "
+                    "TRTSPEC_DEBUG=1 shows the traceback)", fg="red", err=True)
+        sys.exit(EXIT_BUG)
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+    if isinstance(e, OSError) and e.filename and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

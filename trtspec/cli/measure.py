@@ -165,13 +165,18 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool) -> None:
     """Go / no-go per condition for an eval; writes report.html, report.md and decision.json
     next to the records and logs them to the eval's MLflow run. Exit 0 when every condition is
     GO, 1 otherwise (NO-GO or INCONCLUSIVE), 2 on error: usable as a CI gate."""
-    from trtspec.eval import eval_recipe
+    from trtspec.eval import eval_recipe, require_files
     from trtspec.eval.run import read_records
+    from trtspec.recipe import RecipeError
     from trtspec.report import all_go, make_decision
 
     out = Path(eval_dir)
     recipe = eval_recipe(out)
-    verdicts, _ = make_decision(out, recipe, read_records(out))
+    records = read_records(require_files(out, "records.jsonl"))
+    if not records:
+        raise RecipeError(f"{out}/records.jsonl has no records yet: resume the eval "
+                          f"(`trtspec eval RECIPE --resume {out}`) before deciding")
+    verdicts, _ = make_decision(out, recipe, records)
     table = Table(title=f"decision {out.name}")
     for column in ("condition", "verdict", "speedup", "95 % CI", "why"):
         table.add_column(column)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from trtspec.files import write_atomic
 from trtspec.recipe import DraftModel, LayerSkip, Ngram, Recipe, RecipeError, load_recipe
 
 
@@ -32,16 +33,21 @@ def evaluate(recipe_path: str | Path, overrides: Sequence[str] = (),
         raise RecipeError(f"{recipe_path}: in-process eval runs the torch backend; the "
                           "TensorRT-LLM runtime and --endpoint evals are not built yet")
     manifest, manifest_path = open_built(recipe, recipe_path, engines_root)
+    _check_device(recipe, recipe_path)
 
+    # the torch backend bakes no draft length into its build: the recipe's list is used as is
+    lengths = recipe.draft_lengths if recipe.draft_lengths != "auto" else manifest.draft_lengths
     conditions = [Condition(m.method, d, c) for m in recipe.methods
-                  for d in manifest.draft_lengths for c in recipe.eval.concurrency]
+                  for d in lengths for c in recipe.eval.concurrency]
     out, requests = _start(recipe, recipe_path, overrides, workloads, per_category, eval_id,
                            resume, reports_root, speed_bench_dir, "",
                            {"conditions": [c.key for c in conditions]})
-    shutil.copyfile(manifest_path, out / "manifest.json")
-    models = _loaded_models(manifest)
+    if resume is None:
+        shutil.copyfile(manifest_path, out / "manifest.json")
+    models = _loaded_models(manifest, recipe)
     inputs = EvalInputs(requests, conditions, _executor_factory(recipe, manifest, models),
-                        _encoder(models), recipe.sampling.params(), recipe.eval.warmup)
+                        _encoder(models), recipe.sampling.params(), recipe.eval.warmup,
+                        margin=_margin(models))
     return _finish(out, run_eval(out, inputs, resume=resume is not None, progress=progress))
 
 
@@ -55,6 +61,16 @@ def eval_recipe(eval_dir: str | Path) -> Recipe:
     return load_recipe(out / "recipe.yaml", meta.get("overrides", []))
 
 
+def require_files(eval_dir: str | Path, *names: str) -> Path:
+    """The eval folder, after checking it holds ``names`` (one line naming what is missing)."""
+    out = Path(eval_dir)
+    missing = [n for n in names if not (out / n).is_file()]
+    if missing:
+        raise RecipeError(f"{out} is not a complete eval folder: no {', '.join(missing)} "
+                          "(`trtspec eval` writes it; pass reports/<eval-id>)")
+    return out
+
+
 def in_process(eval_dir: str | Path) -> bool:
     """An in-process eval keeps its build's manifest.json; an endpoint eval has none (and its
     sampler, running in the server, cannot be audited here)."""
@@ -65,7 +81,11 @@ def _start(recipe: Recipe, recipe_path: str | Path, overrides: Sequence[str],
            workloads: Sequence[str], per_category: int | None, eval_id: str | None,
            resume: str | Path | None, reports_root: str | Path, speed_bench_dir: str | Path,
            tag: str, extra: dict[str, Any]) -> tuple[Path, list[Any]]:
-    """The eval folder (new or resumed) with recipe.yaml and eval.json, and its requests."""
+    """The eval folder (new or resumed) with recipe.yaml and eval.json, and its requests.
+
+    A new eval never touches an existing folder: an eval id in use is refused before anything
+    is written. A resumed eval must be the same eval: the same recipe digest (after --set
+    overrides), workloads and requests, else it stops and says what differs."""
     from trtspec.eval.workloads import load_workload
 
     out = Path(resume) if resume else Path(reports_root) / (
@@ -73,20 +93,51 @@ def _start(recipe: Recipe, recipe_path: str | Path, overrides: Sequence[str],
     requests = [r for spec in (workloads or recipe.eval.workloads)
                 for r in load_workload(spec, speed_bench_dir, per_category
                                        or recipe.eval.per_category, recipe.sampling.seed)]
+    meta = {"recipe": recipe.name, "recipe_digest": recipe.digest(), "overrides": list(overrides),
+            "workloads": list(workloads or recipe.eval.workloads), "requests": len(requests),
+            "request_ids": _ids_digest(requests), **extra}
+    if resume:
+        _check_same_eval(out, meta)
+        return out, requests
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists: pass --resume {out} to continue that eval, or "
+                              "choose another --eval-id")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(recipe_path, out / "recipe.yaml")
-    (out / "eval.json").write_text(json.dumps({
-        "recipe": recipe.name, "recipe_digest": recipe.digest(), "overrides": list(overrides),
-        "workloads": list(workloads or recipe.eval.workloads), "requests": len(requests),
-        **extra}, indent=2) + "\n")
+    write_atomic(out / "eval.json", json.dumps(meta, indent=2) + "\n")
     return out, requests
+
+
+def _ids_digest(requests: Sequence[Any]) -> str:
+    import hashlib
+
+    return hashlib.sha256("\n".join(r.id for r in requests).encode()).hexdigest()[:16]
+
+
+def _check_same_eval(out: Path, meta: dict[str, Any]) -> None:
+    """Refuse to resume an eval folder with another recipe, workload or request set."""
+    path = out / "eval.json"
+    if not path.is_file():
+        raise RecipeError(f"{out} is not an eval folder (no eval.json): nothing to resume")
+    stored = json.loads(path.read_text())
+    names = {"recipe_digest": "the recipe (after --set overrides)", "workloads": "workloads",
+             "requests": "number of requests", "request_ids": "requests",
+             "endpoint": "endpoint", "baseline_endpoint": "baseline endpoint",
+             "model": "model", "conditions": "conditions"}
+    differ = [label for key, label in names.items()
+              if key in stored and stored.get(key) != meta.get(key)]
+    if differ:
+        raise RecipeError(f"--resume {out}: {', '.join(differ)} differ from that eval's "
+                          f"(it ran {stored.get('workloads')} with overrides "
+                          f"{stored.get('overrides') or 'none'}): pass the same recipe, "
+                          "--set, --workload and --per-category, or start a new eval")
 
 
 def _finish(out: Path, records: Path) -> Path:
     from trtspec.eval.run import read_records, summarize
 
-    (out / "summary.json").write_text(json.dumps(summarize(read_records(records)), indent=2)
-                                      + "\n")
+    write_atomic(out / "summary.json", json.dumps(summarize(read_records(records)), indent=2)
+                 + "\n")
     return out
 
 
@@ -98,30 +149,58 @@ def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
                       speed_bench_dir: str | Path = "data/speed-bench",
                       progress: Callable[[int, int], None] | None = None) -> Path:
     """The recipe's workloads, sampling and concurrency against OpenAI-compatible servers."""
-    from trtspec.eval.endpoint import run_endpoint_eval
+    from trtspec.eval.endpoint import detect_server, run_endpoint_eval
 
     recipe = load_recipe(recipe_path, overrides)
     out, requests = _start(recipe, recipe_path, overrides, workloads, per_category, eval_id,
                            resume, reports_root, speed_bench_dir, "-endpoint",
-                           {"endpoint": url, "baseline_endpoint": baseline_url, "model": model})
+                           {"endpoint": url, "baseline_endpoint": baseline_url, "model": model,
+                            "server": detect_server(url)})
     return _finish(out, run_endpoint_eval(out, requests, url, model, recipe.sampling.params(),
                                           recipe.eval.concurrency, baseline_url,
                                           resume is not None, progress))
 
 
-def _loaded_models(manifest: Any) -> Callable[..., Any]:
-    """Load each model once: get() is the target, get(path) another artifact."""
+def _loaded_models(manifest: Any, recipe: Recipe) -> Callable[..., Any]:
+    """Load each model once, on the recipe's device and in its dtype: get() is the target,
+    get(path) another artifact (a draft model, in its method's dtype)."""
     from trtspec.models import load
 
+    dtypes = {manifest.artifact("target").path: recipe.target.dtype}
+    for m in recipe.methods:
+        if isinstance(m, DraftModel):
+            dtypes[manifest.artifact("draft").path] = m.dtype
     cache: dict[str, Any] = {}
 
     def get(spec: str | None = None) -> Any:
         key = spec or manifest.artifact("target").path
         if key not in cache:
-            cache[key] = load(key, device="auto", dtype="auto")
+            cache[key] = load(key, device=recipe.backend.device,
+                              dtype=dtypes.get(key, recipe.target.dtype))
         return cache[key]
 
     return get
+
+
+def _check_device(recipe: Recipe, recipe_path: str | Path) -> None:
+    from trtspec.models import check_device
+
+    try:
+        check_device(recipe.backend.device)
+    except ValueError as e:
+        raise RecipeError(f"{recipe_path}: backend.device: {e}") from None
+
+
+def _margin(models: Callable[..., Any]) -> Callable[[list[int], int, int], float]:
+    """|logit a − logit b| of the target after ``prefix`` (one prefill, the runner's dtype)."""
+    from trtspec.runtime.hf import HFRunner
+
+    def margin(prefix: list[int], a: int, b: int) -> float:
+        target = models()
+        logits = HFRunner(target.model).prefill([prefix])[0]  # [V]
+        return float((logits[a] - logits[b]).abs())
+
+    return margin
 
 
 def _executor_factory(recipe: Recipe, manifest: Any, models: Callable[..., Any]):

@@ -8,7 +8,15 @@ sampling and limits). Around each arm the server's Prometheus counters are scrap
 rate and AL = 1 + Δaccepted / Δdrafts for that arm.
 
 Records have the in-process schema; chunk arrival times stand in for token times (a chunk of a
-speculative round carries several tokens), and output_tokens comes from the server's usage.
+speculative round carries several tokens), and output_tokens comes from the server's usage. The
+arms alternate batch by batch (A B, then B A) as in-process evals do. A request the server
+fails (any ``openai.APIError``) is recorded with its ``error`` and counted as failed; it does
+not stop the arm, and a resumed eval measures it again. An endpoint that fails a whole first
+batch stops the eval with one line.
+
+The records' speculation counters stay 0: the server's sampler is not visible per request.
+What the counters say is in ``server_counters.json`` as ``al_from_counters`` (vLLM's
+1 + Δaccepted / Δdrafts over the arm), which is not the in-process AL (emitted / rounds).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Any
 
 from trtspec.eval.run import RECORDS, done_keys, request_seed
 from trtspec.eval.workloads import WorkloadRequest
+from trtspec.files import write_atomic
 from trtspec.sampling import SamplingParams
 
 COUNTERS = {  # Prometheus name (without _total) → our name
@@ -60,64 +69,93 @@ def counter_delta(before: dict[str, float] | None, after: dict[str, float] | Non
                   ) -> dict[str, float]:
     if not before or not after:
         return {}
-    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    if d.get("proposed_tokens"):
-        d["acceptance_rate"] = d.get("accepted_draft_tokens", 0.0) / d["proposed_tokens"]
-    if d.get("drafts"):
-        d["al_pooled"] = 1 + d.get("accepted_draft_tokens", 0.0) / d["drafts"]
-    return d
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+
+
+def counter_rates(delta: dict[str, float]) -> dict[str, float]:
+    """The counters' acceptance rate and their AL, labelled as what they are."""
+    out = dict(delta)
+    if delta.get("proposed_tokens"):
+        out["acceptance_rate"] = delta.get("accepted_draft_tokens", 0.0) / delta["proposed_tokens"]
+    if delta.get("drafts"):
+        out["al_from_counters"] = 1 + delta.get("accepted_draft_tokens", 0.0) / delta["drafts"]
+    return out
+
+
+def detect_server(base_url: str, timeout: float = 5.0) -> str:
+    """Which server answers (vllm, trtllm, sglang, trtspec …) from /v1/models' owned_by, for
+    the MLflow backend tag; "unknown" when it does not say."""
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/models", timeout=timeout) as r:
+            owner = str(json.loads(r.read())["data"][0].get("owned_by", ""))
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return "unknown"
+    for name, hint in (("trtllm", "tensorrt"), ("vllm", "vllm"), ("sglang", "sglang"),
+                       ("trtspec", "trtspec")):
+        if hint in owner.lower():
+            return name
+    return owner or "unknown"
 
 
 async def _one(client: Any, model: str, request: WorkloadRequest, params: SamplingParams
                ) -> dict[str, Any]:
+    import openai
+
     messages = request.chat()
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
+    started = time.time()  # the eval's clock, shared by both arms
     start = time.perf_counter()
     times: list[float] = []
     text, usage, finish = [], None, None
-    stream = await client.chat.completions.create(
-        model=model, messages=messages, stream=True, stream_options={"include_usage": True},
-        max_tokens=request.max_tokens or params.max_tokens, temperature=params.temperature,
-        top_p=params.top_p, seed=params.seed)
-    async for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            if choice.delta and choice.delta.content:
-                times.append(time.perf_counter() - start)
-                text.append(choice.delta.content)
-            finish = choice.finish_reason or finish
+    try:
+        stream = await client.chat.completions.create(
+            model=model, messages=messages, stream=True, stream_options={"include_usage": True},
+            max_tokens=request.max_tokens or params.max_tokens, temperature=params.temperature,
+            top_p=params.top_p, seed=params.seed,
+            extra_body={"top_k": params.top_k} if params.top_k else None)
+        async for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                if choice.delta and choice.delta.content:
+                    times.append(time.perf_counter() - start)
+                    text.append(choice.delta.content)
+                finish = choice.finish_reason or finish
+    except openai.APIError as e:
+        reason = str(e).splitlines()[0] if str(e) else ""
+        return {"error": f"{type(e).__name__}: {reason}"[:300], "start_s": started,
+                "token_times_s": [], "output_tokens": 0, "e2e_s": time.perf_counter() - start,
+                "output_digest": None, "ttft_s": None, "finish_reason": "error",
+                "prompt_tokens": None, "text_chars": 0}
     end = time.perf_counter() - start
     out_tokens = usage.completion_tokens if usage is not None else len(times)
     digest = hashlib.sha256("".join(text).encode()).hexdigest()[:16]
-    return {"token_times_s": times, "output_tokens": out_tokens, "e2e_s": end,
-            "output_digest": digest,
+    return {"start_s": started, "token_times_s": times, "output_tokens": out_tokens,
+            "e2e_s": end, "output_digest": digest,
             "ttft_s": times[0] if times else None, "finish_reason": finish or "stop",
             "prompt_tokens": usage.prompt_tokens if usage is not None else None,
             "text_chars": len("".join(text))}
 
 
-async def _arm(url: str, model: str, requests: Sequence[WorkloadRequest],
-               sampling: SamplingParams, concurrency: int, key: str, arm: str,
-               sink: Any, done: set[tuple[str, str, str]], on_record: Callable[[], None]
-               ) -> None:
+async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
+                 sampling: SamplingParams, key: str, arm: str, sink: Any,
+                 on_record: Callable[[], None]) -> list[dict[str, Any]]:
+    """One batch of one arm, all requests at once (the batch is the concurrency)."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
                          max_retries=0)
-    gate = asyncio.Semaphore(concurrency)
+    method, d, c = key.split("/")
 
-    async def go(r: WorkloadRequest) -> None:
+    async def go(r: WorkloadRequest) -> dict[str, Any]:
         params = sampling.model_copy(update={"seed": request_seed(sampling.seed or 0, r.id)})
-        async with gate:
-            result = await _one(client, model, r, params)
-        method, d, c = key.split("/")
+        result = await _one(client, model, r, params)
         record = {"condition": key, "method": method, "draft_len": int(d[1:] or 0),
                   "concurrency": int(c[1:]), "arm": arm, "request_id": r.id,
                   "category": r.category, "source": r.source,
                   "context_tokens": result.pop("prompt_tokens"), "seed": params.seed,
-                  "start_s": 0.0, "prefill_s": result["ttft_s"],
+                  "prefill_s": result["ttft_s"],
                   "decode_s": result["e2e_s"] - (result["ttft_s"] or 0.0),
                   "proposed_tokens": 0, "accepted_draft_tokens": 0,
                   "emitted_tokens": 0, "verification_rounds": 0, "discarded_tokens": 0,
@@ -127,27 +165,33 @@ async def _arm(url: str, model: str, requests: Sequence[WorkloadRequest],
         sink.flush()
         os.fsync(sink.fileno())
         on_record()
+        return record
 
-    await asyncio.gather(*(go(r) for r in requests if (key, arm, r.id) not in done))
-    await client.close()
+    try:
+        return list(await asyncio.gather(*(go(r) for r in batch)))
+    finally:
+        await client.close()
 
 
 def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], url: str,
                       model: str, sampling: SamplingParams, concurrency: Sequence[int],
                       baseline_url: str | None = None, resume: bool = False,
                       progress: Callable[[int, int], None] | None = None) -> Path:
-    """Records for the endpoint (``spec``) and, if given, the baseline endpoint; server
-    counters per arm go to ``server_counters.json``."""
+    """Records for the endpoint (``spec``) and, if given, the baseline endpoint, batch by
+    batch with alternating arm order; server counters per arm go to
+    ``server_counters.json``."""
+    from trtspec.eval.run import _alternate, _batches
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RECORDS
     if path.exists() and not resume:
         raise FileExistsError(f"{path} exists: pass --resume to continue that eval")
     done = done_keys(path)
-    arms = [("spec", url)] + ([("baseline", baseline_url)] if baseline_url else [])
-    total, finished = len(concurrency) * len(arms) * len(requests), [len(done)]
+    urls = {"spec": url, **({"baseline": baseline_url} if baseline_url else {})}
+    total, finished = len(concurrency) * len(urls) * len(requests), [len(done)]
     counters_path = out / "server_counters.json"
-    counters: dict[str, Any] = json.loads(counters_path.read_text()) \
+    saved: dict[str, Any] = json.loads(counters_path.read_text()) \
         if counters_path.is_file() else {}
 
     def tick() -> None:
@@ -158,12 +202,25 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
     with path.open("a") as sink:
         for c in concurrency:
             key = f"endpoint/D0/c{c}"
-            for arm, arm_url in arms:
-                before = scrape(arm_url)
-                asyncio.run(_arm(arm_url, model, requests, sampling, c, key, arm, sink, done,
-                                 tick))
-                delta = counter_delta(before, scrape(arm_url))
-                if delta:
-                    counters[f"{key}/{arm}"] = delta
-    counters_path.write_text(json.dumps(counters, indent=2) + "\n")
+            raw: dict[str, dict[str, float]] = {}
+            # an arm that never answered stops the eval after one batch (a dead endpoint)
+            answered = {arm: any((key, arm, r.id) in done for r in requests) for arm in urls}
+            for i, batch in enumerate(_batches(requests, c)):
+                for arm in _alternate(tuple(urls), i):
+                    todo = [r for r in batch if (key, arm, r.id) not in done]
+                    if not todo:
+                        continue
+                    before = scrape(urls[arm])
+                    got = asyncio.run(_batch(urls[arm], model, todo, sampling, key, arm, sink,
+                                             tick))
+                    for name, value in counter_delta(before, scrape(urls[arm])).items():
+                        raw.setdefault(arm, {})[name] = raw.get(arm, {}).get(name, 0.0) + value
+                    answered[arm] |= any(r.get("error") is None for r in got)
+                    if not answered[arm]:
+                        raise RuntimeError(f"{urls[arm]} ({arm} arm) failed every request of "
+                                           f"its first batch: {got[0]['error']}; records so "
+                                           f"far are kept in {out}")
+            for arm, delta in raw.items():
+                saved[f"{key}/{arm}"] = counter_rates(delta)
+    write_atomic(counters_path, json.dumps(saved, indent=2) + "\n")
     return path

@@ -64,7 +64,8 @@ def request_seed(base: int, request_id: str) -> int:
 
 
 def done_keys(path: Path) -> set[tuple[str, str, str]]:
-    """(condition, arm, request id) already recorded; repairs a last line torn by a kill."""
+    """(condition, arm, request id) already measured (failed requests are not); repairs a last
+    line torn by a kill."""
     if not path.is_file():
         return set()
     keys, good = set(), 0
@@ -74,7 +75,8 @@ def done_keys(path: Path) -> set[tuple[str, str, str]]:
                 rec = json.loads(raw)
             except json.JSONDecodeError:
                 break  # a torn last line: everything before it is intact
-            keys.add((rec["condition"], rec["arm"], rec["request_id"]))
+            if rec.get("error") is None:  # a failed request is measured again on resume
+                keys.add((rec["condition"], rec["arm"], rec["request_id"]))
             good += len(raw)
     if good != path.stat().st_size:
         with path.open("r+b") as f:
@@ -300,7 +302,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 continue
             good = [r for r in rows if not failed(r)]
             entry[arm] = _arm_summary(good)
-            entry[arm]["failed_requests"] = len(rows) - len(good)
+            entry[arm]["failed_requests"] = len({r["request_id"] for r in rows if failed(r)}
+                                                - {r["request_id"] for r in good})
             entry[arm]["categories"] = {c: _arm_summary([r for r in good if r["category"] == c])
                                         for c in sorted({r["category"] for r in good})}
         base, spec = entry.get("baseline", {}), entry.get("spec", {})
