@@ -21,6 +21,7 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path, monkeypatch) -
     with pytest.raises(OSError, match="disk full"):
         write_atomic(path, '{"new": 2, "much": "longer"}\n')
     assert path.read_text() == '{"old": 1}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary left
     monkeypatch.undo()
     write_atomic(path, '{"new": 2}\n')
     assert path.read_text() == '{"new": 2}\n'

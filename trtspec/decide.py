@@ -11,17 +11,22 @@ category within it:
   - TTFT and E2E regression = spec / baseline percentile − 1, with a paired-bootstrap 95 % CI.
     The percentile follows the sample: p99 from ``P99_MIN`` paired requests, p90 from
     ``P90_MIN``, the median below that (a p99 of 8 requests is their maximum). The gate fails
-    only when the CI's lower bound exceeds the limit (a demonstrated regression); a CI that
-    straddles the limit leaves the verdict standing with a caveat.
+    only when the CI's lower bound exceeds the limit (a demonstrated regression). A CI that
+    straddles the limit holds the verdict at INCONCLUSIVE when the estimate itself is over the
+    limit, and leaves it standing with a caveat when the estimate is within it.
   - greedy identity (temperature 0): a spec output that differs from its baseline fails the
-    gate unless, at the first difference, the target's logits of the two tokens are within
-    ``greedy_tie_margin`` (a numerical near-tie; counted and reported apart).
+    gate unless, at the first difference, the target's logits of the two tokens are within the
+    tie margin (a numerical near-tie; counted and reported apart); a difference whose margin
+    was never measured holds the verdict at INCONCLUSIVE.
   - the method's exactness audit (``trtspec audit``) must pass; a weak audit (few rejections
     seen) cannot support a GO.
   - on a GPU, peak memory must leave ``min_gpu_memory_headroom`` free.
-* **verdict**: GO when no gate fails and the CI's lower bound ≥ ``min_speedup``; NO-GO when a
-  gate fails or the CI's upper bound < ``min_speedup``; INCONCLUSIVE otherwise. Noise moves a
-  verdict between GO and INCONCLUSIVE or INCONCLUSIVE and NO-GO, not from GO to NO-GO.
+  - a request that failed at an endpoint and was never measured again holds the verdict at
+    INCONCLUSIVE (the failures may be the slowest requests).
+* **verdict**: NO-GO when a gate fails or the CI's upper bound < ``min_speedup``; INCONCLUSIVE
+  when something holds it (see above, a CI straddling ``min_speedup``, too few requests, no
+  audit where one is required); GO otherwise. When the arms do not differ, noise moves a
+  verdict between GO and INCONCLUSIVE, not to NO-GO (each test errs at most 2.5 % one-sided).
 
 The cost model estimates α, the per-token acceptance probability of Leviathan et al.
 (accepted / (accepted + rejected rounds), the i.i.d. maximum-likelihood estimate; not the
@@ -137,62 +142,74 @@ def judge(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
           audit: dict[str, Any] | None = None, needs_audit: bool = False,
           divergences: dict[tuple[str, str], dict[str, Any]] | None = None) -> Verdict:
     """``audit`` is audit.json (None: not run); ``needs_audit``: no GO without it;
-    ``divergences``: (condition, request id) → the eval's divergences.jsonl entry."""
+    ``divergences``: (condition, request id) → the eval's divergences.jsonl entry.
+
+    Three kinds of finding: ``fails`` (a demonstrated problem: NO-GO), ``holds`` (not shown
+    either way: INCONCLUSIVE at best) and ``caveats`` (the verdict stands; say it)."""
     matched = pairs(records, condition, category)
     metric = criteria.primary_metric
     values = [(_metric(b, metric), _metric(s, metric)) for b, s in matched]
     values = [(b, s) for b, s in values if b is not None and s is not None and s > 0]
     label = category or "all"
-    lost = sum(1 for r in records if r["condition"] == condition and r.get("error") is not None
-               and (category is None or r["category"] == category))
-    caveats = [f"{lost} request(s) failed at the endpoint and are left out"] if lost else []
+    lost = unanswered(records, condition, category)
+    holds = [f"{lost} request(s) failed at the endpoint and have no measurement (a failure "
+             "can hide the slowest requests): resume the eval to measure them"] if lost else []
     if len(values) < criteria.min_requests:
         return Verdict(condition, label, INCONCLUSIVE, float("nan"), (float("nan"),) * 2,
                        len(values), [f"{len(values)} paired requests < min_requests "
-                                     f"{criteria.min_requests}"], caveats)
+                                     f"{criteria.min_requests}", *holds])
     base, spec = (np.array(x) for x in zip(*values, strict=True))
     speedup, ci = paired_speedup(base, spec, seed=seed)
-    reasons, gate_caveats = _latency_gates(matched, criteria, seed)
-    caveats += gate_caveats
-    reasons += _memory_gate(matched, criteria)
+    fails, gate_holds, caveats = _latency_gates(matched, criteria, seed)
+    holds += gate_holds
+    fails += _memory_gate(matched, criteria)
     counts = None
     if greedy:
-        counts, why, note = _greedy_gate(matched, criteria, divergences or {})
-        reasons += why
+        counts, why, pending, note = _greedy_gate(matched, criteria, divergences or {})
+        fails += why
+        holds += pending
         caveats += note
     method = condition.split("/")[0]
     audited = (audit or {}).get("methods", {}).get(method)
     if audited and not audited["passed"]:
-        reasons.append(f"exactness audit failed (p = {audited['p_value']:.2g} < "
-                       f"{audited['threshold']:.2g}): the output distribution is not the "
-                       "target's")
+        fails.append(f"exactness audit failed (p = {audited['p_value']:.2g} < "
+                     f"{audited['threshold']:.2g}): the output distribution is not the "
+                     "target's")
     if ci[1] < criteria.min_speedup:
-        reasons.append(f"speedup CI {ci[0]:.2f}–{ci[1]:.2f}× is below "
-                       f"{criteria.min_speedup:.2f}×")
-    if reasons:
-        verdict = NO_GO
-    elif ci[0] >= criteria.min_speedup and needs_audit and not audited:
-        verdict, reasons = INCONCLUSIVE, [f"{method} has no exactness audit: run `trtspec "
-                                          "audit <eval dir>` (or set decide.require_audit: "
-                                          "false)"]
-    elif ci[0] >= criteria.min_speedup and audited and audited.get("weak"):
-        verdict, reasons = INCONCLUSIVE, [f"the exactness audit of {method} is weak (too few "
-                                          "rejections seen to test the residual): re-run "
-                                          "`trtspec audit` with more --samples or a --prompt "
-                                          "where drafts are rejected"]
-    elif ci[0] >= criteria.min_speedup:
-        verdict = GO
-    else:
-        verdict, reasons = INCONCLUSIVE, [f"speedup CI {ci[0]:.2f}–{ci[1]:.2f}× straddles "
-                                          f"{criteria.min_speedup:.2f}×: measure more requests"]
-    return Verdict(condition, label, verdict, speedup, ci, len(values), reasons, caveats,
+        fails.append(f"speedup CI {ci[0]:.2f}–{ci[1]:.2f}× is below "
+                     f"{criteria.min_speedup:.2f}×")
+    if needs_audit and not audited:
+        holds.append(f"{method} has no exactness audit: run `trtspec audit <eval dir>` (or set "
+                     "decide.require_audit: false)")
+    if audited and audited.get("weak"):
+        holds.append(f"the exactness audit of {method} is weak (too few rejections seen to test "
+                     "the residual): re-run `trtspec audit` with more --samples or a --prompt "
+                     "where drafts are rejected")
+    if ci[0] < criteria.min_speedup <= ci[1]:
+        holds.append(f"speedup CI {ci[0]:.2f}–{ci[1]:.2f}× straddles "
+                     f"{criteria.min_speedup:.2f}×: measure more requests")
+    verdict = NO_GO if fails else INCONCLUSIVE if holds else GO
+    return Verdict(condition, label, verdict, speedup, ci, len(values), fails or holds, caveats,
                    counts)
 
 
+def unanswered(records: Sequence[dict[str, Any]], condition: str,
+               category: str | None = None) -> int:
+    """Requests of a condition that failed (an endpoint error) in an arm and were not measured
+    again successfully on resume."""
+    failed, answered = set(), set()
+    for r in records:
+        if r["condition"] == condition and (category is None or r["category"] == category):
+            (failed if r.get("error") is not None else answered).add((r["arm"], r["request_id"]))
+    return len({rid for _, rid in failed - answered})
+
+
 def _latency_gates(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide,
-                   seed: int) -> tuple[list[str], list[str]]:
-    """TTFT and E2E regression gates: (failures, caveats)."""
-    reasons, caveats = [], []
+                   seed: int) -> tuple[list[str], list[str], list[str]]:
+    """TTFT and E2E regression gates: (fails, holds, caveats). A CI above the limit fails; a
+    CI that straddles it holds the verdict at INCONCLUSIVE when the estimate itself is over the
+    limit, and is a caveat when the estimate is within it."""
+    fails, holds, caveats = [], [], []
     for name, limit in (("ttft_s", criteria.max_ttft_p99_regression),
                         ("e2e_s", criteria.max_e2e_p99_regression)):
         both = [(b[name], s[name]) for b, s in matched
@@ -205,15 +222,20 @@ def _latency_gates(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteri
         point, (low, high) = paired_regression(base, spec, q, seed=seed)
         span = f"95 % CI {100 * low:+.0f} … {100 * high:+.0f} %, limit {100 * limit:.0f} %"
         if low > limit:
-            reasons.append(f"{stat} regressed {100 * point:.0f} % ({span}, {len(both)} "
-                           "requests)")
-        elif high > limit:
-            n = requests_to_resolve(len(both), point, (low, high), limit)
-            more = f"about {n} paired requests would resolve it" if n else \
-                "the estimate sits on the limit"
+            fails.append(f"{stat} regressed {100 * point:.0f} % ({span}, {len(both)} requests)")
+            continue
+        if high <= limit:
+            continue
+        n = requests_to_resolve(len(both), point, (low, high), limit)
+        more = f"about {n} paired requests would resolve it" if n else \
+            "the estimate sits on the limit"
+        if point > limit:
+            holds.append(f"{stat} regression of {100 * point:+.0f} % measured but not "
+                         f"demonstrated ({span}); {more}")
+        else:
             caveats.append(f"{stat} regression of {100 * limit:.0f} % not ruled out (measured "
                            f"{100 * point:+.0f} %, {span}); {more}")
-    return reasons, caveats
+    return fails, holds, caveats
 
 
 def _memory_gate(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide
@@ -229,28 +251,49 @@ def _memory_gate(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria:
     return []
 
 
+TIE_MARGINS = {"float32": 0.01, "float16": 0.1, "bfloat16": 0.5}  # logits, by runner dtype
+
+
+def tie_margin(criteria: Decide, dtype: str | None) -> float:
+    """The logit margin under which a greedy divergence is a numerical tie: the recipe's
+    ``greedy_tie_margin``, else one by the dtype the margin was measured in (a few ulps of a
+    logit of magnitude ~20, with room for rounding that builds up over the layers)."""
+    if criteria.greedy_tie_margin is not None:
+        return criteria.greedy_tie_margin
+    return TIE_MARGINS.get(dtype or "", TIE_MARGINS["bfloat16"])
+
+
 def _greedy_gate(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide,
                  divergences: dict[tuple[str, str], dict[str, Any]]
-                 ) -> tuple[dict[str, int], list[str], list[str]]:
-    """(counts, failures, caveats). A differing output is a numerical tie when the target's
-    logit margin between the two tokens at the first difference is ≤ greedy_tie_margin; a
-    difference without a recorded margin counts as a divergence."""
-    tol = criteria.greedy_tie_margin
+                 ) -> tuple[dict[str, int], list[str], list[str], list[str]]:
+    """(counts, fails, holds, caveats). A spec output that differs from its baseline is a
+    numerical tie when the target's logit margin between the two tokens at the first
+    difference is within the tie margin, a divergence when it is not (or when one output
+    stopped where the other went on), and unmeasured when the eval recorded no margin."""
     differ = [s for b, s in matched if b.get("output_digest") != s.get("output_digest")]
-    ties = 0
+    ties = unmeasured = 0
+    margins = set()
     for s in differ:
         d = divergences.get((s["condition"], s["request_id"]))
-        ties += bool(d and d.get("margin") is not None and d["margin"] <= tol)
-    n, diverged = len(matched), len(differ) - ties
-    counts = {"identical": n - len(differ), "ties": ties, "diverged": diverged}
-    tie_text = f"{ties} at a numerical tie (logit margin ≤ {tol:g})"
-    if diverged:
-        return counts, [f"greedy identity {100 * (n - len(differ)) / n:.1f} %: {diverged} of {n}"
-                        " spec outputs differ from the baseline beyond a numerical tie"
-                        + (f" (+{tie_text})" if ties else "")], []
-    if ties:
-        return counts, [], [f"greedy identity: {n - ties} of {n} outputs identical, {tie_text}"]
-    return counts, [], []
+        if d is None:
+            unmeasured += 1
+        elif d.get("margin") is not None and d["margin"] <= tie_margin(criteria, d.get("dtype")):
+            ties += 1
+            margins.add(tie_margin(criteria, d.get("dtype")))
+    n, diverged = len(matched), len(differ) - ties - unmeasured
+    counts = {"identical": n - len(differ), "ties": ties, "diverged": diverged,
+              "unmeasured": unmeasured}
+    tol = "/".join(f"{m:g}" for m in sorted(margins))
+    tie_text = f"{ties} at a numerical tie (logit margin ≤ {tol})"
+    fails = [f"greedy identity {100 * (n - len(differ)) / n:.1f} %: {diverged} of {n} spec "
+             "outputs differ from the baseline beyond a numerical tie"
+             + (f" (+{tie_text})" if ties else "")] if diverged else []
+    holds = [f"greedy identity: {unmeasured} of {n} spec outputs differ from the baseline "
+             "with no logit margin recorded (an endpoint eval, or an eval stopped before "
+             "measuring them: `--resume` it)"] if unmeasured else []
+    caveats = [f"greedy identity: {n - ties} of {n} outputs identical, {tie_text}"] \
+        if ties and not fails else []
+    return counts, fails, holds, caveats
 
 
 def decide(records: Sequence[dict[str, Any]], criteria: Decide, greedy: bool, seed: int = 0,
@@ -314,40 +357,59 @@ def alpha_from_al(al: float, d: int) -> float:
     return (low + high) / 2
 
 
+def expected_emitted(alpha: float, proposed_per_position: Sequence[int], rounds: int) -> float:
+    """Tokens a round emits on average with i.i.d. acceptance α and the drafts as proposed:
+    1 + Σᵢ P(a round drafts position i) · α^(i+1). With D drafts in every round this is
+    Leviathan's (1 − α^(D+1)) / (1 − α); rounds that draft less (an n-gram with no match, a
+    draft clipped by max_tokens) count as they were."""
+    return 1 + sum(n / rounds * alpha ** (i + 1) for i, n in enumerate(proposed_per_position))
+
+
 def cost_model(records: Sequence[dict[str, Any]], condition: str, seed: int = 0
-               ) -> dict[str, Any]:
+               ) -> dict[str, Any] | None:
     """α, c, and predicted vs measured TPOT speedup (with its paired 95 % CI) for one condition.
 
     α is the per-token acceptance probability (SpecStats.alpha: accepted / (accepted +
     rejected rounds)); for older records without rejected_rounds it is solved from the pooled
-    AL of the rounds, (accepted + rounds) / rounds. c comes from time per round: a spec round
-    lasts D·c + 1 baseline steps (Leviathan's model, verification ≈ one target step), so
-    c = (round / step − 1) / D.
+    AL of the rounds, (accepted + rounds) / rounds. c is the cost of one drafted token in target
+    steps, from time per round: a round with n drafts lasts 1 + n·c baseline steps, so
+    c = (round / step − 1) / D̄ with D̄ the mean drafts per round. The prediction is
+    :func:`expected_emitted` / (1 + D̄·c) (= Leviathan's formula when every round drafts D).
+    None when no pair can say.
     """
     from trtspec.metrics import SpecStats
 
     matched = pairs(records, condition)
     d = int(condition.split("/")[1][1:])
     spec = [s for _, s in matched if s["verification_rounds"]]
+    rounds = sum(s["verification_rounds"] for s in spec)
     accepted = sum(s["accepted_draft_tokens"] for s in spec)
     rejected = [s.get("rejected_rounds") for s in spec]
     if spec and None not in rejected:
         alpha = SpecStats(accepted_draft_tokens=accepted, rejected_rounds=sum(rejected)).alpha
         alpha = 0.0 if alpha != alpha else alpha  # nothing tried
     else:
-        rounds = sum(s["verification_rounds"] for s in spec)
         alpha = alpha_from_al((accepted + rounds) / rounds, d) if rounds else 0.0
     both = [(b, s, tb, ts) for b, s in matched
             if s["verification_rounds"] and (tb := tpot(b)) is not None
             and (ts := tpot(s)) is not None]
+    if not both:
+        return None  # no paired request with speculation rounds and a TPOT
+    positions: list[int] = []
+    for s in spec:
+        for i, n in enumerate(s.get("proposed_per_position") or [s["verification_rounds"]] * d):
+            positions += [0] * (i + 1 - len(positions))
+            positions[i] += n
+    mean_drafts = sum(positions) / rounds
     step = float(np.median([tb for *_, tb, _ in both]))
     round_time = float(np.median([(s["e2e_s"] - s["token_times_s"][0]) / s["verification_rounds"]
                                   for _, s, _, _ in both]))
-    c = max(0.0, (round_time / step - 1) / d) if d else 0.0
+    c = max(0.0, (round_time / step - 1) / mean_drafts) if mean_drafts else 0.0
     measured, ci = paired_speedup(np.array([tb for *_, tb, _ in both]),
                                   np.array([ts for *_, ts in both]), seed=seed)
-    predicted = leviathan(alpha, d, c)
-    return {"alpha": alpha, "c": c, "draft_len": d, "predicted_speedup": predicted,
-            "measured_speedup": measured, "measured_ci": list(ci),
-            "prediction_within_ci": bool(ci[0] <= predicted <= ci[1]),
+    predicted = expected_emitted(alpha, positions, rounds) / (1 + mean_drafts * c)
+    return {"alpha": alpha, "c": c, "draft_len": d, "mean_drafts": mean_drafts,
+            "predicted_speedup": predicted, "measured_speedup": measured,
+            "measured_ci": list(ci),  # within: up to float rounding of a degenerate CI
+            "prediction_within_ci": bool(ci[0] * (1 - 1e-6) <= predicted <= ci[1] * (1 + 1e-6)),
             "recommended_d": recommend_d(alpha, c)}

@@ -143,10 +143,12 @@ class Decide(Strict):
     max_ttft_p99_regression: float = Field(0.10, ge=0, description="TTFT tail regression limit")
     max_e2e_p99_regression: float = Field(0.10, ge=0, description="E2E tail regression limit")
     min_requests: int = Field(20, ge=1)
-    greedy_tie_margin: float = Field(
-        0.25, ge=0, description="at temperature 0, a spec output that first differs from the "
+    greedy_tie_margin: float | None = Field(
+        None, ge=0, description="at temperature 0, a spec output that first differs from the "
         "baseline where the target's two logits are within this margin is a numerical tie, "
-        "not a failure (bf16 forwards of 1 and D+1 tokens may order near-ties differently)")
+        "not a failure (bf16 forwards of 1 and D+1 tokens may order near-ties differently); "
+        "null: by the dtype the margin was measured in (float32 0.01, float16 0.1, "
+        "bfloat16 0.5)")
     require_audit: bool = Field(True, description="no GO without a passing `trtspec audit`")
     min_gpu_memory_headroom: float = Field(0.10, ge=0, lt=1,
                                            description="GPU memory that must stay free at peak")
@@ -229,9 +231,16 @@ class Recipe(Strict):
         return _sha256(self.build_inputs())
 
     def method_digests(self) -> dict[str, str]:
-        """Per method, a digest of its settings: a build covers a set of methods, and an eval
-        of a subset of them uses it."""
-        return {m.method: _sha256(m.model_dump(mode="json")) for m in self.methods}
+        """Per method, a digest of the settings its artefacts depend on: a build covers a set
+        of methods, and an eval of a subset of them uses it. TensorRT-LLM compiles every
+        setting in (engine flags, llm-api YAML); the torch backend prepares only the draft
+        checkpoint (draft_model: its model and dtype; layer_skip: the layers kept), so n-gram
+        sizes are chosen at run time."""
+        built = {"draft_model": ("method", "model", "dtype"), "layer_skip": ("method", "layers"),
+                 "ngram": ("method",)}
+        return {m.method: _sha256(m.model_dump(mode="json", include=set(built[m.method]))
+                                  if self.backend.kind == "torch" else m.model_dump(mode="json"))
+                for m in self.methods}
 
 
 def _sha256(data: Any) -> str:

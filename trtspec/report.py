@@ -46,7 +46,9 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
         if not key.split("/")[1].endswith("D0") and any(
                 r["condition"] == key and r["arm"] == "spec" and r["verification_rounds"]
                 and r.get("error") is None for r in records):
-            models[key] = cost_model(records, key, recipe.sampling.seed)
+            model = cost_model(records, key, recipe.sampling.seed)
+            if model is not None:
+                models[key] = model
     decision = {"criteria": recipe.decide.model_dump(), "greedy": greedy,
                 "throughput": throughput(records),
                 "verdicts": [asdict(v) for v in verdicts], "apply_where": apply_where(verdicts),
@@ -72,8 +74,10 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
         f"{100 * c.max_e2e_p99_regression:.0f} %, each failing only when its paired-bootstrap "
         f"95 % CI lies above the limit; the tail is p99 from {P99_MIN} paired requests, p90 "
         f"from {P90_MIN}, else the median; ≥ {c.min_requests} paired requests"
-        + (f", greedy identity 100 % except numerical ties (target logit margin ≤ "
-           f"{c.greedy_tie_margin:g} at the first difference)" if decision["greedy"] else "")
+        + (", greedy identity 100 % except numerical ties (target logit margin at the first "
+           "difference ≤ " + (f"{c.greedy_tie_margin:g}" if c.greedy_tie_margin is not None
+                              else "0.01 in float32, 0.1 in float16, 0.5 in bfloat16") + ")"
+           if decision["greedy"] else "")
         + (", exactness audit passed" if c.require_audit and decision.get("audit_applies")
            else "") + f", GPU memory headroom ≥ {100 * c.min_gpu_memory_headroom:.0f} %).",
         "",
@@ -88,6 +92,7 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
         lines += ["", "Greedy identity per condition (spec output = baseline output): "
                   + "; ".join(f"{v.condition}: {g['identical']} identical, {g['ties']} "
                               f"numerical ties, {g['diverged']} diverged"
+                              + (f", {g['unmeasured']} not measured" if g["unmeasured"] else "")
                               for v in verdicts if v.category == "all" and (g := v.greedy))
                   + "."]
     decided = [v for v in verdicts if v.category != "all" and v.speedup == v.speedup]
@@ -110,20 +115,27 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
         lines += ["", "## Cost model (Leviathan et al.)", "",
                   "α = per-token acceptance probability, accepted / (accepted + rejected "
                   "rounds) (the i.i.d. maximum-likelihood estimate; not accepted / proposed); "
-                  "c = draft step / target step derived from round times; predicted TPOT "
-                  "speedup = (1 − α^(D+1)) / ((1 − α)(D·c + 1)); measured = baseline / spec "
-                  "TPOT median with its 95 % paired-bootstrap CI. The model holds where the "
-                  "prediction falls inside that CI.", "",
-                  "| condition | α | c | predicted | measured | 95 % CI | within CI | "
-                  "recommended D |", "|---|---:|---:|---:|---:|---|---|---:|"]
+                  "c = cost of one drafted token in target steps, from round times (a round "
+                  "with n drafts lasts 1 + n·c steps); D̄ = drafts per round as proposed; "
+                  "predicted TPOT speedup = (1 + Σᵢ P(draft at i)·α^(i+1)) / (1 + D̄·c), which "
+                  "is (1 − α^(D+1)) / ((1 − α)(D·c + 1)) when every round drafts D; measured = "
+                  "baseline / spec TPOT median with its 95 % paired-bootstrap CI. The model "
+                  "holds where the prediction falls inside that CI; recommended D maximises "
+                  "Leviathan's formula at this α and c.", "",
+                  "| condition | α | c | D̄ | predicted | measured | 95 % CI | within CI | "
+                  "recommended D |", "|---|---:|---:|---:|---:|---:|---|---|---:|"]
         for key, m in decision["cost_model"].items():
             low, high = m.get("measured_ci", (float("nan"),) * 2)
             best = m["recommended_d"] or "0 (do not speculate)"
             lines.append(f"| {key} | {m['alpha']:.2f} | {m['c']:.2f} | "
+                         f"{m.get('mean_drafts', m['draft_len']):.2f} | "
                          f"{m['predicted_speedup']:.2f}× | {m['measured_speedup']:.2f}× | "
                          f"{low:.2f}–{high:.2f}× | "
                          f"{'yes' if m.get('prediction_within_ci') else 'no'} | {best} |")
-    if decision.get("throughput"):
+    if not decision.get("throughput"):
+        lines += ["", "## Throughput", "", "Not available: these records predate the eval "
+                  "clock (their start times cannot be placed on one timeline)."]
+    else:
         lines += ["", "## Throughput", "",
                   "Aggregate output tokens/s per arm = output tokens / wall time, where the wall "
                   "time is the union of the arm's request intervals on the eval's clock (the "
@@ -142,6 +154,7 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
 
 def throughput(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     """Per condition and arm: requests, output tokens, busy wall seconds and tokens/s."""
+    from trtspec.eval.run import on_eval_clock
     from trtspec.metrics import RequestTiming, busy_seconds
 
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -149,8 +162,10 @@ def throughput(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, f
         for arm in ("baseline", "spec"):
             rows = [r for r in records if r["condition"] == key and r["arm"] == arm
                     and r.get("error") is None]
+            if not on_eval_clock(rows):  # written before the eval clock: no honest figure
+                continue
             wall = busy_seconds([RequestTiming.from_record(r) for r in rows])
-            if rows and wall > 0:
+            if wall > 0:
                 tokens = sum(r["output_tokens"] for r in rows)
                 out.setdefault(key, {})[arm] = {"requests": len(rows), "output_tokens": tokens,
                                                 "wall_s": wall, "tokens_per_s": tokens / wall}
@@ -200,7 +215,7 @@ def _categories(by_category: dict[str, list[Verdict]], v: Verdict, verdict: str,
 
 
 def _what_would_change(v: Verdict, model: dict[str, Any] | None, threshold: float) -> str:
-    if v.verdict == INCONCLUSIVE and v.speedup == v.speedup:
+    if v.verdict == INCONCLUSIVE and v.ci[0] < threshold <= v.ci[1]:
         needed = requests_to_resolve(v.requests, v.speedup, v.ci, threshold)
         if needed:
             return f" About {needed} paired requests would resolve it (the CI narrows as 1/√n)."

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from trtspec.files import write_atomic
 
 RECEIPT = "mlflow.json"
+STALE_RUNNING_S = 900  # a parent still RUNNING after this was left by a killed process
 DEFAULT_URI = "sqlite:///mlflow.db"
 EVAL_FILES = ("eval.json", "summary.json", "records.jsonl")
 
@@ -91,7 +93,11 @@ def _log(out: Path, uri: str, meta: dict[str, Any], summary: dict[str, Any],
     existing = client.search_runs([experiment_id],
                                   filter_string=f"tags.`trtspec.eval_id` = '{eval_id}' and "
                                                 "tags.`trtspec.level` = 'eval'")
-    for run in existing:  # FAILED, KILLED or RUNNING: a sync that broke halfway
+    for run in existing:  # FAILED, KILLED, or RUNNING long after any logging would end
+        age = time.time() - run.info.start_time / 1000
+        if run.info.status == "RUNNING" and age < STALE_RUNNING_S:
+            raise TrackingUnavailable(f"run {run.info.run_id} of {eval_id} is being logged "
+                                      f"right now (started {age:.0f} s ago): retry later")
         if run.info.status != "FINISHED":
             for child in _children(client, experiment_id, run.info.run_id):
                 client.delete_run(child.info.run_id)
@@ -213,9 +219,9 @@ def condition_metrics(entry: dict[str, Any], records: list[dict[str, Any]], key:
                     ("_mean", "_p50", "_p90", "_p99", "_per_s")):
                 out[f"{prefix}/{_metric_name(name)}"] = float(value)
     spec = entry.get("spec", {})
-    for name in ("al_pooled", "al_request_mean", "acceptance_rate", "proposed_tokens",
+    for name in ("al_pooled", "al_request_mean", "acceptance_rate", "alpha", "proposed_tokens",
                  "accepted_draft_tokens", "emitted_tokens", "verification_rounds",
-                 "discarded_tokens"):
+                 "discarded_tokens", "rejected_rounds", "failed_requests"):
         if isinstance(spec.get(name), int | float) and spec[name] == spec[name]:  # not NaN
             out[f"spec/{name}"] = float(spec[name])
     for i, rate in enumerate(spec.get("acceptance_per_position", [])):

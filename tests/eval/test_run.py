@@ -108,7 +108,7 @@ def test_greedy_divergences_are_located_and_measured(tmp_path: Path) -> None:
         SpecExecutor(ToyRunner(other))
     inputs.sampling = inputs.sampling.model_copy(update={"temperature": 0.0})
     calls = []
-    inputs.margin = lambda prefix, a, b: calls.append((len(prefix), a, b)) or 0.125
+    inputs.margin = lambda prefix, a, b: calls.append((len(prefix), a, b)) or (0.125, "float32")
     records = read_records(run_eval(tmp_path, inputs))
     found = read_jsonl(tmp_path / DIVERGENCES)
     assert found and len(found) == len(calls)

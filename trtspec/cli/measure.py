@@ -220,7 +220,7 @@ def _print_summary(out: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     table = Table(title=f"eval {out.name}")
     for column in ("condition", "requests", "TPOT p50 base→spec ms", "speedup TPOT p50",
-                   "AL pooled", "AL per-request", "acceptance"):
+                   "AL pooled", "AL per-request", "acceptance rate", "α", "failed"):
         table.add_column(column, justify="left" if column == "condition" else "right")
     for key, entry in summary.items():
         base, spec = entry.get("baseline", {}), entry.get("spec", {})
@@ -230,7 +230,9 @@ def _print_summary(out: Path) -> None:
                       f"{entry.get('speedup_tpot_p50', float('nan')):.2f}×",
                       f"{spec.get('al_pooled', float('nan')):.2f}",
                       f"{spec.get('al_request_mean', float('nan')):.2f}",
-                      f"{spec.get('acceptance_rate', float('nan')):.2f}")
+                      f"{spec.get('acceptance_rate', float('nan')):.2f}",
+                      f"{spec.get('alpha', float('nan')):.2f}",
+                      str(spec.get("failed_requests", 0) + base.get("failed_requests", 0)))
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # logs: no truncation
     click.echo(f"records: {out / 'records.jsonl'}\nsummary: {out / 'summary.json'}")
 

@@ -44,6 +44,8 @@ def evaluate(recipe_path: str | Path, overrides: Sequence[str] = (),
                            {"conditions": [c.key for c in conditions]})
     if resume is None:
         shutil.copyfile(manifest_path, out / "manifest.json")
+    else:
+        _check_same_build(out, manifest, manifest_path)
     models = _loaded_models(manifest, recipe)
     inputs = EvalInputs(requests, conditions, _executor_factory(recipe, manifest, models),
                         _encoder(models), recipe.sampling.params(), recipe.eval.warmup,
@@ -102,7 +104,12 @@ def _start(recipe: Recipe, recipe_path: str | Path, overrides: Sequence[str],
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists: pass --resume {out} to continue that eval, or "
                               "choose another --eval-id")
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(exist_ok=out.exists())  # an empty folder is fine; a racing eval is not
+    except FileExistsError:
+        raise FileExistsError(f"{out} was just created by another eval: choose another "
+                              "--eval-id") from None
     shutil.copyfile(recipe_path, out / "recipe.yaml")
     write_atomic(out / "eval.json", json.dumps(meta, indent=2) + "\n")
     return out, requests
@@ -123,14 +130,33 @@ def _check_same_eval(out: Path, meta: dict[str, Any]) -> None:
     names = {"recipe_digest": "the recipe (after --set overrides)", "workloads": "workloads",
              "requests": "number of requests", "request_ids": "requests",
              "endpoint": "endpoint", "baseline_endpoint": "baseline endpoint",
-             "model": "model", "conditions": "conditions"}
+             "model": "model", "conditions": "conditions", "client": "endpoint client mode"}
     differ = [label for key, label in names.items()
-              if key in stored and stored.get(key) != meta.get(key)]
+              if (key in stored or key in meta) and stored.get(key) != meta.get(key)]
     if differ:
         raise RecipeError(f"--resume {out}: {', '.join(differ)} differ from that eval's "
                           f"(it ran {stored.get('workloads')} with overrides "
                           f"{stored.get('overrides') or 'none'}): pass the same recipe, "
                           "--set, --workload and --per-category, or start a new eval")
+
+
+def _check_same_build(out: Path, manifest: Any, manifest_path: Path) -> None:
+    """A resumed eval measures the models its first part measured: the same build inputs and
+    the same checkpoints (config and tokenizer digests)."""
+    from trtspec.manifest import load_manifest
+
+    if not (out / "manifest.json").is_file():
+        return
+    before = load_manifest(out / "manifest.json")
+
+    def fingerprint(m: Any) -> tuple[Any, ...]:
+        return (m.build_digest, sorted((a.name, a.config_digest, a.tokenizer_digest)
+                                       for a in m.artifacts))
+
+    if fingerprint(before) != fingerprint(manifest):
+        raise RecipeError(f"--resume {out}: {manifest_path} is not the build this eval started "
+                          f"with (built {before.created}, now {manifest.created}): its models "
+                          "may differ, so start a new eval")
 
 
 def _finish(out: Path, records: Path) -> Path:
@@ -155,7 +181,7 @@ def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
     out, requests = _start(recipe, recipe_path, overrides, workloads, per_category, eval_id,
                            resume, reports_root, speed_bench_dir, "-endpoint",
                            {"endpoint": url, "baseline_endpoint": baseline_url, "model": model,
-                            "server": detect_server(url)})
+                            "server": detect_server(url), "client": "batches"})
     return _finish(out, run_endpoint_eval(out, requests, url, model, recipe.sampling.params(),
                                           recipe.eval.concurrency, baseline_url,
                                           resume is not None, progress))
@@ -191,14 +217,15 @@ def _check_device(recipe: Recipe, recipe_path: str | Path) -> None:
         raise RecipeError(f"{recipe_path}: backend.device: {e}") from None
 
 
-def _margin(models: Callable[..., Any]) -> Callable[[list[int], int, int], float]:
-    """|logit a − logit b| of the target after ``prefix`` (one prefill, the runner's dtype)."""
+def _margin(models: Callable[..., Any]) -> Callable[[list[int], int, int], tuple[float, str]]:
+    """|logit a − logit b| of the target after ``prefix`` (one prefill) and the dtype the
+    target ran in."""
     from trtspec.runtime.hf import HFRunner
 
-    def margin(prefix: list[int], a: int, b: int) -> float:
-        target = models()
-        logits = HFRunner(target.model).prefill([prefix])[0]  # [V]
-        return float((logits[a] - logits[b]).abs())
+    def margin(prefix: list[int], a: int, b: int) -> tuple[float, str]:
+        runner = HFRunner(models().model)
+        logits = runner.prefill([prefix])[0]  # [V]
+        return float((logits[a] - logits[b]).abs()), str(runner.dtype).removeprefix("torch.")
 
     return margin
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtspec.eval.run import RECORDS, done_keys, request_seed
+from trtspec.eval.run import RECORDS, done_keys, eval_clock, request_seed
 from trtspec.eval.workloads import WorkloadRequest
 from trtspec.files import write_atomic
 from trtspec.sampling import SamplingParams
@@ -73,7 +73,7 @@ def counter_delta(before: dict[str, float] | None, after: dict[str, float] | Non
 
 
 def counter_rates(delta: dict[str, float]) -> dict[str, float]:
-    """The counters' acceptance rate and their AL, labelled as what they are."""
+    """The counters' deltas, their acceptance rate and their AL, labelled as what they are."""
     out = dict(delta)
     if delta.get("proposed_tokens"):
         out["acceptance_rate"] = delta.get("accepted_draft_tokens", 0.0) / delta["proposed_tokens"]
@@ -104,7 +104,7 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
     messages = request.chat()
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
-    started = time.time()  # the eval's clock, shared by both arms
+    started = eval_clock()  # shared by both arms and resumed runs
     start = time.perf_counter()
     times: list[float] = []
     text, usage, finish = [], None, None
@@ -191,6 +191,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
     urls = {"spec": url, **({"baseline": baseline_url} if baseline_url else {})}
     total, finished = len(concurrency) * len(urls) * len(requests), [len(done)]
     counters_path = out / "server_counters.json"
+    # raw counter deltas per condition/arm, added across batches and resumed sessions
     saved: dict[str, Any] = json.loads(counters_path.read_text()) \
         if counters_path.is_file() else {}
 
@@ -202,7 +203,6 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
     with path.open("a") as sink:
         for c in concurrency:
             key = f"endpoint/D0/c{c}"
-            raw: dict[str, dict[str, float]] = {}
             # an arm that never answered stops the eval after one batch (a dead endpoint)
             answered = {arm: any((key, arm, r.id) in done for r in requests) for arm in urls}
             for i, batch in enumerate(_batches(requests, c)):
@@ -213,14 +213,16 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
                     before = scrape(urls[arm])
                     got = asyncio.run(_batch(urls[arm], model, todo, sampling, key, arm, sink,
                                              tick))
-                    for name, value in counter_delta(before, scrape(urls[arm])).items():
-                        raw.setdefault(arm, {})[name] = raw.get(arm, {}).get(name, 0.0) + value
+                    delta = counter_delta(before, scrape(urls[arm]))
+                    if delta:
+                        raw = saved.setdefault(f"{key}/{arm}", {}).setdefault("raw", {})
+                        for name, value in delta.items():
+                            raw[name] = raw.get(name, 0.0) + value
+                        saved[f"{key}/{arm}"] |= counter_rates(raw)
+                        write_atomic(counters_path, json.dumps(saved, indent=2) + "\n")
                     answered[arm] |= any(r.get("error") is None for r in got)
                     if not answered[arm]:
                         raise RuntimeError(f"{urls[arm]} ({arm} arm) failed every request of "
                                            f"its first batch: {got[0]['error']}; records so "
                                            f"far are kept in {out}")
-            for arm, delta in raw.items():
-                saved[f"{key}/{arm}"] = counter_rates(delta)
-    write_atomic(counters_path, json.dumps(saved, indent=2) + "\n")
     return path

@@ -2,7 +2,8 @@
 
 A condition is method × D × concurrency. For each condition the two arms, ``baseline`` (plain
 decoding) and ``spec``, run the same requests with the same seeds, sampling, output limits and
-warm-up, alternating A B A B batch by batch so that drift on a shared machine hits both alike.
+warm-up, in the order A B for even batches and B A for odd ones, so that drift on a shared
+machine hits both alike.
 Context length is a property of each request (``context_tokens``), so any bucketing is a split
 of the records, not another run.
 
@@ -29,6 +30,20 @@ from trtspec.sampling import SamplingParams
 
 RECORDS = "records.jsonl"
 ARMS = ("baseline", "spec")
+_ORIGIN = (time.time(), time.perf_counter())
+
+
+def eval_clock() -> float:
+    """The eval's clock: epoch seconds, so records of a resumed run (another process) share it,
+    but advancing with perf_counter, so a step of the wall clock (NTP) cannot bend intervals
+    within a run."""
+    return _ORIGIN[0] + time.perf_counter() - _ORIGIN[1]
+
+
+def on_eval_clock(rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether records carry start times on the eval clock (records written before it have
+    ``start_s`` 0: their intervals cannot be placed, so no aggregate throughput)."""
+    return bool(rows) and all((r.get("start_s") or 0) > 0 for r in rows)
 
 
 @dataclass(frozen=True)
@@ -53,9 +68,10 @@ class EvalInputs:
     encode: Callable[[WorkloadRequest], list[int]]
     sampling: SamplingParams  # max_tokens here is the default; a request's own wins
     warmup: int = 1
-    # (prompt + common output prefix, token a, token b) → |logit a − logit b| under the target;
-    # used at temperature 0 to tell a numerical tie from a real divergence between the arms
-    margin: Callable[[list[int], int, int], float] | None = None
+    # (prompt + common output prefix, token a, token b) → (|logit a − logit b| under the
+    # target, the dtype it ran in); at temperature 0 it tells a numerical tie from a real
+    # divergence between the arms
+    margin: Callable[[list[int], int, int], tuple[float, str]] | None = None
 
 
 def request_seed(base: int, request_id: str) -> int:
@@ -63,25 +79,29 @@ def request_seed(base: int, request_id: str) -> int:
     return (base * 1_000_003 + zlib.crc32(request_id.encode())) % 2**31
 
 
-def done_keys(path: Path) -> set[tuple[str, str, str]]:
-    """(condition, arm, request id) already measured (failed requests are not); repairs a last
-    line torn by a kill."""
+def repair_jsonl(path: Path) -> None:
+    """Drop a last line torn by a kill; every line before it is intact (each was flushed and
+    fsynced whole)."""
     if not path.is_file():
-        return set()
-    keys, good = set(), 0
+        return
+    good = 0
     with path.open("rb") as f:
         for raw in f:
             try:
-                rec = json.loads(raw)
+                json.loads(raw)
             except json.JSONDecodeError:
-                break  # a torn last line: everything before it is intact
-            if rec.get("error") is None:  # a failed request is measured again on resume
-                keys.add((rec["condition"], rec["arm"], rec["request_id"]))
+                break
             good += len(raw)
     if good != path.stat().st_size:
         with path.open("r+b") as f:
             f.truncate(good)
-    return keys
+
+
+def done_keys(path: Path) -> set[tuple[str, str, str]]:
+    """(condition, arm, request id) already measured; a failed request (an endpoint error) is
+    not, so a resumed eval measures it again."""
+    return {(r["condition"], r["arm"], r["request_id"]) for r in read_jsonl(path)
+            if r.get("error") is None}
 
 
 def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
@@ -150,7 +170,7 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
         "seed": request_seed(inputs.sampling.seed or 0, r.id),
         "max_tokens": r.max_tokens or inputs.sampling.max_tokens}) for r in batch]
     arrivals: list[list[float]] = [[] for _ in batch]
-    started = time.time()  # the eval's clock (shared across arms, batches and resumed runs)
+    started = eval_clock()  # shared across arms, batches and resumed runs
     start = time.perf_counter()  # this batch's precise clock
 
     def on_step(deltas: list[Delta]) -> None:
@@ -228,18 +248,23 @@ def record_divergences(out: Path, records: Sequence[dict[str, Any]], inputs: Eva
                 continue
             if at >= min(len(base), len(spec)):  # one output stopped early: no token pair
                 entry = {"position": at, "baseline_token": None, "spec_token": None,
-                         "margin": None}
+                         "margin": None, "dtype": None}
             else:
                 prefix = inputs.encode(by_id[rid]) + list(base[:at])
+                margin, dtype = inputs.margin(prefix, base[at], spec[at])
                 entry = {"position": at, "baseline_token": base[at], "spec_token": spec[at],
-                         "margin": inputs.margin(prefix, base[at], spec[at])}
+                         "margin": margin, "dtype": dtype}
             sink.write(json.dumps({"condition": condition, "request_id": rid, **entry}) + "\n")
             sink.flush()
+            os.fsync(sink.fileno())
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The lines of a JSONL file; a last line torn by a kill is dropped (and the file
+    repaired), as for records."""
     if not path.is_file():
         return []
+    repair_jsonl(path)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -283,8 +308,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if path.is_dir():
         path = path / RECORDS
-    done_keys(path)  # repair a torn last line first
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -326,6 +350,8 @@ def _arm_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     stats = SpecStats.merge(_stats(r) for r in rows)
     out = {**latency_summary([RequestTiming.from_record(r) for r in rows]), **stats.summary(),
            "acceptance_per_position": stats.acceptance_per_position}
+    if not on_eval_clock(rows):
+        out.pop("output_tokens_per_s", None)
     out |= distribution([r["prefill_s"] for r in rows if r.get("prefill_s") is not None],
                         "prefill_ms")
     out |= distribution([r["decode_s"] for r in rows if r.get("decode_s") is not None],
