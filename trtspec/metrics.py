@@ -1,4 +1,4 @@
-"""Speculation counters and statistics, named as in DESIGN.md's vocabulary.
+"""Speculation counters and statistics, named as everywhere in trtspec (records, MLflow, reports).
 
 The four counters describe what verification did; ``discarded_tokens`` is kept apart:
 
