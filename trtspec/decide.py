@@ -28,10 +28,12 @@ category within it:
   audit where one is required); GO otherwise. When the arms do not differ, noise moves a
   verdict between GO and INCONCLUSIVE, not to NO-GO (each test errs at most 2.5 % one-sided).
 
-The cost model estimates α, the per-token acceptance probability of Leviathan et al.
-(accepted / (accepted + rejected rounds), the i.i.d. maximum-likelihood estimate; not the
-acceptance *rate* accepted / proposed), and c = draft step / target step from round times, and
-predicts (1 − α^(D+1)) / ((1 − α)(D·c + 1)) next to the measured speedup and its CI.
+The cost model (:func:`cost_model`) estimates α, the per-token acceptance probability of
+Leviathan et al. (accepted / (accepted + rejected rounds), the i.i.d. maximum-likelihood
+estimate; not the acceptance *rate* accepted / proposed), and c, the cost of one drafted token
+in target steps from round times, and predicts the speedup from the drafts as proposed (=
+(1 − α^(D+1)) / ((1 − α)(D·c + 1)) when every round drafts D) next to the measured one and its
+CI.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from trtspec.eval.run import failed, unanswered
 from trtspec.metrics import RequestTiming
 from trtspec.recipe import Decide
 
@@ -92,21 +95,28 @@ def pairs(records: Sequence[dict[str, Any]], condition: str, category: str | Non
     arms: dict[str, dict[str, dict[str, Any]]] = {"baseline": {}, "spec": {}}
     for r in records:
         if r["condition"] == condition and (category is None or r["category"] == category) \
-                and r.get("error") is None:
+                and not failed(r):
             arms[r["arm"]][r["request_id"]] = r
     return [(arms["baseline"][k], arms["spec"][k]) for k in sorted(arms["spec"])
             if k in arms["baseline"]]
 
 
+def _paired_bootstrap(base: np.ndarray, spec: np.ndarray, statistic: Any, resamples: int,
+                      seed: int) -> tuple[float, tuple[float, float]]:
+    """statistic(base, spec) and its 95 % paired-bootstrap CI: requests are resampled with
+    their baseline and spec measurement together. ``statistic`` takes [n] or [resamples, n]
+    arrays and reduces the last axis."""
+    point = float(statistic(base, spec))
+    idx = np.random.default_rng(seed).integers(0, len(base), size=(resamples, len(base)))
+    low, high = np.percentile(statistic(base[idx], spec[idx]), [2.5, 97.5])
+    return point, (float(low), float(high))
+
+
 def paired_speedup(base: np.ndarray, spec: np.ndarray, resamples: int = 2000, seed: int = 0
                    ) -> tuple[float, tuple[float, float]]:
     """median(base) / median(spec) and its 95 % paired-bootstrap CI."""
-    point = float(np.median(base) / np.median(spec))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(base), size=(resamples, len(base)))
-    boot = np.median(base[idx], axis=1) / np.median(spec[idx], axis=1)
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return point, (float(low), float(high))
+    return _paired_bootstrap(
+        base, spec, lambda b, s: np.median(b, axis=-1) / np.median(s, axis=-1), resamples, seed)
 
 
 def gate_percentile(n: int) -> int:
@@ -117,12 +127,9 @@ def gate_percentile(n: int) -> int:
 def paired_regression(base: np.ndarray, spec: np.ndarray, q: float, resamples: int = 2000,
                       seed: int = 0) -> tuple[float, tuple[float, float]]:
     """percentile_q(spec) / percentile_q(base) − 1 and its 95 % paired-bootstrap CI."""
-    point = float(np.percentile(spec, q) / np.percentile(base, q) - 1)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(base), size=(resamples, len(base)))
-    boot = np.percentile(spec[idx], q, axis=1) / np.percentile(base[idx], q, axis=1) - 1
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return point, (float(low), float(high))
+    return _paired_bootstrap(
+        base, spec, lambda b, s: np.percentile(s, q, axis=-1) / np.percentile(b, q, axis=-1) - 1,
+        resamples, seed)
 
 
 def requests_to_resolve(n: int, point: float, ci: tuple[float, float], limit: float
@@ -151,7 +158,8 @@ def judge(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
     values = [(_metric(b, metric), _metric(s, metric)) for b, s in matched]
     values = [(b, s) for b, s in values if b is not None and s is not None and s > 0]
     label = category or "all"
-    lost = unanswered(records, condition, category)
+    lost = len(unanswered([r for r in records if r["condition"] == condition
+                           and (category is None or r["category"] == category)]))
     holds = [f"{lost} request(s) failed at the endpoint and have no measurement (a failure "
              "can hide the slowest requests): resume the eval to measure them"] if lost else []
     if len(values) < criteria.min_requests:
@@ -191,17 +199,6 @@ def judge(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
     verdict = NO_GO if fails else INCONCLUSIVE if holds else GO
     return Verdict(condition, label, verdict, speedup, ci, len(values), fails or holds, caveats,
                    counts)
-
-
-def unanswered(records: Sequence[dict[str, Any]], condition: str,
-               category: str | None = None) -> int:
-    """Requests of a condition that failed (an endpoint error) in an arm and were not measured
-    again successfully on resume."""
-    failed, answered = set(), set()
-    for r in records:
-        if r["condition"] == condition and (category is None or r["category"] == category):
-            (failed if r.get("error") is not None else answered).add((r["arm"], r["request_id"]))
-    return len({rid for _, rid in failed - answered})
 
 
 def _latency_gates(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide,

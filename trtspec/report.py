@@ -31,7 +31,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     """Verdicts, the apply-where table and the cost model; writes decision.json + report.md."""
     from trtspec.audit import read_audit
     from trtspec.eval import in_process
-    from trtspec.eval.run import DIVERGENCES, read_jsonl
+    from trtspec.eval.run import DIVERGENCES, failed, read_jsonl
     from trtspec.files import write_atomic
 
     out = Path(out_dir)
@@ -45,7 +45,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     for key in sorted({r["condition"] for r in records}):
         if not key.split("/")[1].endswith("D0") and any(
                 r["condition"] == key and r["arm"] == "spec" and r["verification_rounds"]
-                and r.get("error") is None for r in records):
+                and not failed(r) for r in records):
             model = cost_model(records, key, recipe.sampling.seed)
             if model is not None:
                 models[key] = model
@@ -154,14 +154,14 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
 
 def throughput(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     """Per condition and arm: requests, output tokens, busy wall seconds and tokens/s."""
-    from trtspec.eval.run import on_eval_clock
+    from trtspec.eval.run import failed, on_eval_clock
     from trtspec.metrics import RequestTiming, busy_seconds
 
     out: dict[str, dict[str, dict[str, float]]] = {}
     for key in sorted({r["condition"] for r in records}):
         for arm in ("baseline", "spec"):
             rows = [r for r in records if r["condition"] == key and r["arm"] == arm
-                    and r.get("error") is None]
+                    and not failed(r)]
             if not on_eval_clock(rows):  # written before the eval clock: no honest figure
                 continue
             wall = busy_seconds([RequestTiming.from_record(r) for r in rows])

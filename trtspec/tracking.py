@@ -57,10 +57,10 @@ def log_eval(out_dir: str | Path, uri: str | None = None) -> dict[str, Any]:
     from mlflow.exceptions import MlflowException
 
     out = Path(out_dir)
-    for name in EVAL_FILES:  # before any MLflow call: a wrong path is not a server problem
-        if not (out / name).is_file():
-            raise ValueError(f"{out} is not an eval folder: it has no {name} "
-                             "(`trtspec eval` writes it)")
+    from trtspec.eval import require_files
+    from trtspec.eval.run import read_records
+
+    require_files(out, *EVAL_FILES)  # before any MLflow call: a wrong path is no server problem
     receipt_path = out / RECEIPT
     if receipt_path.is_file():
         return json.loads(receipt_path.read_text())
@@ -68,8 +68,7 @@ def log_eval(out_dir: str | Path, uri: str | None = None) -> dict[str, Any]:
     check_reachable(uri)
     meta = json.loads((out / "eval.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
-    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()
-               if line.strip()]
+    records = read_records(out)
     try:
         receipt = _log(out, uri, meta, summary, records)
     except (MlflowException, OSError) as e:

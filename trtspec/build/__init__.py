@@ -113,15 +113,22 @@ def _target_gpu(recipe: Recipe, flag: str | None, detected: list[gpus.DetectedGp
     return None  # the torch backend on this machine's CPU
 
 
-def _check_torch_inputs(recipe: Recipe, recipe_path: str | Path) -> None:
-    """The torch backend runs here: its device must exist and its models must be on this
-    machine (a TensorRT-LLM plan may name paths of the build machine instead)."""
-    from trtspec.models import check_device, check_spec
+def check_backend_device(recipe: Recipe, recipe_path: str | Path) -> None:
+    """The torch backend's ``backend.device`` exists on this machine (build and eval)."""
+    from trtspec.models import check_device
 
     try:
         check_device(recipe.backend.device)
     except ValueError as e:
         raise RecipeError(f"{recipe_path}: backend.device: {e}") from None
+
+
+def _check_torch_inputs(recipe: Recipe, recipe_path: str | Path) -> None:
+    """The torch backend runs here: its device must exist and its models must be on this
+    machine (a TensorRT-LLM plan may name paths of the build machine instead)."""
+    from trtspec.models import check_spec
+
+    check_backend_device(recipe, recipe_path)
     specs = [("target.model", recipe.target.model)] + [
         (f"methods.{i}.model", m.model) for i, m in enumerate(recipe.methods)
         if isinstance(m, DraftModel)]

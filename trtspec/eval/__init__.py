@@ -25,6 +25,7 @@ def evaluate(recipe_path: str | Path, overrides: Sequence[str] = (),
              speed_bench_dir: str | Path = "data/speed-bench",
              progress: Callable[[int, int], None] | None = None) -> Path:
     """Run the recipe's eval; returns the eval folder."""
+    from trtspec.build import check_backend_device
     from trtspec.eval.run import Condition, EvalInputs, run_eval
     from trtspec.manifest import open_built
 
@@ -33,7 +34,7 @@ def evaluate(recipe_path: str | Path, overrides: Sequence[str] = (),
         raise RecipeError(f"{recipe_path}: in-process eval runs the torch backend; the "
                           "TensorRT-LLM runtime and --endpoint evals are not built yet")
     manifest, manifest_path = open_built(recipe, recipe_path, engines_root)
-    _check_device(recipe, recipe_path)
+    check_backend_device(recipe, recipe_path)
 
     # the torch backend bakes no draft length into its build: the recipe's list is used as is
     lengths = recipe.draft_lengths if recipe.draft_lengths != "auto" else manifest.draft_lengths
@@ -206,15 +207,6 @@ def _loaded_models(manifest: Any, recipe: Recipe) -> Callable[..., Any]:
         return cache[key]
 
     return get
-
-
-def _check_device(recipe: Recipe, recipe_path: str | Path) -> None:
-    from trtspec.models import check_device
-
-    try:
-        check_device(recipe.backend.device)
-    except ValueError as e:
-        raise RecipeError(f"{recipe_path}: backend.device: {e}") from None
 
 
 def _margin(models: Callable[..., Any]) -> Callable[[list[int], int, int], tuple[float, str]]:

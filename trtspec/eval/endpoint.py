@@ -32,7 +32,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtspec.eval.run import RECORDS, done_keys, eval_clock, request_seed
+from trtspec.eval.run import (
+    RECORDS,
+    append_line,
+    done_keys,
+    eval_clock,
+    failed,
+    request_seed,
+)
 from trtspec.eval.workloads import WorkloadRequest
 from trtspec.files import write_atomic
 from trtspec.sampling import SamplingParams
@@ -161,9 +168,7 @@ async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
                   "emitted_tokens": 0, "verification_rounds": 0, "discarded_tokens": 0,
                   "accepted_per_position": [], "proposed_per_position": [],
                   "per_token_times": False, "wall_clock": time.time(), **result}
-        sink.write(json.dumps(record) + "\n")
-        sink.flush()
-        os.fsync(sink.fileno())
+        append_line(sink, record)
         on_record()
         return record
 
@@ -220,7 +225,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
                             raw[name] = raw.get(name, 0.0) + value
                         saved[f"{key}/{arm}"] |= counter_rates(raw)
                         write_atomic(counters_path, json.dumps(saved, indent=2) + "\n")
-                    answered[arm] |= any(r.get("error") is None for r in got)
+                    answered[arm] |= not all(failed(r) for r in got)
                     if not answered[arm]:
                         raise RuntimeError(f"{urls[arm]} ({arm} arm) failed every request of "
                                            f"its first batch: {got[0]['error']}; records so "

@@ -97,11 +97,19 @@ def repair_jsonl(path: Path) -> None:
             f.truncate(good)
 
 
+def append_line(sink: Any, record: dict[str, Any]) -> None:
+    """One JSON line, flushed and fsynced at once: a kill loses at most the line in flight,
+    which :func:`repair_jsonl` drops."""
+    sink.write(json.dumps(record) + "\n")
+    sink.flush()
+    os.fsync(sink.fileno())
+
+
 def done_keys(path: Path) -> set[tuple[str, str, str]]:
     """(condition, arm, request id) already measured; a failed request (an endpoint error) is
     not, so a resumed eval measures it again."""
     return {(r["condition"], r["arm"], r["request_id"]) for r in read_jsonl(path)
-            if r.get("error") is None}
+            if not failed(r)}
 
 
 def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
@@ -126,9 +134,7 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
                     if not todo:
                         continue
                     for record in _measure(executors[arm], todo, inputs, condition, arm):
-                        sink.write(json.dumps(record) + "\n")
-                        sink.flush()
-                        os.fsync(sink.fileno())
+                        append_line(sink, record)
                         finished += 1
                         if progress:
                             progress(finished, total)
@@ -254,9 +260,7 @@ def record_divergences(out: Path, records: Sequence[dict[str, Any]], inputs: Eva
                 margin, dtype = inputs.margin(prefix, base[at], spec[at])
                 entry = {"position": at, "baseline_token": base[at], "spec_token": spec[at],
                          "margin": margin, "dtype": dtype}
-            sink.write(json.dumps({"condition": condition, "request_id": rid, **entry}) + "\n")
-            sink.flush()
-            os.fsync(sink.fileno())
+            append_line(sink, {"condition": condition, "request_id": rid, **entry})
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -326,8 +330,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 continue
             good = [r for r in rows if not failed(r)]
             entry[arm] = _arm_summary(good)
-            entry[arm]["failed_requests"] = len({r["request_id"] for r in rows if failed(r)}
-                                                - {r["request_id"] for r in good})
+            entry[arm]["failed_requests"] = len(unanswered(rows))
             entry[arm]["categories"] = {c: _arm_summary([r for r in good if r["category"] == c])
                                         for c in sorted({r["category"] for r in good})}
         base, spec = entry.get("baseline", {}), entry.get("spec", {})
@@ -341,6 +344,14 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def failed(record: dict[str, Any]) -> bool:
     """A request that got no answer (an endpoint error): it has no latency to measure."""
     return record.get("error") is not None
+
+
+def unanswered(rows: Sequence[dict[str, Any]]) -> set[str]:
+    """Ids of requests that failed in an arm and were not measured again successfully in that
+    arm on resume."""
+    answered = {(r["arm"], r["request_id"]) for r in rows if not failed(r)}
+    return {r["request_id"] for r in rows
+            if failed(r) and (r["arm"], r["request_id"]) not in answered}
 
 
 def _arm_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
