@@ -1,4 +1,4 @@
-"""decide: verdicts on synthetic paired records with known answers; the cost model."""
+"""decide: verdicts on synthetic paired records with known answers."""
 
 from __future__ import annotations
 
@@ -9,16 +9,11 @@ from trtspec.decide import (
     GO,
     INCONCLUSIVE,
     NO_GO,
-    alpha_from_al,
     apply_where,
-    cost_model,
     decide,
-    expected_emitted,
     gate_percentile,
     judge,
-    leviathan,
     paired_regression,
-    recommend_d,
 )
 from trtspec.recipe import Decide
 
@@ -115,51 +110,6 @@ def test_too_few_requests_and_per_category_verdicts() -> None:
     table = apply_where(verdicts)
     assert table["ngram"]["go"] == ["ngram/D2/c1", "ngram/D4/c1"]
     assert table["ngram"]["best_d"]["c1"][0] == 4
-
-
-def geometric_records(condition: str = "draft_model/D4/c1", c: float = 0.1, t: float = 0.040,
-                      with_rejections: bool = True, n: int = 20) -> list[dict]:
-    """Requests whose rounds follow i.i.d. acceptance α = 0.8 at D = 4 exactly: of 3125
-    rounds, 625/500/400/320 accept 0/1/2/3 drafts and 1280 accept all 4 (3125·0.8^k·0.2 and
-    3125·0.8^4). accepted = 7380, rejected rounds = 1845, proposed = 12500."""
-    rounds, accepted, rejected, proposed = 3125, 7380, 1845, 12500
-    emitted = accepted + rounds  # 10505: every round emits its accepted drafts + one token
-    spec_tpot = rounds * (4 * c + 1) * t / emitted  # a round lasts D·c + 1 target steps
-    out = []
-    for i in range(n):
-        spec = record(condition, "spec", f"r{i}", spec_tpot, n=emitted + 1, rounds=rounds,
-                      proposed=proposed, accepted=accepted)
-        if with_rejections:
-            spec["rejected_rounds"] = rejected
-        out += [record(condition, "baseline", f"r{i}", t, n=emitted + 1), spec]
-    return out
-
-
-def test_cost_model_alpha_is_the_per_token_acceptance_probability() -> None:
-    """Hand-computed: α = 7380 / (7380 + 1845) = 0.8, while accepted / proposed = 0.5904;
-    predicted = (1 − 0.8⁵) / (0.2 · (4·0.1 + 1)) = 3.3616 / 1.4 = 2.4011; the best D at
-    c = 0.1 is 6 (2.4696 vs 2.4595 at D = 5 and 2.4477 at D = 7)."""
-    model = cost_model(geometric_records(), "draft_model/D4/c1")
-    assert model["alpha"] == pytest.approx(0.8)
-    assert model["c"] == pytest.approx(0.1)
-    assert model["predicted_speedup"] == pytest.approx(2.4011, abs=1e-4)
-    assert model["measured_speedup"] == pytest.approx(2.4011, abs=1e-3)
-    assert model["prediction_within_ci"]
-    assert model["recommended_d"] == 6
-    assert leviathan(0.8, 4, 0.0) == pytest.approx(3.3616)
-    assert leviathan(0.5904, 4, 0.0) == pytest.approx(2.2663, abs=1e-4)  # the old, wrong one
-    # records without rejected_rounds: α solved from AL = 10505 / 3125 = 3.3616
-    old = cost_model(geometric_records(with_rejections=False), "draft_model/D4/c1")
-    assert old["alpha"] == pytest.approx(0.8, abs=1e-6)
-    assert alpha_from_al(3.3616, 4) == pytest.approx(0.8, abs=1e-6)
-    for a, cc in ((0.7, 0.2), (0.9, 0.05), (0.5, 0.5), (0.95, 0.0)):
-        best = recommend_d(a, cc)
-        assert all(leviathan(a, best, cc) >= leviathan(a, k, cc) for k in range(1, 17))
-    assert recommend_d(0.9, 0.05) > recommend_d(0.5, 0.5)
-    assert recommend_d(0.1, 1.0) == 0  # (1 + 0.1) / 2 < 1: do not speculate
-    # rounds that draft less: half of 2 rounds draft 4, the other none → 1 + ½·2.3616
-    assert expected_emitted(0.8, [1, 1, 1, 1], 2) == pytest.approx(2.1808)
-    assert expected_emitted(0.8, [5, 5, 5, 5], 5) == pytest.approx(leviathan(0.8, 4, 0.0))
 
 
 def test_latency_gate_uses_a_percentile_the_sample_supports() -> None:
@@ -300,14 +250,3 @@ def test_decide_command_writes_report_and_exits_as_a_ci_gate(tmp_path, capsys) -
         (tmp_path / "audited" / "report.md").read_text()
     assert "Not run: `trtspec audit" in (tmp_path / "unaudited" / "report.md").read_text()
     assert "ngram/D4/c1" in capsys.readouterr().out
-
-
-def test_report_throughput_is_tokens_over_wall_time() -> None:
-    from trtspec.report import throughput
-
-    rows = [record("ngram/D4/c1", "spec", "a", 0.01, n=11) | {"start_s": 100.0},  # e2e 0.15
-            record("ngram/D4/c1", "spec", "b", 0.01, n=21) | {"start_s": 200.0},  # e2e 0.25
-            record("ngram/D4/c1", "spec", "c", 0.01, n=5) | {"start_s": 300.0, "error": "x"}]
-    t = throughput(rows)["ngram/D4/c1"]["spec"]
-    assert t["requests"] == 2 and t["output_tokens"] == 32
-    assert t["wall_s"] == pytest.approx(0.40) and t["tokens_per_s"] == pytest.approx(80.0)

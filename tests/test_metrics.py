@@ -88,3 +88,16 @@ def test_throughput_is_tokens_over_the_union_of_request_intervals() -> None:
     r = RequestTiming.from_record({"start_s": 10.0, "token_times_s": [0.2, 0.4], "e2e_s": 0.5,
                                    "output_tokens": 2})
     assert (r.start, r.end, r.ttft, r.e2e) == pytest.approx((10.0, 10.5, 0.2, 0.5))
+
+
+def test_report_throughput_is_tokens_over_wall_time() -> None:
+    from test_decide import record
+
+    from trtspec.metrics import arm_throughput
+
+    rows = [record("ngram/D4/c1", "spec", "a", 0.01, n=11) | {"start_s": 100.0},  # e2e 0.15
+            record("ngram/D4/c1", "spec", "b", 0.01, n=21) | {"start_s": 200.0},  # e2e 0.25
+            record("ngram/D4/c1", "spec", "c", 0.01, n=5) | {"start_s": 300.0, "error": "x"}]
+    t = arm_throughput(rows)["ngram/D4/c1"]["spec"]
+    assert t["requests"] == 2 and t["output_tokens"] == 32
+    assert t["wall_s"] == pytest.approx(0.40) and t["tokens_per_s"] == pytest.approx(80.0)

@@ -195,6 +195,43 @@ def busy_seconds(timings: Sequence[RequestTiming]) -> float:
     return total
 
 
+def on_eval_clock(rows: Sequence[dict]) -> bool:
+    """Whether records carry start times on the eval clock (records written before it have
+    ``start_s`` 0: their intervals cannot be placed, so no aggregate throughput)."""
+    return bool(rows) and all((r.get("start_s") or 0) > 0 for r in rows)
+
+
+def failed(record: dict) -> bool:
+    """A request that got no answer (an endpoint error): it has no latency to measure."""
+    return record.get("error") is not None
+
+
+def unanswered(rows: Sequence[dict]) -> set[str]:
+    """Ids of requests that failed in an arm and were not measured again successfully in that
+    arm on resume."""
+    answered = {(r["arm"], r["request_id"]) for r in rows if not failed(r)}
+    return {r["request_id"] for r in rows
+            if failed(r) and (r["arm"], r["request_id"]) not in answered}
+
+
+def arm_throughput(records: Sequence[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per condition and arm of eval records: requests, output tokens, busy wall seconds and
+    tokens/s (records without the eval clock give no figure)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for key in sorted({r["condition"] for r in records}):
+        for arm in ("baseline", "spec"):
+            rows = [r for r in records if r["condition"] == key and r["arm"] == arm
+                    and not failed(r)]
+            if not on_eval_clock(rows):  # written before the eval clock: no honest figure
+                continue
+            wall = busy_seconds([RequestTiming.from_record(r) for r in rows])
+            if wall > 0:
+                tokens = sum(r["output_tokens"] for r in rows)
+                out.setdefault(key, {})[arm] = {"requests": len(rows), "output_tokens": tokens,
+                                                "wall_s": wall, "tokens_per_s": tokens / wall}
+    return out
+
+
 def latency_summary(timings: Sequence[RequestTiming]) -> dict[str, float]:
     """TTFT, ITL, TPOT, E2E in ms (mean, p50, p90, p99), output tokens/s per request (mean) and
     aggregate throughput ``output_tokens_per_s`` = all output tokens / :func:`busy_seconds`

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from trtspec.cost_model import cost_model, leviathan
 from trtspec.decide import (
     GO,
     INCONCLUSIVE,
@@ -17,12 +18,11 @@ from trtspec.decide import (
     P99_MIN,
     Verdict,
     apply_where,
-    cost_model,
     decide,
-    leviathan,
     requests_to_resolve,
     tpot,
 )
+from trtspec.metrics import arm_throughput, failed
 from trtspec.recipe import Recipe
 
 
@@ -31,7 +31,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     """Verdicts, the apply-where table and the cost model; writes decision.json + report.md."""
     from trtspec.audit import read_audit
     from trtspec.eval import in_process
-    from trtspec.eval.run import DIVERGENCES, failed, read_jsonl
+    from trtspec.eval.run import DIVERGENCES, read_jsonl
     from trtspec.files import write_atomic
 
     out = Path(out_dir)
@@ -50,7 +50,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
             if model is not None:
                 models[key] = model
     decision = {"criteria": recipe.decide.model_dump(), "greedy": greedy,
-                "throughput": throughput(records),
+                "throughput": arm_throughput(records),
                 "verdicts": [asdict(v) for v in verdicts], "apply_where": apply_where(verdicts),
                 "cost_model": models, "audit": audit,
                 "audit_applies": audit_applies}
@@ -150,26 +150,6 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
     lines += ["", "Speedup = baseline / speculative on the primary metric (> 1: speculation is "
               "faster), from the same requests with the same seeds.", ""]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
-
-
-def throughput(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    """Per condition and arm: requests, output tokens, busy wall seconds and tokens/s."""
-    from trtspec.eval.run import failed, on_eval_clock
-    from trtspec.metrics import RequestTiming, busy_seconds
-
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for key in sorted({r["condition"] for r in records}):
-        for arm in ("baseline", "spec"):
-            rows = [r for r in records if r["condition"] == key and r["arm"] == arm
-                    and not failed(r)]
-            if not on_eval_clock(rows):  # written before the eval clock: no honest figure
-                continue
-            wall = busy_seconds([RequestTiming.from_record(r) for r in rows])
-            if wall > 0:
-                tokens = sum(r["output_tokens"] for r in rows)
-                out.setdefault(key, {})[arm] = {"requests": len(rows), "output_tokens": tokens,
-                                                "wall_s": wall, "tokens_per_s": tokens / wall}
-    return out
 
 
 def summary_lines(verdicts: list[Verdict], decision: dict[str, Any], threshold: float

@@ -37,11 +37,11 @@ from trtspec.eval.run import (
     append_line,
     done_keys,
     eval_clock,
-    failed,
     request_seed,
 )
 from trtspec.eval.workloads import WorkloadRequest
 from trtspec.files import write_atomic
+from trtspec.metrics import failed
 from trtspec.sampling import SamplingParams
 
 COUNTERS = {  # Prometheus name (without _total) → our name

@@ -26,6 +26,7 @@ from typing import Any
 
 from trtspec.eval.workloads import WorkloadRequest
 from trtspec.executor import Delta, SpecExecutor
+from trtspec.metrics import failed, on_eval_clock, unanswered
 from trtspec.sampling import SamplingParams
 
 RECORDS = "records.jsonl"
@@ -38,12 +39,6 @@ def eval_clock() -> float:
     but advancing with perf_counter, so a step of the wall clock (NTP) cannot bend intervals
     within a run."""
     return _ORIGIN[0] + time.perf_counter() - _ORIGIN[1]
-
-
-def on_eval_clock(rows: Sequence[dict[str, Any]]) -> bool:
-    """Whether records carry start times on the eval clock (records written before it have
-    ``start_s`` 0: their intervals cannot be placed, so no aggregate throughput)."""
-    return bool(rows) and all((r.get("start_s") or 0) > 0 for r in rows)
 
 
 @dataclass(frozen=True)
@@ -339,19 +334,6 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 entry[f"speedup_{metric.removesuffix('_ms_p50')}_p50"] = base[metric] / spec[metric]
         out[key] = entry
     return out
-
-
-def failed(record: dict[str, Any]) -> bool:
-    """A request that got no answer (an endpoint error): it has no latency to measure."""
-    return record.get("error") is not None
-
-
-def unanswered(rows: Sequence[dict[str, Any]]) -> set[str]:
-    """Ids of requests that failed in an arm and were not measured again successfully in that
-    arm on resume."""
-    answered = {(r["arm"], r["request_id"]) for r in rows if not failed(r)}
-    return {r["request_id"] for r in rows
-            if failed(r) and (r["arm"], r["request_id"]) not in answered}
 
 
 def _arm_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

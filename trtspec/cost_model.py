@@ -1,0 +1,110 @@
+"""The cost model: what speculation should gain at the measured acceptance and draft cost.
+
+Terms (Leviathan et al.):
+
+* α — the per-token acceptance probability under i.i.d. acceptance, estimated as accepted /
+  (accepted + rejected rounds) (the maximum-likelihood estimate; not the acceptance *rate*
+  accepted / proposed, which at α = 0.8 and D = 4 is 0.59);
+* c — the cost of one drafted token in target steps, from round times (a round with n drafts
+  lasts 1 + n·c baseline steps);
+* predicted speedup — expected tokens per round over its cost, (1 − α^(D+1)) / ((1 − α)(D·c + 1))
+  when every round drafts D; rounds that draft less count as they were.
+
+It sits next to the measured TPOT speedup and its paired-bootstrap CI in the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from trtspec.decide import paired_speedup, pairs, tpot
+
+
+def leviathan(alpha: float, d: int, c: float) -> float:
+    """Expected speedup with i.i.d. acceptance α, D drafts, draft/target step cost ratio c."""
+    emitted = d + 1 if alpha >= 1.0 else (1 - alpha ** (d + 1)) / (1 - alpha)
+    return emitted / (d * c + 1)
+
+
+def recommend_d(alpha: float, c: float, max_d: int = 16) -> int:
+    """The D that maximises the predicted speedup, or 0 (do not speculate) when none > 1."""
+    best = max(range(1, max_d + 1), key=lambda d: leviathan(alpha, d, c))
+    return best if leviathan(alpha, best, c) > 1.0 else 0
+
+
+def alpha_from_al(al: float, d: int) -> float:
+    """Solve AL = (1 − α^(D+1)) / (1 − α) for α (bisection; AL counts accepted + 1 per
+    round). For records that lack rejected_rounds."""
+    if d <= 0 or al <= 1.0:
+        return 0.0
+    if al >= d + 1:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if (1 - mid ** (d + 1)) / (1 - mid) < al:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def expected_emitted(alpha: float, proposed_per_position: Sequence[int], rounds: int) -> float:
+    """Tokens a round emits on average with i.i.d. acceptance α and the drafts as proposed:
+    1 + Σᵢ P(a round drafts position i) · α^(i+1). With D drafts in every round this is
+    Leviathan's (1 − α^(D+1)) / (1 − α); rounds that draft less (an n-gram with no match, a
+    draft clipped by max_tokens) count as they were."""
+    return 1 + sum(n / rounds * alpha ** (i + 1) for i, n in enumerate(proposed_per_position))
+
+
+def cost_model(records: Sequence[dict[str, Any]], condition: str, seed: int = 0
+               ) -> dict[str, Any] | None:
+    """α, c, and predicted vs measured TPOT speedup (with its paired 95 % CI) for one condition.
+
+    α is the per-token acceptance probability (SpecStats.alpha: accepted / (accepted +
+    rejected rounds)); for older records without rejected_rounds it is solved from the pooled
+    AL of the rounds, (accepted + rounds) / rounds. c is the cost of one drafted token in target
+    steps, from time per round: a round with n drafts lasts 1 + n·c baseline steps, so
+    c = (round / step − 1) / D̄ with D̄ the mean drafts per round. The prediction is
+    :func:`expected_emitted` / (1 + D̄·c) (= Leviathan's formula when every round drafts D).
+    None when no pair can say.
+    """
+    from trtspec.metrics import SpecStats
+
+    matched = pairs(records, condition)
+    d = int(condition.split("/")[1][1:])
+    spec = [s for _, s in matched if s["verification_rounds"]]
+    rounds = sum(s["verification_rounds"] for s in spec)
+    accepted = sum(s["accepted_draft_tokens"] for s in spec)
+    rejected = [s.get("rejected_rounds") for s in spec]
+    if spec and None not in rejected:
+        alpha = SpecStats(accepted_draft_tokens=accepted, rejected_rounds=sum(rejected)).alpha
+        alpha = 0.0 if alpha != alpha else alpha  # nothing tried
+    else:
+        alpha = alpha_from_al((accepted + rounds) / rounds, d) if rounds else 0.0
+    both = [(b, s, tb, ts) for b, s in matched
+            if s["verification_rounds"] and (tb := tpot(b)) is not None
+            and (ts := tpot(s)) is not None]
+    if not both:
+        return None  # no paired request with speculation rounds and a TPOT
+    positions: list[int] = []
+    for s in spec:
+        for i, n in enumerate(s.get("proposed_per_position") or [s["verification_rounds"]] * d):
+            positions += [0] * (i + 1 - len(positions))
+            positions[i] += n
+    mean_drafts = sum(positions) / rounds
+    step = float(np.median([tb for *_, tb, _ in both]))
+    round_time = float(np.median([(s["e2e_s"] - s["token_times_s"][0]) / s["verification_rounds"]
+                                  for _, s, _, _ in both]))
+    c = max(0.0, (round_time / step - 1) / mean_drafts) if mean_drafts else 0.0
+    measured, ci = paired_speedup(np.array([tb for *_, tb, _ in both]),
+                                  np.array([ts for *_, ts in both]), seed=seed)
+    predicted = expected_emitted(alpha, positions, rounds) / (1 + mean_drafts * c)
+    return {"alpha": alpha, "c": c, "draft_len": d, "mean_drafts": mean_drafts,
+            "predicted_speedup": predicted, "measured_speedup": measured,
+            "measured_ci": list(ci),  # within: up to float rounding of a degenerate CI
+            "prediction_within_ci": bool(ci[0] * (1 - 1e-6) <= predicted <= ci[1] * (1 + 1e-6)),
+            "recommended_d": recommend_d(alpha, c)}
