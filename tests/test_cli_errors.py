@@ -79,3 +79,27 @@ def test_an_unexpected_error_is_a_bug_report_not_a_verdict(monkeypatch,
     monkeypatch.setattr(trtspec.build, "build", broken)
     err = fails(["build", str(RECIPE)], capsys, code=3)
     assert "internal error: KeyError: 'draft' (a trtspec bug; TRTSPEC_DEBUG=1" in err
+
+
+@pytest.mark.parametrize(("overrides", "text"), [
+    (["backend.kind=trtllm"], "backend: kind trtllm takes no device (a key of kind torch): "
+                              "remove backend.device from the recipe"),
+    (["methods.0.method=layer_skip"], "methods.0: method layer_skip takes no min_n, max_n (keys "
+                                      "of method ngram): remove methods.0.min_n, methods.0.max_n "
+                                      "from the recipe; layer_skip needs layers"),
+    (["backend.tp_size=2"], "backend.tp_size: unknown key (did you mean target.tp_size?)"),
+    (["targt.model=x"], "targt.model: unknown key (did you mean target.model?)"),
+    (["sampling.temprature=0.5"], "sampling.temprature: unknown key (did you mean "
+                                  "sampling.temperature?)"),
+    (["limits.max_batch=4"], "limits.max_batch: unknown key (did you mean limits.max_batch_size?)"),
+    (["limits.qqq=4"], "limits.qqq: unknown key (limits takes max_batch_size, max_input_len, "
+                       "max_seq_len, max_num_tokens)"),
+])
+def test_keys_that_do_not_fit_say_how_to_fix_them(overrides: list[str], text: str,
+                                                  tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The recipe is checked before anything else (a trtllm backend on a machine without a GPU
+    would otherwise ask for --gpu first)."""
+    sets = [a for o in overrides for a in ("--set", o)]
+    err = fails(["build", str(RECIPE), "--dry-run", "--engines", str(tmp_path), *sets], capsys)
+    assert f"error: {RECIPE}: {text}" in err

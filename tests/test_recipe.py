@@ -33,8 +33,9 @@ def variant(**changes) -> dict:
 
 BAD = {
     "unknown top-level key": (variant(targte={"model": "x"}),
-                              "targte: Extra inputs are not permitted (unknown key"),
-    "unknown method key": (variant(methods__1__max_m=3), "methods.1.max_m: Extra inputs"),
+                              "targte.model: unknown key (did you mean target.model?)"),
+    "unknown method key": (variant(methods__1__max_m=3),
+                           "methods.1.max_m: unknown key (did you mean methods.1.max_n?)"),
     "wrong type": (variant(limits__max_batch_size="eight"),
                    "limits.max_batch_size: Input should be a valid integer"),
     "draft_model without model": (variant(methods__0={"method": "draft_model"}),
@@ -126,5 +127,77 @@ def test_set_overrides_values_lists_and_reports_bad_paths() -> None:
         load_recipe(path, ["methods.7.max_n=5"])
     with pytest.raises(RecipeError, match=r"write it as key\.path=value"):
         load_recipe(path, ["limits.max_batch_size"])
-    with pytest.raises(RecipeError, match=r"limits\.max_batchsize: Extra inputs"):
+    with pytest.raises(RecipeError, match=r"limits\.max_batchsize: unknown key \(did you mean "
+                                          r"limits\.max_batch_size\?\)"):
         load_recipe(path, ["limits.max_batchsize=4"])
+
+
+CPU = ROOT / "recipes" / "cpu-smollm2.yaml"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["backend.kind=trtllm"], "backend: kind trtllm takes no device (a key of kind torch): "
+                              "remove backend.device from the recipe"),
+    (["methods.0.method=layer_skip"],
+     "methods.0: method layer_skip takes no min_n, max_n (keys of method ngram): remove "
+     "methods.0.min_n, methods.0.max_n from the recipe; layer_skip needs layers"),
+    (["methods.1.min_n=2"], "methods.1: method layer_skip takes no min_n (a key of method "
+                            "ngram): drop methods.1.min_n from --set"),
+    (["methods.0={method: eagle, model: e, min_n: 1, heads: h}"],
+     "methods.0: method eagle takes no min_n (method ngram), heads (method medusa): drop "
+     "methods.0.min_n, methods.0.heads from --set"),
+])
+def test_keys_of_another_variant_name_it_and_say_to_drop_them(overrides: list[str],
+                                                              message: str) -> None:
+    with pytest.raises(RecipeError) as info:
+        load_recipe(CPU, overrides)
+    assert str(info.value) == f"{CPU}: {message}"
+
+
+def test_a_switched_kind_in_the_file_names_the_kind_too(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(CPU.read_text().replace("kind: torch", "kind: trtllm"))
+    with pytest.raises(RecipeError, match=r"backend: kind trtllm takes no device \(a key of kind "
+                                          r"torch\): remove backend\.device from the recipe$"):
+        load_recipe(path)
+
+
+@pytest.mark.parametrize(("key", "suggestion"), [
+    ("backend.tp_size", "target.tp_size"),          # same last segment, another section
+    ("targt.model", "target.model"),                # a misspelt section
+    ("sampling.temprature", "sampling.temperature"),
+    ("limits.max_batch", "limits.max_batch_size"),
+    ("methods.0.max_m", "methods.0.max_n"),         # the user's index is kept
+    ("evl.per_category", "eval.per_category"),
+    ("device", "backend.device"),
+    ("backend.workflo", "backend.workflow, a key of kind trtllm"),
+])
+def test_an_unknown_key_suggests_the_nearest_key_path(key: str, suggestion: str) -> None:
+    with pytest.raises(RecipeError) as info:
+        load_recipe(CPU, [f"{key}=1"])
+    assert f": {key}: unknown key" in str(info.value)
+    assert f"(did you mean {suggestion}?)" in str(info.value)
+
+
+@pytest.mark.parametrize(("key", "takes"), [
+    ("limits.foo", "(limits takes max_batch_size, max_input_len, max_seq_len, max_num_tokens)"),
+    ("backend.zzz", "(backend with kind torch takes kind, device)"),
+    ("qqq", "(a recipe takes name, description, target, methods, draft_lengths"),
+])
+def test_no_suggestion_when_nothing_is_close(key: str, takes: str) -> None:
+    with pytest.raises(RecipeError) as info:
+        load_recipe(CPU, [f"{key}=1"])
+    assert "did you mean" not in str(info.value) and f"{key}: unknown key {takes}" in str(
+        info.value)
+
+
+def test_unknown_keys_in_the_file_get_suggestions_too(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(CPU.read_text().replace("max_tokens:", "max_token:")
+                    .replace("target:", "targte:"))
+    with pytest.raises(RecipeError, match=r"targte: unknown key \(did you mean target\?\)"):
+        load_recipe(path)
+    path.write_text(CPU.read_text().replace("max_tokens:", "max_token:"))
+    with pytest.raises(RecipeError, match=r"sampling\.max_token: unknown key \(did you mean "
+                                          r"sampling\.max_tokens\?\)$"):
+        load_recipe(path)
