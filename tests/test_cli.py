@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trtspec import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +41,74 @@ def test_generate_toy_json_reports_tokens_and_stats() -> None:
 def test_generate_prints_a_table() -> None:
     out = run("generate", "--backend", "toy", "--method", "draft_model", "--temperature", "0",
               "--max-tokens", "8")
-    assert out.returncode == 0 and "acceptance_rate" in out.stdout and "request 0" in out.stdout
+    assert out.returncode == 0 and "acceptance_rate" in out.stderr and "request 0" in out.stderr
+
+
+def test_generate_text_goes_to_stdout_and_statistics_to_stderr() -> None:
+    """`trtspec generate … > out.txt` keeps just the text; --json is one object on stdout."""
+    from click.testing import CliRunner
+
+    from trtspec.cli import cli
+
+    runner = CliRunner()
+    toy = ["generate", "--backend", "toy", "--method", "draft_model", "--max-tokens", "8"]
+    result = runner.invoke(cli, [*toy, "-n", "2"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and all(len(line.split()) == 8 for line in lines)
+    assert all(t.isdigit() for line in lines for t in line.split())  # token ids only
+    for text in ("request 0", "request 1", "speculation stats", "acceptance_rate",
+                 "output tokens / s"):
+        assert text in result.stderr and text not in result.stdout
+    result = runner.invoke(cli, [*toy, "--json"])
+    assert result.exit_code == 0 and result.stderr == ""
+    assert len(json.loads(result.stdout)["completions"][0]["token_ids"]) == 8
+
+
+def test_generate_method_none_shows_undefined_rates_as_a_dash() -> None:
+    out = run("generate", "--backend", "toy", "--method", "none", "--max-tokens", "6")
+    assert out.returncode == 0, out.stderr
+    assert "nan" not in out.stdout + out.stderr
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
+            for line in out.stderr.splitlines() if line.count("│") == 3}
+    assert rows["acceptance_rate"] == "—" and rows["alpha"] == "—"
+    assert rows["al_pooled"] == "1.000"
+
+
+def refuse_to_load(monkeypatch) -> None:
+    """Any weight loading fails the test: these errors must come first."""
+    import trtspec.models
+
+    def load(*args, **kwargs):
+        raise AssertionError("loaded weights before checking the options")
+
+    monkeypatch.setattr(trtspec.models, "load", load)
+
+
+def test_draft_model_without_a_draft_is_refused_before_loading(monkeypatch, capsys) -> None:
+    from trtspec.cli import main
+
+    refuse_to_load(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--method", "draft_model"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "--method draft_model needs a draft model: pass --draft-model NAME" in err
+
+
+def test_a_missing_cuda_device_is_refused_before_loading(monkeypatch, capsys) -> None:
+    import torch
+
+    from trtspec.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    refuse_to_load(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--device", "cuda"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "--device" in err and "no CUDA GPU" in err
 
 
 def test_bad_input_is_one_line_and_nonzero() -> None:
@@ -55,7 +124,8 @@ def test_generate_torch_streams_text_and_stats(smollm2) -> None:
     out = run("generate", "--model", "smollm2-135m-instruct", "--method", "ngram", "-D", "4",
               "--temperature", "0", "--max-tokens", "12", "--prompt", "List three colours.")
     assert out.returncode == 0, out.stderr
-    assert "acceptance_rate" in out.stdout and "output tokens / s" in out.stdout
+    assert "acceptance_rate" in out.stderr and "output tokens / s" in out.stderr
+    assert "acceptance_rate" not in out.stdout and out.stdout.strip()  # the text alone
     data = json.loads(run("generate", "--method", "layer_skip", "--draft-layers", "20",
                           "--temperature", "0.7", "--seed", "1", "--max-tokens", "6",
                           "--json").stdout)

@@ -1,15 +1,17 @@
 """What was built: versions, GPU, flags and digests, so every later number traces back to it.
 
-``engines/<recipe>/<gpu>/manifest.json``. Engines are not portable across compute capabilities
-("The engine plan file is generated on an incompatible device"), so opening a manifest whose GPU
-differs from this machine's fails with one line; torch-backend manifests built on the CPU are
-portable.
+``engines/<recipe>/<gpu>/manifest.json`` for the recipe as written; ``--set`` overrides that
+change what is built get their own ``<gpu>-<digest>/`` folder (see :func:`build_dir`). Engines
+are not portable across compute capabilities ("The engine plan file is generated on an
+incompatible device"), so opening a manifest whose GPU differs from this machine's fails with one
+line; torch-backend manifests built on the CPU are portable.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -115,14 +117,27 @@ def check_gpu(manifest: Manifest, gpus: list[DetectedGpu], path: str | Path = ""
 
 def open_built(recipe: Any, recipe_path: str | Path, engines_root: str | Path = "engines"
                ) -> tuple[Manifest, Path]:
-    """The manifest ``trtspec build`` wrote for this recipe on this machine, checked: same GPU
-    class, and built for what this recipe needs (see :func:`check_covers`)."""
+    """The manifest ``trtspec build`` wrote for this recipe (and its --set overrides) on this
+    machine, checked: same GPU class, and built for what this recipe needs (see
+    :func:`check_covers`). Its folder is :func:`build_dir`'s; when that holds no build, another
+    build of this recipe for this GPU that covers it (more methods, say) is used."""
     from trtspec.gpu import detect, profile
 
     gpus = detect()
     slug = profile(recipe.gpu.name).slug if recipe.gpu.name != "auto" else (  # as build names it
         gpus[0].profile().slug if gpus and gpus[0].profile() else "cpu")
-    path = Path(engines_root) / recipe.name / slug / MANIFEST
+    folder, _ = build_dir(recipe, recipe_path, slug, engines_root)
+    path = folder / MANIFEST
+    if not path.is_file():
+        found, nearest = _covering(recipe, _other_builds(folder, slug))
+        if found is not None:
+            path = found
+        elif nearest is not None:
+            raise ManifestError(f"{recipe_path}: no build in {folder}/, and {nearest}: run "
+                                "`trtspec build` with this recipe and its --set overrides")
+        elif folder.name != slug:
+            raise ManifestError(f"{path}: no build for these --set overrides (they change what "
+                                f"is built): run `trtspec build {recipe_path}` with the same --set")
     manifest = load_manifest(path)
     check_gpu(manifest, gpus, path)
     problem = check_covers(manifest, recipe)
@@ -130,6 +145,71 @@ def open_built(recipe: Any, recipe_path: str | Path, engines_root: str | Path = 
         raise ManifestError(f"{recipe_path}: {path} {problem}: run `trtspec build` with this "
                             "recipe and its --set overrides")
     return manifest, path
+
+
+def _other_builds(folder: Path, slug: str) -> list[Path]:
+    """The other build folders of this recipe for this GPU, the as-written one first."""
+    if not folder.parent.is_dir():
+        return []
+    pattern = rf"{re.escape(slug)}(-[0-9a-f]{{8}})?"
+    found = [p for p in sorted(folder.parent.iterdir()) if p != folder
+             and re.fullmatch(pattern, p.name) and (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda p: p.name != slug)
+
+
+def _covering(recipe: Any, folders: list[Path]) -> tuple[Path | None, str | None]:
+    """(the first folder's manifest that covers the recipe, None), else (None, what the first
+    readable one lacks, or None when there is none)."""
+    nearest = None
+    for folder in folders:
+        try:
+            problem = check_covers(load_manifest(folder), recipe)
+        except ManifestError:
+            continue
+        if problem is None:
+            return folder / MANIFEST, None
+        nearest = nearest or f"{folder / MANIFEST} {problem}"
+    return None, nearest
+
+
+def build_dir(recipe: Any, recipe_path: str | Path, slug: str, engines_root: str | Path
+              ) -> tuple[Path, Path | None]:
+    """Where ``trtspec build`` writes this recipe's build and where eval and audit look for it:
+    ``<root>/<name>/<slug>/`` when the recipe as written (its file, no --set) builds all it
+    needs, else ``<root>/<name>/<slug>-<digest>/``, so builds with other --set overrides never
+    replace each other (a recipe file that is not valid without its overrides keeps
+    ``<slug>/``). Returns (that folder, the as-written recipe's folder when the overrides moved
+    it, else None)."""
+    from trtspec.recipe import load_recipe
+
+    home = Path(engines_root) / recipe.name / slug
+    try:
+        written = load_recipe(recipe_path)
+    except (ValueError, OSError):  # valid only with its overrides: nothing to keep apart from
+        return home, None
+    if _builds_all_of(written, recipe):
+        return home, None
+    return (home.with_name(f"{slug}-{_build_key(recipe)[:8]}"),
+            Path(engines_root) / written.name / slug)
+
+
+def _builds_all_of(written: Any, recipe: Any) -> bool:
+    """The as-written recipe's build serves ``recipe``: the same build inputs (the GPU's name
+    aside: the folder's slug names the GPU) and each of its methods with the same settings."""
+    def inputs(r: Any) -> dict[str, Any]:
+        out = r.build_inputs()
+        out["gpu"] = {k: v for k, v in out["gpu"].items() if k != "name"}
+        return out
+
+    built = written.method_digests()
+    return inputs(written) == inputs(recipe) and all(
+        built.get(method) == digest for method, digest in recipe.method_digests().items())
+
+
+def _build_key(recipe: Any) -> str:
+    """A digest of everything a build depends on: its inputs and its methods' settings."""
+    data = {"build": recipe.build_digest(), "methods": recipe.method_digests()}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def check_covers(manifest: Manifest, recipe: Any) -> str | None:

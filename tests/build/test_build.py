@@ -52,14 +52,29 @@ def test_cpu_recipe_builds_then_is_a_no_op(tmp_path: Path, smollm2) -> None:
                  ["methods=[{method: ngram, min_n: 1, max_n: 3}]", "draft_lengths=[3]"],
                  ["limits.max_batch_size=2"]):
         assert build(CPU_RECIPE, edit, engines_root=tmp_path, say=lambda _: None).up_to_date
-    messages.clear()
-    changed = build(CPU_RECIPE, ["target.dtype=bfloat16"], engines_root=tmp_path,
-                    say=messages.append)
-    assert not changed.up_to_date
-    assert f"replacing {path}: it was built for other settings (target.dtype: built float32, " \
-        "recipe bfloat16)" in messages
-    assert not build(CPU_RECIPE, ["methods.1.layers=20"], engines_root=tmp_path,
-                     say=lambda _: None).up_to_date  # a method's own settings
+    # what it does depend on builds into its own folder, beside the recipe as written
+    for edit in (["target.dtype=bfloat16"], ["methods.1.layers=20"]):  # a method's own settings
+        messages.clear()
+        changed = build(CPU_RECIPE, edit, engines_root=tmp_path, say=messages.append)
+        assert not changed.up_to_date and changed.manifest_path.parent.parent == path.parent.parent
+        assert changed.manifest_path.parent.name.startswith("cpu-")
+        moved = changed.manifest_path.parent
+        assert f"--set changes what is built: writing {moved}/ (the recipe as written builds " \
+            f"into {path.parent}/)" in messages
+    assert load_manifest(path).created == forced.manifest.created  # untouched
+
+
+def test_an_edited_recipe_replaces_its_build_and_says_why(tmp_path: Path, smollm2) -> None:
+    recipe = tmp_path / "cpu-smollm2.yaml"
+    recipe.write_text(CPU_RECIPE.read_text())
+    engines = tmp_path / "engines"
+    first = build(recipe, engines_root=engines, say=lambda _: None)
+    recipe.write_text(CPU_RECIPE.read_text().replace("dtype: float32", "dtype: bfloat16"))
+    messages: list[str] = []
+    second = build(recipe, engines_root=engines, say=messages.append)
+    assert second.manifest_path == first.manifest_path and not second.up_to_date
+    assert f"replacing {first.manifest_path}: it was built for other settings (target.dtype: " \
+        "built float32, recipe bfloat16)" in messages
 
 
 def test_manifest_edited_to_another_compute_capability_is_refused(tmp_path: Path,
@@ -117,3 +132,69 @@ def test_an_aliased_gpu_name_finds_the_build_where_build_put_it(tmp_path: Path) 
              draft_lengths=[4], artifacts=[]).save(tmp_path / recipe.name / "h100")
     with pytest.raises(ManifestError, match=r"built for H100 .* no NVIDIA GPU"):  # found it
         open_built(recipe, "recipe.yaml", tmp_path)
+
+
+TINY_RECIPE = """\
+name: tiny
+target: {{model: {model}, dtype: float32}}
+methods: [{{method: ngram}}, {{method: layer_skip, layers: 1}}]
+draft_lengths: [2]
+backend: {{kind: torch, device: cpu}}
+"""
+
+
+class Opened(RuntimeError):
+    """Stops eval / audit right after they found their build (the test only needs where)."""
+
+
+def test_set_builds_coexist_and_eval_finds_each(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Through the CLI: a --set that changes the build writes its own folder; eval and audit
+    with the same --set open it, without --set the recipe as written's; nothing is replaced."""
+    from conftest import tiny_llama
+
+    import trtspec.manifest
+
+    model = tmp_path / "tiny-llama"
+    tiny_llama().save_pretrained(model)
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(TINY_RECIPE.format(model=model))
+    engines = tmp_path / "engines"
+    bf16 = ["--set", "target.dtype=bfloat16"]
+    base = ["--engines", str(engines)]
+
+    main(["build", str(recipe), *base])
+    plain = engines / "tiny" / "cpu"
+    main(["build", str(recipe), *base, *bf16])
+    out = capsys.readouterr().out
+    [moved] = [p for p in (engines / "tiny").iterdir() if p != plain]
+    assert moved.name.startswith("cpu-") and len(moved.name) == len("cpu-") + 8
+    assert f"--set changes what is built: writing {moved}/ (the recipe as written builds into " \
+           f"{plain}/)" in out
+    assert load_manifest(plain).build_inputs["target"]["dtype"] == "float32"
+    assert load_manifest(moved).build_inputs["target"]["dtype"] == "bfloat16"
+    main(["build", str(recipe), *base])  # both stay current: neither replaced the other
+    main(["build", str(recipe), *base, *bf16])
+    assert capsys.readouterr().out.count("up to date:") == 2
+
+    real, opened = trtspec.manifest.open_built, []
+
+    def spy(*args, **kwargs):
+        opened.append(real(*args, **kwargs)[1])
+        raise Opened("found it")
+
+    monkeypatch.setattr(trtspec.manifest, "open_built", spy)
+    subset = ["--set", "methods=[{method: ngram}]", "--set", "sampling.temperature=0.5"]
+    for args, folder in [([], plain), (bf16, moved), (subset, plain), ([*bf16, *subset], moved)]:
+        for command in (["eval", str(recipe), *base, "--no-mlflow"], ["audit", str(recipe), *base]):
+            with pytest.raises(SystemExit) as exit_info:
+                main([*command, *args])
+            assert exit_info.value.code == 2 and "found it" in capsys.readouterr().err
+            assert opened.pop() == folder / "manifest.json", (command, args)
+
+    monkeypatch.setattr(trtspec.manifest, "open_built", real)
+    with pytest.raises(SystemExit) as exit_info:  # overrides nobody built
+        main(["eval", str(recipe), *base, "--set", "target.dtype=float16", "--no-mlflow"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert f"no build in {engines / 'tiny'}/cpu-" in err and "target.dtype: built float32, " \
+        "recipe float16" in err

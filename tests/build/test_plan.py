@@ -1,4 +1,5 @@
-"""Plans: golden shell for every shipped recipe; every emitted TensorRT-LLM flag is a 1.2.x flag."""
+"""Plans: golden shell for every shipped recipe; every emitted TensorRT-LLM flag is a 1.2.x flag;
+every plan ends with commands that exist (trtspec's own, trtllm-serve's 1.2.x flags)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ CONVERT_FLAGS = {"--model_dir", "--output_dir", "--dtype", "--tp_size", "--pp_si
                  "--medusa_model_dir", "--num_medusa_heads", "--eagle_model_dir",
                  "--max_draft_len", "--num_eagle_layers", "--max_non_leaves_per_layer"}
 MODES = {"draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle"}
+# TensorRT-LLM 1.2.x: the trtllm-serve flags a plan's "next" section may use
+SERVE_FLAGS = {"--tokenizer", "--backend", "--tp_size", "--pp_size", "--extra_llm_api_options",
+               "--port", "--host"}
 
 
 def plan_for(path: Path, *overrides: str):
@@ -31,8 +35,9 @@ def plan_for(path: Path, *overrides: str):
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
-def test_plan_matches_golden(path: Path) -> None:
-    text = plan_for(path).shell()
+def test_plan_matches_golden(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the plan repeats the recipe path as passed: keep it relative
+    text = plan_for(path.relative_to(ROOT)).shell()
     golden = GOLDEN / f"{path.stem}.sh"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.parent.mkdir(exist_ok=True)
@@ -120,3 +125,80 @@ def test_d0_for_llama_3_1_8b_is_31_with_its_derivation(capsys) -> None:
     build(ROOT / "recipes" / "h100-llama31-8b-draft1b.yaml", dry_run=True)
     assert "D₀ = 31  (G = num_attention_heads / num_key_value_heads = 32 / 8 = 4;" in \
         capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_every_plan_ends_with_commands_that_exist(path: Path, tmp_path: Path) -> None:
+    """The "next" commands parse with trtspec's real CLI (command, options, arguments), name
+    only 1.2.x trtllm-serve flags and only what the plan itself produces; no `trtspec serve`."""
+    from trtspec.build.plan import EVAL_DIR
+    from trtspec.cli import cli
+
+    plan = plan_for(path)
+    text = plan.shell()
+    assert "trtspec serve" not in text and plan.next
+    tail = text[text.index("# next:"):].splitlines()
+    assert all(line.startswith("#") for line in tail)  # comments: the script never runs them
+    commands = [n.argv for n in plan.next if n.argv]
+    assert commands and commands[-1][:2] in {("trtspec", "decide"), ("trtspec", "build")}
+    produced = {s.produces for s in plan.steps}
+    (tmp_path / "eval").mkdir()
+    for argv in commands:
+        assert argv[0] in {"trtspec", "trtllm-serve"}, argv
+        if argv[0] == "trtspec":
+            assert argv[1] in cli.commands and argv[1] != "serve", argv
+            args = [str(tmp_path / "eval") if a == EVAL_DIR else a for a in argv[2:]]
+            cli.commands[argv[1]].make_context(argv[1], args)  # raises on an unknown option
+            if argv[1] in ("eval", "build"):
+                assert argv[2] == str(path)  # the recipe as passed
+        else:
+            flags = {a for a in argv if a.startswith("--")}
+            assert flags <= SERVE_FLAGS, sorted(flags - SERVE_FLAGS)
+            served = argv[1]
+            if plan.workflow == "engine":  # an engine directory: the TensorRT backend
+                assert served in produced and argv[argv.index("--backend") + 1] == "tensorrt"
+                assert argv[argv.index("--tokenizer") + 1] == plan_target(path)
+            else:
+                assert argv[argv.index("--extra_llm_api_options") + 1] in produced
+    if plan.backend == "torch":
+        assert [c[:2] for c in commands] == [("trtspec", "eval"), ("trtspec", "audit"),
+                                            ("trtspec", "decide")]
+    elif any(c[:2] == ("trtspec", "eval") for c in commands):
+        ports = {c[c.index("--port") + 1] for c in commands if c[0] == "trtllm-serve"}
+        ev = next(c for c in commands if c[:2] == ("trtspec", "eval"))
+        assert {ev[ev.index("--endpoint") + 1], ev[ev.index("--baseline-endpoint") + 1]} == \
+            {f"http://127.0.0.1:{p}/v1" for p in ports}
+
+
+def plan_target(path: Path) -> str:
+    from trtspec.recipe import load_recipe
+
+    return load_recipe(path).target.model
+
+
+def test_external_drafts_on_engines_point_at_the_pytorch_workflow() -> None:
+    """target-spec needs a client that passes drafts; trtllm-serve passes none, so the plan
+    says so and suggests the pytorch workflow, whose plan then serves and evaluates."""
+    plan = plan_for(ROOT / "recipes" / "l40s-llama31-8b-ngram.yaml")
+    comments = " ".join(line.removeprefix("# ") for line in plan.shell().splitlines())
+    assert "trtllm-serve passes none, so served alone it does not speculate" in comments
+    assert plan.next[-1].argv[-2:] == ("--set", "backend.workflow=pytorch")
+    assert not any("target-spec" in a for n in plan.next for a in n.argv)  # never served
+    pytorch = plan_for(ROOT / "recipes" / "l40s-llama31-8b-ngram.yaml", "backend.workflow=pytorch")
+    evals = [n.argv for n in pytorch.next if n.argv[:2] == ("trtspec", "eval")]
+    assert evals and evals[0][3:5] == ("--set", "backend.workflow=pytorch")
+
+
+def test_dry_run_through_the_cli_ends_with_eval_audit_decide(tmp_path: Path, capsys,
+                                                             monkeypatch) -> None:
+    from trtspec.cli import main
+
+    monkeypatch.chdir(ROOT)
+    main(["build", "recipes/cpu-smollm2.yaml", "--dry-run", "--engines", str(tmp_path),
+          "--set", "eval.per_category=2"])
+    out = capsys.readouterr().out
+    assert "trtspec serve" not in out
+    assert out.endswith("#   trtspec decide reports/<eval-id>\n")
+    assert f"#   trtspec eval recipes/cpu-smollm2.yaml --set eval.per_category=2 --engines " \
+        f"{tmp_path}\n" in out
+    assert "#   trtspec audit reports/<eval-id>\n" in out

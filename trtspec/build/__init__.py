@@ -1,7 +1,9 @@
 """`trtspec build`: recipe → plan → artifacts → manifest.
 
 Re-running with an unchanged recipe and GPU is a no-op (``force`` rebuilds); ``dry_run`` only
-plans, so it works on any machine, with or without TensorRT-LLM or a GPU.
+plans, so it works on any machine, with or without TensorRT-LLM or a GPU. ``--set`` overrides that
+change what is built write to their own folder (manifest.build_dir), so they never replace the
+build of the recipe as written, nor one another.
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ from pathlib import Path
 
 from trtspec import gpu as gpus
 from trtspec.build.plan import Plan, make_plan
-from trtspec.manifest import MANIFEST, Artifact, GpuInfo, Manifest, ManifestError, versions
+from trtspec.manifest import (
+    MANIFEST,
+    Artifact,
+    GpuInfo,
+    Manifest,
+    ManifestError,
+    build_dir,
+    versions,
+)
 from trtspec.recipe import DraftModel, Recipe, RecipeError, load_recipe
 
 
@@ -41,9 +51,14 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
         lengths = gpus.sweep_around(d0)
     else:
         lengths = sorted(set(recipe.draft_lengths))
-    out_dir = Path(engines_root) / recipe.name / (profile.slug if profile else "cpu")
+    slug = profile.slug if profile else "cpu"
+    out_dir, as_written = build_dir(recipe, recipe_path, slug, engines_root)
+    if as_written is not None:
+        say(f"--set changes what is built: writing {out_dir}/ (the recipe as written builds "
+            f"into {as_written}/)")
     try:
-        plan = make_plan(recipe, profile, out_dir, lengths, d0, derivation)
+        plan = make_plan(recipe, profile, out_dir, lengths, d0, derivation,
+                         recipe_path=str(recipe_path), overrides=overrides)
     except ValueError as e:
         raise RecipeError(f"{recipe_path}: {e}") from None
     if d0 is not None:

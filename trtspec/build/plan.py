@@ -12,11 +12,17 @@ PyTorch workflow: one ``extra_llm_api_options`` YAML per method × D (``speculat
 ``trtllm-serve`` / ``trtllm-bench``, plus a baseline YAML without speculation.
 
 Torch backend: resolve / convert checkpoints and check tokenizers (see build/torch.py).
+
+Every plan ends with what to run next (comments, never run by the plan): only commands that
+exist, ``trtspec eval`` / ``audit`` / ``decide`` and TensorRT-LLM's ``trtllm-serve``.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
+import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,12 +33,14 @@ from trtspec.recipe import DraftModel, Eagle, LayerSkip, Medusa, Ngram, Recipe
 
 EXAMPLES = "$TRTLLM_EXAMPLES"  # TensorRT-LLM's examples/ directory (set it on the build machine)
 CONVERT = {"llama": "models/core/llama/convert_checkpoint.py"}
+EVAL_DIR = "reports/<eval-id>"  # the folder `trtspec eval` prints (placeholder)
+BASELINE_PORT, SPEC_PORT = 8000, 8001
 
 
 @dataclass(frozen=True)
 class Step:
     name: str
-    kind: str  # "run" (a command), "write" (a file), "prepare" (torch, in-process), "hint"
+    kind: str  # "run" (a command), "write" (a file), "prepare" (torch, in-process)
     argv: tuple[str, ...] = ()
     path: str = ""  # for "write"
     content: str = ""  # for "write"
@@ -45,8 +53,26 @@ class Step:
                    f"cat > {shlex.quote(self.path)} <<'YAML'\n{self.content}YAML"
         if self.kind == "prepare":
             return f"# {self.note}"
-        command = " ".join(a if a.startswith("$") else shlex.quote(a) for a in self.argv)
-        return f"# then: {command}" if self.kind == "hint" else command
+        return _join(self.argv)
+
+
+@dataclass(frozen=True)
+class Next:
+    """A command to run once the plan has run: printed as a comment, never run by the plan
+    (servers run until stopped, and an eval takes its own time)."""
+
+    argv: tuple[str, ...]
+    why: str = ""  # a comment printed above it
+
+    def shell(self) -> str:
+        lines = [f"# {line}" for line in textwrap.wrap(self.why, 96)]
+        return "\n".join(lines + ([f"#   {_join(self.argv)}"] if self.argv else []))
+
+
+def _join(argv: Sequence[str]) -> str:
+    """Quote for bash, leaving $VARS and <placeholders> readable."""
+    return " ".join(a if a.startswith("$") or re.fullmatch(r"[\w./:-]*<[\w-]+>[\w./-]*", a)
+                    else shlex.quote(a) for a in argv)
 
 
 @dataclass
@@ -61,6 +87,7 @@ class Plan:
     d0_derivation: str | None
     steps: list[Step] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    next: list[Next] = field(default_factory=list)
 
     def shell(self) -> str:
         """The plan as a copy-pasteable bash script."""
@@ -79,21 +106,31 @@ class Plan:
             lines += ["", f"# [{i}/{len(self.steps)}] {s.name}" + (f": {s.note}" if s.note and
                                                                     s.kind != "prepare" else ""),
                       s.shell()]
+        if self.next:
+            lines += ["", "# next: run what this plan built (not run by this script)"]
+            lines += [n.shell() for n in self.next]
         return "\n".join(lines) + "\n"
 
 
 def make_plan(recipe: Recipe, gpu: GpuProfile | None, out_dir: Path, draft_lengths: list[int],
-              d0: int | None = None, d0_derivation: str | None = None) -> Plan:
+              d0: int | None = None, d0_derivation: str | None = None,
+              recipe_path: str = "RECIPE", overrides: Sequence[str] = ()) -> Plan:
+    """``recipe_path`` and ``overrides`` as the user passed them: the "next" commands repeat
+    them, so eval opens the same recipe (and finds a --set build in its own folder)."""
     backend = recipe.backend
     workflow = backend.workflow if backend.kind == "trtllm" else None
     plan = Plan(recipe.name, backend.kind, workflow, gpu, out_dir, draft_lengths, d0,
                 d0_derivation)
+    recipe_args = (recipe_path, *(a for o in overrides for a in ("--set", o)))
     if backend.kind == "torch":
         _torch_steps(plan, recipe)
+        _torch_next(plan, recipe_args)
     elif workflow == "engine":
         _engine_steps(plan, recipe)
+        _engine_next(plan, recipe, recipe_args)
     else:
         _pytorch_steps(plan, recipe)
+        _pytorch_next(plan, recipe, recipe_args)
     return plan
 
 
@@ -191,7 +228,7 @@ def _engine_steps(plan: Plan, recipe: Recipe) -> None:
 
 
 def _pytorch_steps(plan: Plan, recipe: Recipe) -> None:
-    t, limits = recipe.target, recipe.limits
+    limits = recipe.limits
     base = {"max_batch_size": limits.max_batch_size, "max_num_tokens": limits.max_num_tokens,
             "max_seq_len": limits.max_seq_len}
     cfg = plan.out_dir / "llmapi"
@@ -219,8 +256,67 @@ def _pytorch_steps(plan: Plan, recipe: Recipe) -> None:
             if two_model:
                 options["disable_overlap_scheduler"] = True
             write(f"{m.method}-d{d}", options)
-    world = ["--tp_size", str(t.tp_size), "--pp_size", str(t.pp_size)]
-    plan.steps.append(Step("serve (example)", "hint",
-                           ("trtllm-serve", t.model, *world, "--extra_llm_api_options",
-                            str(cfg / f"{recipe.methods[0].method}-d{plan.draft_lengths[0]}.yaml")),
-                           note="what `trtspec serve` / eval start for one condition"))
+
+
+def _torch_next(plan: Plan, recipe_args: tuple[str, ...]) -> None:
+    root = plan.out_dir.parents[1]
+    engines = ("--engines", str(root)) if str(root) != "engines" else ()
+    plan.next += [
+        Next(("trtspec", "eval", *recipe_args, *engines),
+             f"baseline vs speculative on these models, in-process; it prints {EVAL_DIR}"),
+        Next(("trtspec", "audit", EVAL_DIR), "is speculative sampling exact on these models?"),
+        Next(("trtspec", "decide", EVAL_DIR), "go / no-go per condition (with the audit)")]
+
+
+def _endpoint_eval(plan: Plan, recipe_args: tuple[str, ...], model: str) -> None:
+    plan.next += [
+        Next(("trtspec", "eval", *recipe_args, "--endpoint", f"http://127.0.0.1:{SPEC_PORT}/v1",
+              "--model", model, "--baseline-endpoint",
+              f"http://127.0.0.1:{BASELINE_PORT}/v1"),
+             "both servers up: the recipe's workloads, sampling and concurrency against them"),
+        Next(("trtspec", "decide", EVAL_DIR), "go / no-go")]
+
+
+def _pytorch_next(plan: Plan, recipe: Recipe, recipe_args: tuple[str, ...]) -> None:
+    t, cfg = recipe.target, plan.out_dir / "llmapi"
+    world = ("--tp_size", str(t.tp_size), "--pp_size", str(t.pp_size))
+    spec = cfg / f"{recipe.methods[0].method}-d{plan.draft_lengths[0]}.yaml"
+    plan.next += [
+        Next(("trtllm-serve", t.model, *world, "--extra_llm_api_options", str(spec),
+              "--port", str(SPEC_PORT)),
+             "serve one speculative condition (one server per method × D: swap the YAML) and "
+             "the baseline with TensorRT-LLM's trtllm-serve"),
+        Next(("trtllm-serve", t.model, *world, "--extra_llm_api_options",
+              str(cfg / "baseline.yaml"), "--port", str(BASELINE_PORT)))]
+    _endpoint_eval(plan, recipe_args, t.model)
+
+
+def _engine_next(plan: Plan, recipe: Recipe, recipe_args: tuple[str, ...]) -> None:
+    """trtllm-serve serves an engine directory with ``--backend tensorrt`` (the tokenizer comes
+    from the target's checkpoint). Medusa / EAGLE engines speculate by themselves; target-spec
+    verifies drafts a client passes with each request, which trtllm-serve's OpenAI API does
+    not, so draft_model / ngram are pointed at the pytorch workflow instead."""
+    t, eng = recipe.target, plan.out_dir / "engines"
+
+    def serve(engine: str, port: int, why: str = "") -> Next:
+        return Next(("trtllm-serve", str(eng / engine), "--tokenizer", t.model, "--backend",
+                     "tensorrt", "--tp_size", str(t.tp_size), "--pp_size", str(t.pp_size),
+                     "--port", str(port)), why)
+
+    native = [m.method for m in recipe.methods if isinstance(m, Medusa | Eagle)]
+    plan.next.append(serve("target", BASELINE_PORT, "serve the baseline engine with "
+                                                    "TensorRT-LLM's trtllm-serve"))
+    if native:
+        plan.next.append(serve(native[0], SPEC_PORT, f"and the {native[0]} engine"))
+        _endpoint_eval(plan, recipe_args, t.model)
+    if any(isinstance(m, DraftModel | Ngram) for m in recipe.methods):
+        why = ("engines/target-spec verifies drafts that a client passes with each request "
+               "(draft_tokens_external); trtllm-serve passes none, so served alone it does not "
+               "speculate, and trtspec has no such client yet")
+        if any(isinstance(m, Medusa) for m in recipe.methods):  # medusa needs engines
+            plan.next.append(Next((), why))
+        else:
+            plan.next.append(Next(("trtspec", "build", *recipe_args, "--set",
+                                   "backend.workflow=pytorch"),
+                                  f"{why}: to measure draft_model / ngram through a server, "
+                                  "plan the pytorch workflow (its trtllm-serve drafts itself)"))

@@ -1,4 +1,8 @@
-"""`trtspec generate`: one batch through the exact speculative sampler, with its stats."""
+"""`trtspec generate`: one batch through the exact speculative sampler, with its stats.
+
+The generated text goes to stdout and everything about it (headers, the stats table) to stderr,
+so ``trtspec generate … > out.txt`` keeps just the text; ``--json`` prints one object to stdout.
+"""
 
 from __future__ import annotations
 
@@ -58,7 +62,8 @@ def generate(backend: str, model: str, method: str, draft_len: int, draft_model:
              chat: bool, num_requests: int, max_tokens: int, temperature: float, top_k: int,
              top_p: float, seed: int, device: str, dtype: str, vocab_size: int, order: int,
              divergence: float, eos_id: int | None, as_json: bool) -> None:
-    """Generate with exact speculative sampling; print the output and speculation stats."""
+    """Generate with exact speculative sampling: the text to stdout, the speculation stats to
+    stderr (--json: one object to stdout)."""
     params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed + i,
                              max_tokens=max_tokens) for i in range(num_requests)]
     knobs = {"draft_len": draft_len, "draft_layers": draft_layers, "ngram_min": ngram_min,
@@ -74,9 +79,16 @@ def generate(backend: str, model: str, method: str, draft_len: int, draft_model:
         runner = ToyRunner(target)
         proposer = make_proposer(method, draft=draft, **knobs)
     else:
-        from trtspec.models import encode, load
+        from trtspec.models import check_device, encode, load
         from trtspec.runtime.hf import HFRunner
 
+        if method == "draft_model" and not draft_model:  # before loading any weights
+            raise click.UsageError("--method draft_model needs a draft model: pass "
+                                   "--draft-model NAME (same tokenizer as --model)")
+        try:
+            check_device(device)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--device") from None
         lm = load(model, device, dtype)
         tokenizer = lm.tokenizer
         ids = encode(tokenizer, prompt or "Write a haiku about speculative decoding.", chat)
@@ -133,23 +145,30 @@ def _print_completions(completions: list[Completion], as_json: bool, tokenizer: 
             "acceptance_per_position": [_finite(a) for a in stats.acceptance_per_position],
         }))
         return
-    console = Console()
+    console = Console(stderr=True)  # statistics; the text alone goes to stdout
     if not show_tokens:
         click.echo()
     for i, c in enumerate(completions if show_tokens else []):
         body = text(c) if tokenizer else " ".join(map(str, c.token_ids))
         console.print(f"[bold]request {i}[/] ({c.finish_reason}, {len(c.token_ids)} tokens):")
-        console.print(body, highlight=False, markup=False)
+        click.echo(body)
     table = Table(title="speculation stats",
                   caption="the first token (from prefill) is in no counter")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in stats.summary().items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+        table.add_row(key, _cell(value))
     table.add_row("acceptance per position",
-                  " ".join(f"{a:.2f}" for a in stats.acceptance_per_position) or "-")
+                  " ".join(f"{a:.2f}" for a in stats.acceptance_per_position) or "—")
     table.add_row("output tokens / s", f"{tokens / elapsed:.1f}")
     console.print(table)
+
+
+def _cell(value: float | int) -> str:
+    """Undefined rates (nothing proposed, e.g. --method none) show as —, not nan."""
+    if isinstance(value, float):
+        return "—" if value != value else f"{value:.3f}"
+    return str(value)
 
 
 def _finite(value: float | int) -> float | int | None:

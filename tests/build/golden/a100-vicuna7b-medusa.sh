@@ -18,3 +18,13 @@ python $TRTLLM_EXAMPLES/medusa/convert_checkpoint.py --model_dir lmsys/vicuna-7b
 
 # [4/4] build medusa: Medusa verifies by token matching (exact only at temperature 0)
 trtllm-build --checkpoint_dir engines/a100-vicuna7b-medusa/a100-80gb/checkpoints/medusa --output_dir engines/a100-vicuna7b-medusa/a100-80gb/engines/medusa --max_batch_size 8 --max_input_len 1024 --max_seq_len 2048 --max_num_tokens 4096 --gemm_plugin float16 --gpt_attention_plugin float16 --speculative_decoding_mode medusa --max_draft_len 16
+
+# next: run what this plan built (not run by this script)
+# serve the baseline engine with TensorRT-LLM's trtllm-serve
+#   trtllm-serve engines/a100-vicuna7b-medusa/a100-80gb/engines/target --tokenizer lmsys/vicuna-7b-v1.3 --backend tensorrt --tp_size 1 --pp_size 1 --port 8000
+# and the medusa engine
+#   trtllm-serve engines/a100-vicuna7b-medusa/a100-80gb/engines/medusa --tokenizer lmsys/vicuna-7b-v1.3 --backend tensorrt --tp_size 1 --pp_size 1 --port 8001
+# both servers up: the recipe's workloads, sampling and concurrency against them
+#   trtspec eval recipes/a100-vicuna7b-medusa.yaml --endpoint http://127.0.0.1:8001/v1 --model lmsys/vicuna-7b-v1.3 --baseline-endpoint http://127.0.0.1:8000/v1
+# go / no-go
+#   trtspec decide reports/<eval-id>

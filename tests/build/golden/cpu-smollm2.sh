@@ -10,3 +10,11 @@ set -euo pipefail
 
 # [2/2] layer_skip-24
 # check the target has more than 24 layers (the draft shares its weights)
+
+# next: run what this plan built (not run by this script)
+# baseline vs speculative on these models, in-process; it prints reports/<eval-id>
+#   trtspec eval recipes/cpu-smollm2.yaml
+# is speculative sampling exact on these models?
+#   trtspec audit reports/<eval-id>
+# go / no-go per condition (with the audit)
+#   trtspec decide reports/<eval-id>

@@ -21,3 +21,12 @@ python $TRTLLM_EXAMPLES/models/core/llama/convert_checkpoint.py --model_dir meta
 
 # [5/5] build draft: draft logits are passed to the target for exact sampling
 trtllm-build --checkpoint_dir engines/h200-llama31-8b-draft1b/h200/checkpoints/draft --output_dir engines/h200-llama31-8b-draft1b/h200/engines/draft --max_batch_size 64 --max_input_len 8192 --max_seq_len 10240 --max_num_tokens 16384 --gemm_plugin bfloat16 --gpt_attention_plugin bfloat16 --gather_generation_logits
+
+# next: run what this plan built (not run by this script)
+# serve the baseline engine with TensorRT-LLM's trtllm-serve
+#   trtllm-serve engines/h200-llama31-8b-draft1b/h200/engines/target --tokenizer meta-llama/Llama-3.1-8B-Instruct --backend tensorrt --tp_size 1 --pp_size 1 --port 8000
+# engines/target-spec verifies drafts that a client passes with each request
+# (draft_tokens_external); trtllm-serve passes none, so served alone it does not speculate, and
+# trtspec has no such client yet: to measure draft_model / ngram through a server, plan the
+# pytorch workflow (its trtllm-serve drafts itself)
+#   trtspec build recipes/h200-llama31-8b-draft1b.yaml --set backend.workflow=pytorch

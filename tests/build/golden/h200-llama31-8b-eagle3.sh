@@ -5,7 +5,7 @@
 # D₀: G = num_attention_heads / num_key_value_heads = 32 / 8 = 4; D₀ = 128/G − 1 = 32 − 1 = 31
 set -euo pipefail
 
-# [1/6] write baseline
+# [1/5] write baseline
 mkdir -p engines/h200-llama31-8b-eagle3/h200/llmapi
 cat > engines/h200-llama31-8b-eagle3/h200/llmapi/baseline.yaml <<'YAML'
 max_batch_size: 64
@@ -13,7 +13,7 @@ max_num_tokens: 8192
 max_seq_len: 10240
 YAML
 
-# [2/6] write eagle-d2
+# [2/5] write eagle-d2
 mkdir -p engines/h200-llama31-8b-eagle3/h200/llmapi
 cat > engines/h200-llama31-8b-eagle3/h200/llmapi/eagle-d2.yaml <<'YAML'
 max_batch_size: 64
@@ -26,7 +26,7 @@ speculative_config:
 disable_overlap_scheduler: true
 YAML
 
-# [3/6] write eagle-d3
+# [3/5] write eagle-d3
 mkdir -p engines/h200-llama31-8b-eagle3/h200/llmapi
 cat > engines/h200-llama31-8b-eagle3/h200/llmapi/eagle-d3.yaml <<'YAML'
 max_batch_size: 64
@@ -39,7 +39,7 @@ speculative_config:
 disable_overlap_scheduler: true
 YAML
 
-# [4/6] write eagle-d4
+# [4/5] write eagle-d4
 mkdir -p engines/h200-llama31-8b-eagle3/h200/llmapi
 cat > engines/h200-llama31-8b-eagle3/h200/llmapi/eagle-d4.yaml <<'YAML'
 max_batch_size: 64
@@ -52,7 +52,7 @@ speculative_config:
 disable_overlap_scheduler: true
 YAML
 
-# [5/6] write eagle-d6
+# [5/5] write eagle-d6
 mkdir -p engines/h200-llama31-8b-eagle3/h200/llmapi
 cat > engines/h200-llama31-8b-eagle3/h200/llmapi/eagle-d6.yaml <<'YAML'
 max_batch_size: 64
@@ -65,5 +65,12 @@ speculative_config:
 disable_overlap_scheduler: true
 YAML
 
-# [6/6] serve (example): what `trtspec serve` / eval start for one condition
-# then: trtllm-serve meta-llama/Llama-3.1-8B-Instruct --tp_size 1 --pp_size 1 --extra_llm_api_options engines/h200-llama31-8b-eagle3/h200/llmapi/eagle-d2.yaml
+# next: run what this plan built (not run by this script)
+# serve one speculative condition (one server per method × D: swap the YAML) and the baseline with
+# TensorRT-LLM's trtllm-serve
+#   trtllm-serve meta-llama/Llama-3.1-8B-Instruct --tp_size 1 --pp_size 1 --extra_llm_api_options engines/h200-llama31-8b-eagle3/h200/llmapi/eagle-d2.yaml --port 8001
+#   trtllm-serve meta-llama/Llama-3.1-8B-Instruct --tp_size 1 --pp_size 1 --extra_llm_api_options engines/h200-llama31-8b-eagle3/h200/llmapi/baseline.yaml --port 8000
+# both servers up: the recipe's workloads, sampling and concurrency against them
+#   trtspec eval recipes/h200-llama31-8b-eagle3.yaml --endpoint http://127.0.0.1:8001/v1 --model meta-llama/Llama-3.1-8B-Instruct --baseline-endpoint http://127.0.0.1:8000/v1
+# go / no-go
+#   trtspec decide reports/<eval-id>

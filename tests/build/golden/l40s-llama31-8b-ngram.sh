@@ -15,3 +15,12 @@ trtllm-build --checkpoint_dir engines/l40s-llama31-8b-ngram/l40s/checkpoints/tar
 
 # [3/3] build target-spec: verifies external drafts; runtime needs kv_cache_enable_block_reuse
 trtllm-build --checkpoint_dir engines/l40s-llama31-8b-ngram/l40s/checkpoints/target --output_dir engines/l40s-llama31-8b-ngram/l40s/engines/target-spec --max_batch_size 32 --max_input_len 4096 --max_seq_len 5120 --max_num_tokens 8192 --gemm_plugin bfloat16 --gpt_attention_plugin bfloat16 --speculative_decoding_mode draft_tokens_external --max_draft_len 8 --use_paged_context_fmha enable --gather_generation_logits
+
+# next: run what this plan built (not run by this script)
+# serve the baseline engine with TensorRT-LLM's trtllm-serve
+#   trtllm-serve engines/l40s-llama31-8b-ngram/l40s/engines/target --tokenizer meta-llama/Llama-3.1-8B-Instruct --backend tensorrt --tp_size 1 --pp_size 1 --port 8000
+# engines/target-spec verifies drafts that a client passes with each request
+# (draft_tokens_external); trtllm-serve passes none, so served alone it does not speculate, and
+# trtspec has no such client yet: to measure draft_model / ngram through a server, plan the
+# pytorch workflow (its trtllm-serve drafts itself)
+#   trtspec build recipes/l40s-llama31-8b-ngram.yaml --set backend.workflow=pytorch
