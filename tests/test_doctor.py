@@ -25,3 +25,11 @@ def test_recipe_needs(tmp_path: Path, capsys) -> None:
     assert recipe_needs(bad)[0].startswith("invalid: ")
     main(["doctor", str(ROOT / "recipes" / "cpu-smollm2.yaml")])
     assert "cpu-smollm2.yaml: ready" in capsys.readouterr().out
+
+
+def test_doctor_says_where_it_looked_for_recipes(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    main(["doctor"])
+    out = capsys.readouterr().out
+    assert f"no recipes in {tmp_path / 'recipes'}" in out.replace("\n", "")
+    assert "trtspec doctor path/to/recipe.yaml" in out.replace("\n", "")

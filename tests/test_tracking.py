@@ -65,9 +65,13 @@ def test_server_down_then_sync_logs_once(tmp_path: Path, mlflow_server: str, cap
     assert len(read_records(out)) == 4 * 2 * 4  # nothing measured was lost
     main(["sync", str(out), "--mlflow-uri", mlflow_server])
     first = json.loads((out / "mlflow.json").read_text())
+    assert f"MLflow: logged as run {first['run_id']}" in capsys.readouterr().out
     main(["sync", str(out), "--mlflow-uri", mlflow_server])  # receipt: no-op
+    assert "already logged (its mlflow.json receipt)" in capsys.readouterr().out
     (out / "mlflow.json").unlink()
     main(["sync", str(out), "--mlflow-uri", mlflow_server])  # receipt lost: the tag finds it
+    assert (f"already logged (found by its eval id) as run {first['run_id']}"
+            in capsys.readouterr().out)
     client = MlflowClient(tracking_uri=mlflow_server)
     parents = client.search_runs([first["experiment_id"]],
                                  filter_string="tags.`trtspec.eval_id` = 'toy-eval-2' and "
@@ -143,7 +147,7 @@ def test_failed_parent_is_deleted_and_the_eval_logged_again(tmp_path: Path, mlfl
     assert [r.info.run_id for r in _parents(client, experiment_id, "toy-eval-failed")] == [
         receipt["run_id"]]  # the failed parent is deleted …
     assert not _children(client, experiment_id, failed.info.run_id)  # … and its nested run
-    assert json.loads((out / "mlflow.json").read_text()) == receipt
+    assert json.loads((out / "mlflow.json").read_text()) | {"status": "logged"} == receipt
 
 
 def test_lost_receipt_adopts_the_run_with_its_conditions(tmp_path: Path,
@@ -156,6 +160,7 @@ def test_lost_receipt_adopts_the_run_with_its_conditions(tmp_path: Path,
     first = log_eval(out, mlflow_server)
     (out / "mlflow.json").unlink()
     second = log_eval(out, mlflow_server)
+    assert first.pop("status") == "logged" and second.pop("status") == "found"
     assert second == first and len(first["conditions"]) == 4
     assert json.loads((out / "mlflow.json").read_text()) == first
     client = MlflowClient(tracking_uri=mlflow_server)

@@ -31,29 +31,37 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16", "fp8"]
 
 class Target(Strict):
     model: str = Field(description="built-in name, .gguf file, local HF dir or hub id")
-    dtype: Dtype = "auto"
-    tp_size: int = Field(1, ge=1)
-    pp_size: int = Field(1, ge=1)
+    dtype: Dtype = Field("auto", description="weights' dtype; auto: bfloat16 on CUDA and in "
+                         "TensorRT-LLM, else float32; fp8 needs TensorRT-LLM")
+    tp_size: int = Field(1, ge=1, description="tensor-parallel GPUs (TensorRT-LLM); "
+                         "tp_size × pp_size = gpu.count")
+    pp_size: int = Field(1, ge=1, description="pipeline-parallel stages (TensorRT-LLM engine "
+                         "workflow); tp_size × pp_size = gpu.count")
     # For planning where config.json is not on this machine (D₀ needs the head counts)
-    num_attention_heads: int | None = Field(None, ge=1)
-    num_key_value_heads: int | None = Field(None, ge=1)
+    num_attention_heads: int | None = Field(None, ge=1, description="query heads, for D₀ when "
+                                            "the target's config.json is not on this machine")
+    num_key_value_heads: int | None = Field(None, ge=1, description="KV heads, for D₀ when the "
+                                            "target's config.json is not on this machine")
 
 
 class DraftModel(Strict):
-    method: Literal["draft_model"]
+    method: Literal["draft_model"] = Field(description="a smaller model drafts")
     model: str = Field(description="the draft checkpoint (same tokenizer as the target)")
-    dtype: Dtype = "auto"
+    dtype: Dtype = Field("auto", description="the draft's dtype, as target.dtype")
 
 
 class LayerSkip(Strict):
-    method: Literal["layer_skip"]
+    method: Literal["layer_skip"] = Field(
+        description="the target's first layers draft (self-speculation; torch backend)")
     layers: int = Field(ge=1, description="target layers the draft keeps")
 
 
 class Ngram(Strict):
-    method: Literal["ngram"]
-    min_n: int = Field(1, ge=1)
-    max_n: int = Field(3, ge=1)
+    method: Literal["ngram"] = Field(description="prompt lookup: drafts the tokens that "
+                                     "followed an earlier occurrence of the latest n-gram")
+    min_n: int = Field(1, ge=1, description="shortest n-gram matched (torch backend)")
+    max_n: int = Field(3, ge=1, description="longest n-gram matched, tried first "
+                       "(TensorRT-LLM max_matching_ngram_size)")
 
     @model_validator(mode="after")
     def _order(self) -> Ngram:
@@ -63,30 +71,36 @@ class Ngram(Strict):
 
 
 class Medusa(Strict):
-    method: Literal["medusa"]
+    method: Literal["medusa"] = Field(description="Medusa heads on the target draft "
+                                      "(TensorRT-LLM engine workflow)")
     heads: str = Field(description="directory of the trained Medusa heads")
-    num_heads: int = Field(4, ge=1, le=8)
+    num_heads: int = Field(4, ge=1, le=8, description="Medusa heads used (`--num_medusa_heads`)")
 
 
 class Eagle(Strict):
-    method: Literal["eagle"]
+    method: Literal["eagle"] = Field(description="EAGLE draft heads (TensorRT-LLM)")
     model: str = Field(description="the EAGLE draft (heads / EAGLE-3 model directory)")
-    version: Literal[1, 2, 3] = 3
+    version: Literal[1, 2, 3] = Field(3, description="EAGLE-1, 2 or 3 (EAGLE-3: pytorch "
+                                      "workflow only)")
     num_layers: int = Field(4, ge=1, description="EAGLE-1/2 engine tree depth (num_eagle_layers)")
-    max_non_leaves_per_layer: int = Field(10, ge=1)
+    max_non_leaves_per_layer: int = Field(10, ge=1, description="EAGLE-1/2 engine: nodes "
+                                          "expanded per tree layer")
 
 
 Method = Annotated[DraftModel | LayerSkip | Ngram | Medusa | Eagle, Field(discriminator="method")]
 
 
 class TorchBackend(Strict):
-    kind: Literal["torch"]
-    device: str = "auto"
+    kind: Literal["torch"] = Field(description="transformers in process, on any machine")
+    device: str = Field("auto", description="auto (cuda when there is one, else cpu), cpu, "
+                        "cuda, cuda:N or mps; checked by build and eval")
 
 
 class TrtllmBackend(Strict):
-    kind: Literal["trtllm"]
-    workflow: Literal["engine", "pytorch"] = "engine"
+    kind: Literal["trtllm"] = Field(description="TensorRT-LLM 1.2")
+    workflow: Literal["engine", "pytorch"] = Field(
+        "engine", description="engine: trtllm-build engines; pytorch: llm-api YAML for "
+        "trtllm-serve / trtllm-bench")
 
 
 Backend = Annotated[TorchBackend | TrtllmBackend, Field(discriminator="kind")]
@@ -94,14 +108,15 @@ Backend = Annotated[TorchBackend | TrtllmBackend, Field(discriminator="kind")]
 
 class Gpu(Strict):
     name: str = Field("auto", description="a profile in trtspec.gpu (H200, A100-80GB, …) or auto")
-    count: int = Field(1, ge=1)
+    count: int = Field(1, ge=1, description="GPUs the target runs on (= tp_size × pp_size)")
 
 
 class Limits(Strict):
-    max_batch_size: int = Field(8, ge=1)
-    max_input_len: int = Field(2048, ge=1)
-    max_seq_len: int = Field(4096, ge=2)
-    max_num_tokens: int = Field(8192, ge=1)
+    max_batch_size: int = Field(8, ge=1, description="most requests in flight at once")
+    max_input_len: int = Field(2048, ge=1, description="longest prompt, in tokens")
+    max_seq_len: int = Field(4096, ge=2, description="longest prompt + output, in tokens")
+    max_num_tokens: int = Field(8192, ge=1, description="most tokens in one forward pass, "
+                                "summed over the batch")
 
     @model_validator(mode="after")
     def _lengths(self) -> Limits:
@@ -112,37 +127,53 @@ class Limits(Strict):
 
 
 class Sampling(Strict):
-    temperature: float = Field(0.0, ge=0)
-    top_k: int = Field(0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(128, ge=1)
-    seed: int = 0
+    temperature: float = Field(0.0, ge=0, description="0: greedy (argmax)")
+    top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0: off")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus mass kept; 1: off")
+    max_tokens: int = Field(128, ge=1, description="output tokens per request, stop token "
+                            "included")
+    seed: int = Field(0, description="seeds each request (the same in both arms), the "
+                      "per_category sample and the bootstrap")
+    ignore_eos: bool = Field(False, description="generate through EOS to max_tokens: fixed "
+                             "output lengths, as in benchmarks (`trtspec eval --ignore-eos`)")
 
     def params(self, **overrides: Any) -> SamplingParams:
         fields = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-                  "max_tokens": self.max_tokens, "seed": self.seed}
+                  "max_tokens": self.max_tokens, "seed": self.seed,
+                  "ignore_eos": self.ignore_eos}
         return SamplingParams(**(fields | overrides))
 
 
 class Eval(Strict):
     """Filled in by the eval step; validated now so recipes stay honest."""
 
-    workloads: list[str] = Field(default_factory=lambda: ["builtin"])
-    concurrency: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1])
-    per_category: int | None = Field(None, ge=1)
-    warmup: int = Field(2, ge=0)
+    workloads: list[str] = Field(default_factory=lambda: ["builtin"], description="`builtin`, "
+                                 "`speed-bench:<config>` or a JSONL path; `eval -w` replaces them")
+    concurrency: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [1], description="requests run together (the batch); each value "
+        "is a condition")
+    per_category: int | None = Field(
+        None, ge=1, description="a seeded stratified sample of at most N requests per category "
+        "of builtin and SPEED-Bench workloads (a custom JSONL runs whole unless "
+        "`--per-category` is given); null: every request")
+    warmup: int = Field(2, ge=0, description="requests each arm runs (8 tokens) before measuring")
 
 
 class Decide(Strict):
     """Filled in by the decide step; validated now."""
 
-    primary_metric: Literal["tpot_p50", "e2e_p50", "throughput"] = "tpot_p50"
-    min_speedup: float = Field(1.05, gt=0)
+    primary_metric: Literal["tpot_p50", "e2e_p50", "throughput"] = Field(
+        "tpot_p50", description="speedup of median TPOT, median E2E, or E2E per output token")
+    min_speedup: float = Field(1.05, gt=0, description="GO needs the speedup's whole 95 % CI "
+                               "at or above this; NO-GO when all of it is below")
     # The tail a latency gate judges is p99 from 100 paired requests, p90 from 20, else the
     # median; the gate fails only when the regression's 95 % CI lies above the limit.
-    max_ttft_p99_regression: float = Field(0.10, ge=0, description="TTFT tail regression limit")
-    max_e2e_p99_regression: float = Field(0.10, ge=0, description="E2E tail regression limit")
-    min_requests: int = Field(20, ge=1)
+    max_ttft_p99_regression: float = Field(0.10, ge=0, description="TTFT tail regression limit "
+                                           "(spec / baseline − 1)")
+    max_e2e_p99_regression: float = Field(0.10, ge=0, description="E2E tail regression limit "
+                                          "(spec / baseline − 1)")
+    min_requests: int = Field(20, ge=1, description="fewer paired requests give no verdict "
+                              "(per condition and per category)")
     greedy_tie_margin: float | None = Field(
         None, ge=0, description="at temperature 0, a spec output that first differs from the "
         "baseline where the target's two logits are within this margin is a numerical tie, "
@@ -155,17 +186,23 @@ class Decide(Strict):
 
 
 class Recipe(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
-    description: str = ""
-    target: Target
-    methods: list[Method] = Field(min_length=1)
-    draft_lengths: list[Annotated[int, Field(ge=1, le=64)]] | Literal["auto"] = "auto"
-    sampling: Sampling = Sampling()
-    limits: Limits = Limits()
-    backend: Backend
-    gpu: Gpu = Gpu()
-    eval: Eval = Eval()
-    decide: Decide = Decide()
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$",
+                      description="names the build folder and the eval ids")
+    description: str = Field("", description="free text, for people")
+    target: Target = Field(description="the model to speed up; its plain decoding is the "
+                           "baseline")
+    methods: list[Method] = Field(min_length=1, description="the speculation methods to "
+                                  "compare, each once")
+    draft_lengths: list[Annotated[int, Field(ge=1, le=64)]] | Literal["auto"] = Field(
+        "auto", description="the draft lengths D to sweep, each a condition; auto: 2, 4, "
+        "D₀/4, D₀/2 and D₀ = 128/G − 1 (G: query heads per KV head)")
+    sampling: Sampling = Field(Sampling(), description="how every request samples, in both arms")
+    limits: Limits = Field(Limits(), description="the sizes TensorRT-LLM engines and llm-api "
+                           "configs allow (the torch backend ignores them)")
+    backend: Backend = Field(description="what runs the models")
+    gpu: Gpu = Field(Gpu(), description="the GPU to plan and build for")
+    eval: Eval = Field(Eval(), description="what `trtspec eval` runs")
+    decide: Decide = Field(Decide(), description="when `trtspec decide` says GO")
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
@@ -265,7 +302,8 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:
-        raise RecipeError(f"{path}: {_first_error(e)}") from None
+        set_keys = [item.partition("=")[0] for item in overrides]
+        raise RecipeError(f"{path}: {_first_error(e, set_keys)}") from None
 
 
 def _apply_override(path: Path, data: dict[str, Any], item: str) -> None:
@@ -301,16 +339,27 @@ def _apply_override(path: Path, data: dict[str, Any], item: str) -> None:
             node = node[index]
 
 
-def _first_error(e: ValidationError) -> str:
-    """The first problem as 'key.path: message (hint)'; other union branches are not counted."""
+def _first_error(e: ValidationError, set_keys: list[str]) -> str:
+    """The first problem as 'key.path: message (hint)'; other union branches are not counted.
+    Keys of another backend kind or method come first (naming where they belong), and an
+    unknown key gets the nearest valid key path."""
+    from trtspec.recipe_reference import misplaced_keys, unknown_key  # it imports this module
+
     errors = e.errors()
     locs = [_loc(err["loc"]) for err in errors]
-    err, loc = errors[0], locs[0]
-    msg = err["msg"].removeprefix("Value error, ")
-    hint = _HINTS.get(err["type"], "")
-    others = {other for other in locs[1:] if other != loc and not loc.startswith(other)}
+    # a missing key is often a misspelt one (targte: → no target): report the spelling
+    extra = [i for i, err in enumerate(errors) if err["type"] == "extra_forbidden"]
+    near = [i for i in extra if errors[i]["loc"][:-1] == errors[0]["loc"][:-1]]
+    first = (near or extra or [0])[0] if errors[0]["type"] == "missing" else 0
+    err, loc = errors[first], locs[first]
+    msg = err["msg"].removeprefix("Value error, ") + _HINTS.get(err["type"], "")
+    if err["type"] == "extra_forbidden":
+        loc, msg = unknown_key(err["loc"], err["input"])
+    loc, msg = misplaced_keys(errors, set_keys) or (loc, msg)
+    others = {other for other in locs if other != loc and not loc.startswith(other)
+              and not other.startswith(f"{loc}.")}
     more = f" (+{len(others)} more)" if others else ""
-    return f"{loc or 'recipe'}: {msg}{hint}{more}"
+    return f"{loc or 'recipe'}: {msg}{more}"
 
 
 def _loc(parts: tuple[Any, ...]) -> str:
@@ -319,7 +368,4 @@ def _loc(parts: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in parts if p not in tags and "[" not in str(p))
 
 
-_HINTS = {
-    "extra_forbidden": " (unknown key: check its spelling against the README's recipe reference)",
-    "missing": " (add it to the recipe)",
-}
+_HINTS = {"missing": " (add it to the recipe)"}

@@ -22,7 +22,7 @@ from trtspec.decide import (
     requests_to_resolve,
     tpot,
 )
-from trtspec.metrics import arm_throughput, failed
+from trtspec.metrics import arm_throughput, drop_unpaired, failed
 from trtspec.recipe import Recipe
 
 
@@ -35,6 +35,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     from trtspec.files import write_atomic
 
     out = Path(out_dir)
+    records, unpaired = drop_unpaired(records)  # an interrupted eval not yet resumed
     greedy = recipe.sampling.temperature == 0
     audit = read_audit(out)
     audit_applies = in_process(out)
@@ -53,7 +54,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                 "throughput": arm_throughput(records),
                 "verdicts": [asdict(v) for v in verdicts], "apply_where": apply_where(verdicts),
                 "cost_model": models, "audit": audit,
-                "audit_applies": audit_applies}
+                "audit_applies": audit_applies, "unpaired_records": unpaired}
     write_atomic(out / "decision.json", json.dumps(decision, indent=2) + "\n")
     write_atomic(out / "report.md", markdown(out.name, recipe, verdicts, decision))
     summary = json.loads((out / "summary.json").read_text()) \
@@ -82,6 +83,8 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
            else "") + f", GPU memory headroom ≥ {100 * c.min_gpu_memory_headroom:.0f} %).",
         "",
         "## Summary", "", *summary_lines(verdicts, decision, c.min_speedup), "",
+        *([unpaired_note(decision["unpaired_records"]), ""]
+          if decision.get("unpaired_records") else []),
         "## Verdict per condition", "",
         "| condition | verdict | speedup | 95 % CI | requests | why | caveats |",
         "|---|---|---:|---|---:|---|---|"]
@@ -150,6 +153,11 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
     lines += ["", "Speedup = baseline / speculative on the primary metric (> 1: speculation is "
               "faster), from the same requests with the same seeds.", ""]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
+
+
+def unpaired_note(n: int) -> str:
+    return (f"Ignored {n} record{'s' * (n != 1)} measured in one arm only (the eval was "
+            "interrupted between arms): resume it to measure the other arm.")
 
 
 def summary_lines(verdicts: list[Verdict], decision: dict[str, Any], threshold: float

@@ -63,24 +63,25 @@ def log_eval(out_dir: str | Path, uri: str | None = None) -> dict[str, Any]:
     require_files(out, *EVAL_FILES)  # before any MLflow call: a wrong path is no server problem
     receipt_path = out / RECEIPT
     if receipt_path.is_file():
-        return json.loads(receipt_path.read_text())
+        return {**json.loads(receipt_path.read_text()), "status": "receipt"}
     uri = tracking_uri(uri)
     check_reachable(uri)
     meta = json.loads((out / "eval.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
     records = read_records(out)
     try:
-        receipt = _log(out, uri, meta, summary, records)
+        receipt, status = _log(out, uri, meta, summary, records)
     except (MlflowException, OSError) as e:
         cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise TrackingUnavailable(f"MLflow at {uri} failed: {cause}") from e
     write_atomic(receipt_path, json.dumps(receipt, indent=2) + "\n")
-    return receipt
+    return {**receipt, "status": status}
 
 
 def _log(out: Path, uri: str, meta: dict[str, Any], summary: dict[str, Any],
-         records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Adopt a finished parent run or log the eval anew; returns the receipt."""
+         records: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    """Adopt a finished parent run or log the eval anew; returns the receipt and "found" or
+    "logged"."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -105,7 +106,7 @@ def _log(out: Path, uri: str, meta: dict[str, Any], summary: dict[str, Any],
     if finished:  # logged before, receipt lost: do not duplicate
         run_id = finished[0].info.run_id
         return {"uri": uri, "experiment_id": experiment_id, "run_id": run_id,
-                "conditions": _condition_map(client, experiment_id, run_id)}
+                "conditions": _condition_map(client, experiment_id, run_id)}, "found"
 
     tags = {"trtspec.eval_id": eval_id, "trtspec.level": "eval", "git_sha": _git_sha(),
             **_origin_tags(meta, _read_json(out / "manifest.json"))}
@@ -132,7 +133,7 @@ def _log(out: Path, uri: str, meta: dict[str, Any], summary: dict[str, Any],
                 mlflow.log_metrics(condition_metrics(entry, records, key))
                 conditions[key] = child.info.run_id
     return {"uri": uri, "experiment_id": experiment_id, "run_id": parent.info.run_id,
-            "conditions": conditions}
+            "conditions": conditions}, "logged"
 
 
 def _children(client: Any, experiment_id: str, run_id: str) -> list[Any]:

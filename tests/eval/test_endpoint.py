@@ -200,3 +200,52 @@ def _free_port() -> int:
     from conftest import free_port
 
     return free_port()
+
+
+def test_benchmark_knobs_reach_the_server_and_resume_reuses_them(tmp_path, capsys) -> None:
+    """--num-prompts, --max-tokens (over the workload's own), --ignore-eos and --concurrency,
+    as `vllm bench serve` users know them; `--resume` alone measures the same again."""
+    from pathlib import Path
+
+    from trtspec.cli import main
+
+    server, url, seen = serve(True)
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "cpu-smollm2.yaml"
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"q{i}", "category": "ab"[i % 2],
+                                            "prompt": f"p{i}", "max_tokens": 50}) + "\n"
+                                for i in range(6)))
+    try:
+        main(["eval", str(recipe), "--endpoint", url, "--model", "m", "-w", str(workload),
+              "--num-prompts", "4", "--max-tokens", "5", "--ignore-eos", "--concurrency", "2,4",
+              "--reports", str(tmp_path), "--eval-id", "k", "--no-mlflow"])
+        printed = capsys.readouterr().out
+        assert "--num-prompts 4: a 2, b 2" in printed
+        assert {"endpoint/D0/c2", "endpoint/D0/c4"} <= set(printed.split())
+        assert len(seen) == 2 * 4 and all(p["max_tokens"] == 5 and p["ignore_eos"]
+                                          for p in seen)
+        records = read_records(tmp_path / "k")
+        (tmp_path / "k" / "records.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in records[:-3]))
+        main(["eval", str(recipe), "--resume", str(tmp_path / "k"), "--no-mlflow"])
+    finally:
+        server.shutdown()
+    assert len(seen) == 2 * 4 + 3 and all(p["max_tokens"] == 5 for p in seen)
+    assert len(read_records(tmp_path / "k")) == 8
+
+
+def test_an_endpoint_that_refuses_connections_is_one_line_and_leaves_no_folder(
+        tmp_path, capsys) -> None:
+    from pathlib import Path
+
+    from trtspec.cli import main
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "cpu-smollm2.yaml"
+    down = f"http://127.0.0.1:{_free_port()}/v1"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(recipe), "--endpoint", down, "--model", "m", "--reports",
+              str(tmp_path), "--eval-id", "x"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"{down}: cannot connect" in err and "Connection refused" in err
+    assert not (tmp_path / "x").exists()

@@ -143,14 +143,19 @@ def test_resume_refuses_another_workload_or_recipe(tmp_path: Path, smollm2, caps
           "--eval-id", "e1", "-w", str(workload), *sets, "--no-mlflow"])
     out = reports / "e1"
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    for extra, text in ((["-w", "builtin"], "workloads, number of requests, requests differ"),
+    for extra, text in ((["-w", "builtin"], f"--workload builtin (that eval ran {workload})"),
                         (["-w", str(workload), "--set", "sampling.seed=3"],
-                         "the recipe (after --set overrides) differ")):
+                         "sampling.seed=3 (that eval ran"),
+                        (["--per-category", "2"], "--per-category 2 (that eval ran the "
+                                                  "recipe's)")):
         with pytest.raises(SystemExit) as exit_info:
             main(["eval", str(RECIPE), "--engines", str(engines), "--resume", str(out), *sets,
                   *extra, "--no-mlflow"])
         assert exit_info.value.code == 2 and text in capsys.readouterr().err
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # the README's form: the folder's workload, overrides and knobs; nothing left to measure
+    main(["eval", str(RECIPE), "--engines", str(engines), "--resume", str(out), "--no-mlflow"])
+    assert len(read_records(out)) == 2 and "workload " in capsys.readouterr().out
 
 
 def test_the_recipe_s_device_and_dtype_reach_the_models(tmp_path: Path, smollm2) -> None:

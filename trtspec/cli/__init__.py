@@ -10,7 +10,7 @@ import click
 from pydantic import ValidationError
 
 from trtspec import __version__
-from trtspec.cli import generate, measure
+from trtspec.cli import evaluation, generate, measure
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,7 +19,7 @@ def cli() -> None:
     """Measure whether speculative decoding pays off for your model, workload and GPU."""
 
 
-for command in (generate.generate, measure.build, measure.eval_command, measure.audit,
+for command in (generate.generate, measure.build, evaluation.eval_command, measure.audit,
                 measure.decide, measure.prepare_data, measure.sync, measure.doctor):
     cli.add_command(command)
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.table import Table
+
+from trtspec.cli.evaluation import ENGINES_HELP, engines_root, explain_engines, log_to_mlflow
 
 
 @click.command()
@@ -19,89 +20,17 @@ from rich.table import Table
 @click.option("--force", is_flag=True, help="rebuild even if the manifest is up to date")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a recipe value, e.g. --set limits.max_batch_size=16")
-@click.option("--engines", default="engines", show_default=True, type=click.Path(),
-              help="root folder for build outputs")
+@click.option("--engines", default=None, type=click.Path(), help=ENGINES_HELP)
 def build(recipe: str, gpu: str | None, dry_run: bool, force: bool, overrides: tuple[str, ...],
-          engines: str) -> None:
+          engines: str | None) -> None:
     """Build (TensorRT-LLM engines, or torch checkpoints) for RECIPE and write a manifest."""
     from trtspec.build import build as run_build
 
     say = (lambda text: click.echo(text, err=True)) if dry_run else click.echo
-    result = run_build(recipe, overrides, gpu, dry_run, force, engines, say)
+    root, _ = engines_root(recipe, engines)
+    result = run_build(recipe, overrides, gpu, dry_run, force, root, say)
     if dry_run:
         click.echo(result.plan.shell(), nl=False)
-
-
-@click.command("eval")
-@click.argument("recipe", type=click.Path(dir_okay=False))
-@click.option("--workload", "-w", "workloads", multiple=True,
-              help="builtin, speed-bench:<config> or a JSONL file [default: the recipe's]")
-@click.option("--per-category", type=click.IntRange(1), default=None,
-              help="stratified sample: at most N requests per category")
-@click.option("--eval-id", default=None, help="folder name under --reports [default: timestamp]")
-@click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
-              help="continue an interrupted eval folder, skipping what is recorded")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE")
-@click.option("--engines", default="engines", show_default=True, type=click.Path())
-@click.option("--reports", default="reports", show_default=True, type=click.Path())
-@click.option("--speed-bench-dir", default="data/speed-bench", show_default=True,
-              type=click.Path())
-@click.option("--mlflow-uri", default=None,
-              help="tracking URI [default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]")
-@click.option("--no-mlflow", is_flag=True, help="keep results local only")
-@click.option("--endpoint", default=None,
-              help="evaluate an OpenAI-compatible server (…/v1) instead of in-process models")
-@click.option("--model", default=None, help="the model name the endpoint serves")
-@click.option("--baseline-endpoint", default=None,
-              help="the same model served without speculation (the baseline arm)")
-def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | None,
-                 eval_id: str | None, resume: str | None, overrides: tuple[str, ...],
-                 engines: str, reports: str, speed_bench_dir: str, mlflow_uri: str | None,
-                 no_mlflow: bool, endpoint: str | None, model: str | None,
-                 baseline_endpoint: str | None) -> None:
-    """Baseline vs speculative on RECIPE's built models; records land in reports/<eval-id>/."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    from trtspec.eval import evaluate, evaluate_endpoint
-
-    if endpoint and not model:
-        raise click.UsageError("--endpoint needs --model (the name the server serves)")
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), transient=True) as bar:
-        task = bar.add_task("requests measured", total=None)
-
-        def tick(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        if endpoint:
-            out = evaluate_endpoint(recipe, endpoint, model or "", baseline_endpoint, overrides,
-                                    workloads, per_category, eval_id, resume, reports,
-                                    speed_bench_dir, tick)
-        else:
-            out = evaluate(recipe, overrides, workloads, per_category, eval_id, resume, engines,
-                           reports, speed_bench_dir, tick)
-    _print_summary(out)
-    if not no_mlflow:
-        _log_to_mlflow(out, mlflow_uri)
-
-
-def _log_to_mlflow(out: Path, uri: str | None, decision: bool = False) -> None:
-    """Log after the measurements are on disk; a tracking failure costs nothing measured."""
-    from trtspec.tracking import log_decision, log_eval, tracking_uri
-
-    try:
-        receipt = log_eval(out, uri)
-        if decision:
-            log_decision(out, receipt)
-    except Exception as e:  # unreachable server, auth, disk: the eval folder is intact
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        again = f"trtspec decide {out}" if decision else f"trtspec sync {out}"
-        click.secho(f"MLflow: not logged ({reason}). Everything is kept in {out}; run "
-                    f"`{again}` when the server is back.", fg="yellow", err=True)
-        return
-    what = "report, verdicts and audit logged to run" if decision else "run"
-    click.echo(f"MLflow: {what} {receipt['run_id']} at {receipt.get('uri', tracking_uri(uri))}"
-               " (compare runs with `mlflow ui`)")
 
 
 MLFLOW_URI_HELP = "tracking URI [default: the eval's, $MLFLOW_TRACKING_URI, sqlite:///mlflow.db]"
@@ -121,12 +50,12 @@ MLFLOW_URI_HELP = "tracking URI [default: the eval's, $MLFLOW_TRACKING_URI, sqli
               show_default=True, help="false-alarm rate of the whole audit (Bonferroni)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="recipe overrides (when SOURCE is a recipe)")
-@click.option("--engines", default="engines", show_default=True, type=click.Path())
+@click.option("--engines", default=None, type=click.Path(), help=ENGINES_HELP)
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="where audit.json goes [default: the eval folder, or reports/<recipe>-audit-…]")
 def audit(source: str, samples: int, prompts: tuple[str, ...], draft_len: int,
-          temperature: float | None, alpha: float, overrides: tuple[str, ...], engines: str,
-          out: str | None) -> None:
+          temperature: float | None, alpha: float, overrides: tuple[str, ...],
+          engines: str | None, out: str | None) -> None:
     """Exactness audit: sample the first two output tokens through speculative sampling on the
     actual models and test them against the target's exact probabilities (chi-square), per
     method. SOURCE is an eval folder (audits the models it measured; `trtspec decide` then uses
@@ -134,13 +63,18 @@ def audit(source: str, samples: int, prompts: tuple[str, ...], draft_len: int,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from trtspec.audit import run_audit
+    from trtspec.manifest import ManifestError
 
+    root, why = engines_root(source, engines)
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), transient=True) as bar:
         task = bar.add_task("samples drawn", total=None)
-        where, report = run_audit(source, overrides, engines, out, prompts, samples, draft_len,
-                                  temperature, alpha,
-                                  progress=lambda d, t: bar.update(task, completed=d, total=t))
+        try:
+            where, report = run_audit(source, overrides, root, out, prompts, samples,
+                                      draft_len, temperature, alpha, progress=lambda d, t:
+                                      bar.update(task, completed=d, total=t))
+        except ManifestError as e:
+            raise explain_engines(e, root, why) from None
     table = Table(title=f"exactness audit ({report['samples']} samples per prompt, "
                         f"T = {report['sampling']['temperature']})")
     for column in ("method", "result", "min p-value", "threshold", "speculated", "rejected"):
@@ -168,7 +102,7 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool) -> None:
     from trtspec.eval import eval_recipe, require_files
     from trtspec.eval.run import read_records
     from trtspec.recipe import RecipeError
-    from trtspec.report import all_go, make_decision
+    from trtspec.report import all_go, make_decision, unpaired_note
 
     out = Path(eval_dir)
     recipe = eval_recipe(out)
@@ -176,7 +110,7 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool) -> None:
     if not records:
         raise RecipeError(f"{out}/records.jsonl has no records yet: resume the eval "
                           f"(`trtspec eval RECIPE --resume {out}`) before deciding")
-    verdicts, _ = make_decision(out, recipe, records)
+    verdicts, decision = make_decision(out, recipe, records)
     table = Table(title=f"decision {out.name}")
     for column in ("condition", "verdict", "speedup", "95 % CI", "why"):
         table.add_column(column)
@@ -186,9 +120,11 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool) -> None:
             table.add_row(v.condition, v.verdict, v.speedup_text, v.ci_text,
                           "; ".join(why) or "—")
     Console(width=None if sys.stdout.isatty() else 160).print(table)
+    if decision["unpaired_records"]:
+        click.echo(unpaired_note(decision["unpaired_records"]))
     click.echo(f"report: {out / 'report.html'}  (markdown: {out / 'report.md'})")
     if not no_mlflow:
-        _log_to_mlflow(out, mlflow_uri, decision=True)
+        log_to_mlflow(out, mlflow_uri, decision=True)
     sys.exit(0 if all_go(verdicts) else 1)
 
 
@@ -213,28 +149,10 @@ def sync(eval_dir: str, mlflow_uri: str | None) -> None:
     from trtspec.tracking import log_eval
 
     receipt = log_eval(eval_dir, mlflow_uri)
-    click.echo(f"MLflow: run {receipt['run_id']} (experiment {receipt['experiment_id']})")
-
-
-def _print_summary(out: Path) -> None:
-    summary = json.loads((out / "summary.json").read_text())
-    table = Table(title=f"eval {out.name}")
-    for column in ("condition", "requests", "TPOT p50 base→spec ms", "speedup TPOT p50",
-                   "AL pooled", "AL per-request", "acceptance rate", "α", "failed"):
-        table.add_column(column, justify="left" if column == "condition" else "right")
-    for key, entry in summary.items():
-        base, spec = entry.get("baseline", {}), entry.get("spec", {})
-        table.add_row(key, str(int(spec.get("requests", 0))),
-                      f"{base.get('tpot_ms_p50', float('nan')):.1f} → "
-                      f"{spec.get('tpot_ms_p50', float('nan')):.1f}",
-                      f"{entry.get('speedup_tpot_p50', float('nan')):.2f}×",
-                      f"{spec.get('al_pooled', float('nan')):.2f}",
-                      f"{spec.get('al_request_mean', float('nan')):.2f}",
-                      f"{spec.get('acceptance_rate', float('nan')):.2f}",
-                      f"{spec.get('alpha', float('nan')):.2f}",
-                      str(spec.get("failed_requests", 0) + base.get("failed_requests", 0)))
-    Console(width=None if sys.stdout.isatty() else 160).print(table)  # logs: no truncation
-    click.echo(f"records: {out / 'records.jsonl'}\nsummary: {out / 'summary.json'}")
+    what = {"logged": "logged as run", "found": "already logged (found by its eval id) as run",
+            "receipt": "already logged (its mlflow.json receipt) as run"}[receipt["status"]]
+    click.echo(f"MLflow: {what} {receipt['run_id']} (experiment {receipt['experiment_id']}) at "
+               f"{receipt['uri']}")
 
 
 @click.command()
@@ -249,6 +167,10 @@ def doctor(recipes: tuple[str, ...]) -> None:
         table.add_row(key, value)
     console.print(table)
     paths = [Path(r) for r in recipes] or sorted(Path("recipes").glob("*.yaml"))
+    if not paths:
+        console.print(f"no recipes in {Path('recipes').absolute()}: run doctor in a trtspec "
+                      "project, or name recipe files (trtspec doctor path/to/recipe.yaml)",
+                      highlight=False, markup=False)
     for path in paths:
         needs = recipe_needs(path)
         status = "[green]ready[/]" if not needs else "[yellow]needs[/] " + "; ".join(needs)

@@ -7,29 +7,42 @@ manifest.json).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from trtspec.eval.folder import (
+    Interrupted,
+    Selection,
+    discard_if_empty,
+    resumed_selection,
+    start,
+)
 from trtspec.files import write_atomic
 from trtspec.recipe import DraftModel, LayerSkip, Ngram, Recipe, RecipeError, load_recipe
 
+__all__ = ["Interrupted", "Selection", "eval_recipe", "evaluate", "evaluate_endpoint"]
 
-def evaluate(recipe_path: str | Path, overrides: Sequence[str] = (),
-             workloads: Sequence[str] = (), per_category: int | None = None,
+EVERYTHING = Selection()  # the recipe's workloads and settings, no --set
+
+
+def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
              eval_id: str | None = None, resume: str | Path | None = None,
              engines_root: str | Path = "engines", reports_root: str | Path = "reports",
              speed_bench_dir: str | Path = "data/speed-bench",
-             progress: Callable[[int, int], None] | None = None) -> Path:
+             progress: Callable[[int, int], None] | None = None,
+             say: Callable[[str], None] = print) -> Path:
     """Run the recipe's eval; returns the eval folder."""
     from trtspec.build import check_backend_device
     from trtspec.eval.run import Condition, EvalInputs, run_eval
     from trtspec.manifest import open_built
 
-    recipe = load_recipe(recipe_path, overrides)
+    if resume:  # the folder's overrides decide which build is meant
+        selection = resumed_selection(Path(resume), selection)
+    recipe = load_recipe(recipe_path, selection.all_overrides())
     if recipe.backend.kind != "torch":
         raise RecipeError(f"{recipe_path}: in-process eval runs the torch backend; the "
                           "TensorRT-LLM runtime and --endpoint evals are not built yet")
@@ -40,18 +53,39 @@ def evaluate(recipe_path: str | Path, overrides: Sequence[str] = (),
     lengths = recipe.draft_lengths if recipe.draft_lengths != "auto" else manifest.draft_lengths
     conditions = [Condition(m.method, d, c) for m in recipe.methods
                   for d in lengths for c in recipe.eval.concurrency]
-    out, requests = _start(recipe, recipe_path, overrides, workloads, per_category, eval_id,
-                           resume, reports_root, speed_bench_dir, "",
-                           {"conditions": [c.key for c in conditions]})
-    if resume is None:
-        shutil.copyfile(manifest_path, out / "manifest.json")
-    else:
-        _check_same_build(out, manifest, manifest_path)
-    models = _loaded_models(manifest, recipe)
-    inputs = EvalInputs(requests, conditions, _executor_factory(recipe, manifest, models),
-                        _encoder(models), recipe.sampling.params(), recipe.eval.warmup,
-                        margin=_margin(models))
-    return _finish(out, run_eval(out, inputs, resume=resume is not None, progress=progress))
+    out, recipe, requests, selection, created = start(
+        recipe_path, selection, eval_id, resume, reports_root, speed_bench_dir, "",
+        {"conditions": [c.key for c in conditions]}, say)
+    with _kept_on_failure(out, created, total=len(conditions) * 2 * len(requests)):
+        if created:
+            shutil.copyfile(manifest_path, out / "manifest.json")
+        else:
+            _check_same_build(out, manifest, manifest_path)
+        models = _loaded_models(manifest, recipe)
+        inputs = EvalInputs(requests, conditions, _executor_factory(recipe, manifest, models),
+                            _encoder(models), recipe.sampling.params(), recipe.eval.warmup,
+                            margin=_margin(models))
+        records = run_eval(out, inputs, resume=not created, progress=progress)
+    return _finish(out, records)
+
+
+@contextlib.contextmanager
+def _kept_on_failure(out: Path, created: bool, total: int) -> Iterator[None]:
+    """Ctrl-C keeps every record and says so (:class:`Interrupted`, with a summary of what is
+    there); a failure before anything was recorded removes the folder this eval created."""
+    from trtspec.eval.run import RECORDS, read_records
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        kept = len(read_records(out / RECORDS))
+        if kept:
+            _finish(out, out / RECORDS)
+        raise Interrupted(out, kept, total) from None
+    except BaseException:
+        if created:
+            discard_if_empty(out)
+        raise
 
 
 def eval_recipe(eval_dir: str | Path) -> Recipe:
@@ -78,67 +112,6 @@ def in_process(eval_dir: str | Path) -> bool:
     """An in-process eval keeps its build's manifest.json; an endpoint eval has none (and its
     sampler, running in the server, cannot be audited here)."""
     return (Path(eval_dir) / "manifest.json").is_file()
-
-
-def _start(recipe: Recipe, recipe_path: str | Path, overrides: Sequence[str],
-           workloads: Sequence[str], per_category: int | None, eval_id: str | None,
-           resume: str | Path | None, reports_root: str | Path, speed_bench_dir: str | Path,
-           tag: str, extra: dict[str, Any]) -> tuple[Path, list[Any]]:
-    """The eval folder (new or resumed) with recipe.yaml and eval.json, and its requests.
-
-    A new eval never touches an existing folder: an eval id in use is refused before anything
-    is written. A resumed eval must be the same eval: the same recipe digest (after --set
-    overrides), workloads and requests, else it stops and says what differs."""
-    from trtspec.eval.workloads import load_workload
-
-    out = Path(resume) if resume else Path(reports_root) / (
-        eval_id or f"{recipe.name}{tag}-{time.strftime('%Y%m%d-%H%M%S')}")
-    requests = [r for spec in (workloads or recipe.eval.workloads)
-                for r in load_workload(spec, speed_bench_dir, per_category
-                                       or recipe.eval.per_category, recipe.sampling.seed)]
-    meta = {"recipe": recipe.name, "recipe_digest": recipe.digest(), "overrides": list(overrides),
-            "workloads": list(workloads or recipe.eval.workloads), "requests": len(requests),
-            "request_ids": _ids_digest(requests), **extra}
-    if resume:
-        _check_same_eval(out, meta)
-        return out, requests
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists: pass --resume {out} to continue that eval, or "
-                              "choose another --eval-id")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        out.mkdir(exist_ok=out.exists())  # an empty folder is fine; a racing eval is not
-    except FileExistsError:
-        raise FileExistsError(f"{out} was just created by another eval: choose another "
-                              "--eval-id") from None
-    shutil.copyfile(recipe_path, out / "recipe.yaml")
-    write_atomic(out / "eval.json", json.dumps(meta, indent=2) + "\n")
-    return out, requests
-
-
-def _ids_digest(requests: Sequence[Any]) -> str:
-    import hashlib
-
-    return hashlib.sha256("\n".join(r.id for r in requests).encode()).hexdigest()[:16]
-
-
-def _check_same_eval(out: Path, meta: dict[str, Any]) -> None:
-    """Refuse to resume an eval folder with another recipe, workload or request set."""
-    path = out / "eval.json"
-    if not path.is_file():
-        raise RecipeError(f"{out} is not an eval folder (no eval.json): nothing to resume")
-    stored = json.loads(path.read_text())
-    names = {"recipe_digest": "the recipe (after --set overrides)", "workloads": "workloads",
-             "requests": "number of requests", "request_ids": "requests",
-             "endpoint": "endpoint", "baseline_endpoint": "baseline endpoint",
-             "model": "model", "conditions": "conditions", "client": "endpoint client mode"}
-    differ = [label for key, label in names.items()
-              if (key in stored or key in meta) and stored.get(key) != meta.get(key)]
-    if differ:
-        raise RecipeError(f"--resume {out}: {', '.join(differ)} differ from that eval's "
-                          f"(it ran {stored.get('workloads')} with overrides "
-                          f"{stored.get('overrides') or 'none'}): pass the same recipe, "
-                          "--set, --workload and --per-category, or start a new eval")
 
 
 def _check_same_build(out: Path, manifest: Any, manifest_path: Path) -> None:
@@ -169,23 +142,27 @@ def _finish(out: Path, records: Path) -> Path:
 
 
 def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
-                      baseline_url: str | None = None, overrides: Sequence[str] = (),
-                      workloads: Sequence[str] = (), per_category: int | None = None,
+                      baseline_url: str | None = None, selection: Selection = EVERYTHING,
                       eval_id: str | None = None, resume: str | Path | None = None,
                       reports_root: str | Path = "reports",
                       speed_bench_dir: str | Path = "data/speed-bench",
-                      progress: Callable[[int, int], None] | None = None) -> Path:
+                      progress: Callable[[int, int], None] | None = None,
+                      say: Callable[[str], None] = print) -> Path:
     """The recipe's workloads, sampling and concurrency against OpenAI-compatible servers."""
-    from trtspec.eval.endpoint import detect_server, run_endpoint_eval
+    from trtspec.eval.endpoint import check_reachable, detect_server, run_endpoint_eval
 
-    recipe = load_recipe(recipe_path, overrides)
-    out, requests = _start(recipe, recipe_path, overrides, workloads, per_category, eval_id,
-                           resume, reports_root, speed_bench_dir, "-endpoint",
-                           {"endpoint": url, "baseline_endpoint": baseline_url, "model": model,
-                            "server": detect_server(url), "client": "batches"})
-    return _finish(out, run_endpoint_eval(out, requests, url, model, recipe.sampling.params(),
-                                          recipe.eval.concurrency, baseline_url,
-                                          resume is not None, progress))
+    for where in (url, baseline_url):  # before any folder exists: a typo leaves nothing behind
+        if where:
+            check_reachable(where)
+    out, recipe, requests, selection, created = start(
+        recipe_path, selection, eval_id, resume, reports_root, speed_bench_dir, "-endpoint",
+        {"endpoint": url, "baseline_endpoint": baseline_url, "model": model,
+         "server": detect_server(url), "client": "batches"}, say)
+    with _kept_on_failure(out, created, len(recipe.eval.concurrency)
+                          * (1 + bool(baseline_url)) * len(requests)):
+        records = run_endpoint_eval(out, requests, url, model, recipe.sampling.params(),
+                                    recipe.eval.concurrency, baseline_url, not created, progress)
+    return _finish(out, records)
 
 
 def _loaded_models(manifest: Any, recipe: Recipe) -> Callable[..., Any]:

@@ -89,6 +89,27 @@ def counter_rates(delta: dict[str, float]) -> dict[str, float]:
     return out
 
 
+class EndpointUnreachable(RuntimeError):
+    """An endpoint that does not answer at all (refused, unknown host, timeout)."""
+
+
+def check_reachable(base_url: str, timeout: float = 10.0) -> None:
+    """Raise one line when nothing answers at ``base_url``; any HTTP answer (even 401 or 404)
+    means a server is there."""
+    import urllib.error
+
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/models", timeout=timeout):
+            return
+    except urllib.error.HTTPError:
+        return
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise EndpointUnreachable(f"{base_url}: cannot connect ({reason}): is the server "
+                                  "running, and is the URL its …/v1 base? Nothing was "
+                                  "written") from None
+
+
 def detect_server(base_url: str, timeout: float = 5.0) -> str:
     """Which server answers (vllm, trtllm, sglang, trtspec …) from /v1/models' owned_by, for
     the MLflow backend tag; "unknown" when it does not say."""
@@ -120,7 +141,7 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
             model=model, messages=messages, stream=True, stream_options={"include_usage": True},
             max_tokens=request.max_tokens or params.max_tokens, temperature=params.temperature,
             top_p=params.top_p, seed=params.seed,
-            extra_body={"top_k": params.top_k} if params.top_k else None)
+            extra_body=_extensions(params))
         async for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
@@ -143,6 +164,14 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
             "ttft_s": times[0] if times else None, "finish_reason": finish or "stop",
             "prompt_tokens": usage.prompt_tokens if usage is not None else None,
             "text_chars": len("".join(text))}
+
+
+def _extensions(params: SamplingParams) -> dict[str, Any] | None:
+    """Sampling the OpenAI schema lacks, as vLLM, SGLang and trtllm-serve accept it."""
+    extra = {"top_k": params.top_k} if params.top_k else {}
+    if params.ignore_eos:
+        extra["ignore_eos"] = True
+    return extra or None
 
 
 async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],

@@ -313,19 +313,24 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per condition: each arm's latency distributions and speculation stats, and the
     baseline/spec ratios of TPOT p50 and E2E p50 (> 1 means speculation is faster).
-    Failed requests (an endpoint error) are counted per arm, not measured."""
+    Failed requests (an endpoint error) are counted per arm, not measured; a request measured
+    in one arm only (an interrupted eval) is left out of both and counted as
+    ``unpaired_records``."""
+    from trtspec.metrics import drop_unpaired
 
     out: dict[str, dict[str, Any]] = {}
     keys = sorted({r["condition"] for r in records})
     for key in keys:
-        entry: dict[str, Any] = {}
+        rows = [r for r in records if r["condition"] == key]
+        kept, unpaired = drop_unpaired(rows)
+        entry: dict[str, Any] = {"unpaired_records": unpaired} if unpaired else {}
         for arm in ARMS:
-            rows = [r for r in records if r["condition"] == key and r["arm"] == arm]
-            if not rows:
+            arm_rows = [r for r in kept if r["arm"] == arm]
+            if not arm_rows:
                 continue
-            good = [r for r in rows if not failed(r)]
+            good = [r for r in arm_rows if not failed(r)]
             entry[arm] = _arm_summary(good)
-            entry[arm]["failed_requests"] = len(unanswered(rows))
+            entry[arm]["failed_requests"] = len(unanswered(arm_rows))
             entry[arm]["categories"] = {c: _arm_summary([r for r in good if r["category"] == c])
                                         for c in sorted({r["category"] for r in good})}
         base, spec = entry.get("baseline", {}), entry.get("spec", {})

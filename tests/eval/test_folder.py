@@ -1,0 +1,164 @@
+"""The eval folder: selections stored and resumed, per-category rules, --num-prompts, Ctrl-C
+and resume end to end through the `trtspec` CLI, one-arm records ignored and counted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from trtspec.cli import main
+from trtspec.eval.folder import Selection, load_requests, resumed_selection, spread_sample
+from trtspec.eval.run import read_records, summarize
+from trtspec.eval.workloads import WorkloadRequest
+from trtspec.recipe import RecipeError, load_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"  # eval.per_category: 1
+SMALL = ("methods=[{method: ngram}]", "draft_lengths=[2]", "eval.warmup=0")
+
+
+def _workload(path: Path, per_category: int = 3, categories: str = "abc") -> Path:
+    rows = [{"id": f"{c}{i}", "category": c, "prompt": f"Repeat: the {c} fox {i}. the {c} fox"}
+            for c in categories for i in range(per_category)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _request(i: int, category: str) -> WorkloadRequest:
+    return WorkloadRequest(id=f"r{i}", category=category, prompt="x", max_tokens=99)
+
+
+def test_a_custom_jsonl_runs_whole_and_builtin_follows_the_recipe(tmp_path: Path) -> None:
+    recipe = load_recipe(RECIPE)  # per_category 1
+    said: list[str] = []
+    jsonl = str(_workload(tmp_path / "w.jsonl"))
+    got = load_requests(recipe, Selection.make([jsonl, "builtin"]), tmp_path, said.append)
+    assert Counter(r.source for r in got)["builtin"] == 8  # 8 categories × 1
+    assert sum(r.id[0] in "abc" and r.source != "builtin" for r in got) == 9  # all of it
+    assert said[0] == f"workload {jsonl}: 9 requests (all of it): a 3, b 3, c 3"
+    assert said[1].startswith("workload builtin: 8 requests (at most 1 per category): ")
+    said.clear()
+    got = load_requests(recipe, Selection.make([jsonl], per_category=2), tmp_path, said.append)
+    assert len(got) == 6 and said == [f"workload {jsonl}: 6 requests (at most 2 per "
+                                      "category): a 2, b 2, c 2"]
+
+
+def test_num_prompts_spreads_over_categories_and_max_tokens_fixes_every_request() -> None:
+    requests = [_request(i, "a") for i in range(10)] + [_request(10 + i, "b") for i in range(2)]
+    sample = spread_sample(requests, 4, seed=0)
+    assert Counter(r.category for r in sample) == {"a": 2, "b": 2}
+    assert [r.id for r in sample] == sorted((r.id for r in sample), key=lambda x: int(x[1:]))
+    assert spread_sample(requests, 4, seed=0) == sample  # seeded
+    with pytest.raises(RecipeError, match="--num-prompts 13: the workloads hold only 12"):
+        spread_sample(requests, 13, seed=0)
+    sel = Selection.make(max_tokens=16, ignore_eos=True, concurrency=[1, 4])
+    assert sel.knob_overrides() == ["sampling.max_tokens=16", "sampling.ignore_eos=true",
+                                    "eval.concurrency=[1, 4]"]
+    recipe = load_recipe(RECIPE, sel.all_overrides())
+    assert recipe.sampling.params().ignore_eos and recipe.eval.concurrency == [1, 4]
+
+
+def test_resume_takes_the_folder_s_selection_and_names_what_differs(tmp_path: Path) -> None:
+    stored = Selection.make(["w.jsonl"], per_category=3, overrides=["sampling.seed=2"])
+    (tmp_path / "eval.json").write_text(json.dumps({"selection": {
+        **stored.__dict__, "workloads": list(stored.workloads)}}))
+    assert resumed_selection(tmp_path, Selection()) == stored
+    assert resumed_selection(tmp_path, Selection.make(["w.jsonl"])) == stored
+    with pytest.raises(RecipeError) as e:
+        resumed_selection(tmp_path, Selection.make(["builtin"], per_category=1))
+    assert str(e.value).startswith(f"--resume {tmp_path}: --workload builtin (that eval ran "
+                                   f"{Path('w.jsonl').resolve()}); --per-category 1 (that eval "
+                                   "ran 3). Resume takes them from the eval folder")
+
+
+def _one_arm_records() -> list[dict]:
+    rows = []
+    for i in range(3):
+        for arm in ("baseline", "spec"):
+            if (i, arm) == (2, "spec"):
+                continue  # interrupted between the arms of request 2
+            rows.append({"condition": "ngram/D2/c1", "method": "ngram", "draft_len": 2,
+                         "concurrency": 1, "arm": arm, "request_id": f"r{i}", "category": "a",
+                         "output_tokens": 5, "token_times_s": [0.1, 0.2, 0.3, 0.4, 0.5],
+                         "ttft_s": 0.1, "e2e_s": 0.5, "prefill_s": 0.1, "decode_s": 0.4,
+                         "start_s": 1000.0 + i, "proposed_tokens": 4 * (arm == "spec"),
+                         "accepted_draft_tokens": 2 * (arm == "spec"), "emitted_tokens": 4,
+                         "verification_rounds": 2 if arm == "spec" else 4,
+                         "discarded_tokens": 0, "rejected_rounds": 1 * (arm == "spec"),
+                         "accepted_per_position": [], "proposed_per_position": [],
+                         "output_token_ids": [1, 2, 3, 4, 5], "finish_reason": "length"})
+    return rows
+
+
+def test_summary_and_decide_ignore_a_request_measured_in_one_arm(tmp_path: Path,
+                                                                  capsys) -> None:
+    rows = _one_arm_records()
+    entry = summarize(rows)["ngram/D2/c1"]
+    assert entry["unpaired_records"] == 1
+    assert entry["baseline"]["requests"] == entry["spec"]["requests"] == 2
+    out = tmp_path / "e"
+    out.mkdir()
+    (out / "recipe.yaml").write_text(RECIPE.read_text())
+    (out / "eval.json").write_text(json.dumps({"overrides": list(SMALL)}))
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "summary.json").write_text(json.dumps(summarize(rows)))
+    with pytest.raises(SystemExit):
+        main(["decide", str(out), "--no-mlflow"])
+    assert "Ignored 1 record measured in one arm only" in capsys.readouterr().out
+    assert json.loads((out / "decision.json").read_text())["unpaired_records"] == 1
+    assert "Ignored 1 record measured in one arm only" in (out / "report.md").read_text()
+    spec_only = [r for r in rows if r["arm"] == "spec"]  # an endpoint without a baseline
+    assert summarize(spec_only)["ngram/D2/c1"]["spec"]["requests"] == 2
+
+
+def test_ctrl_c_says_how_to_resume_and_the_readme_command_finishes_the_same_eval(
+        tmp_path: Path, smollm2) -> None:
+    """A custom workload sampled with --per-category, interrupted with SIGINT from another
+    folder; the printed command (no -w, no --per-category, no --set) completes the same eval:
+    every record once, one workload, no request measured in one arm only."""
+    engines, elsewhere = tmp_path / "engines", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    sets = [a for s in SMALL for a in ("--set", s)]
+    main(["build", str(RECIPE), "--engines", str(engines), *sets])
+    workload = _workload(tmp_path / "my.jsonl")
+    env = {**os.environ, "TRTSPEC_ENGINES": str(engines)}
+    trtspec = [sys.executable, "-m", "trtspec"]
+    first = subprocess.Popen(
+        [*trtspec, "eval", str(RECIPE), *sets, "-w", str(workload), "--per-category", "2",
+         "--max-tokens", "24", "--ignore-eos", "--eval-id", "e1", "--no-mlflow"],
+        cwd=elsewhere, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = elsewhere / "reports" / "e1"
+    deadline = time.time() + 240
+    while len(read_records(out)) < 3 and first.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    stdout, stderr = first.communicate(timeout=120)
+    assert first.returncode == 130, stderr
+    assert "workload " in stdout and "6 requests (at most 2 per category)" in stdout
+    assert "Traceback" not in stderr and "records kept in" in stderr
+    command = stderr.split("continue with:")[1].strip().splitlines()[0]
+    assert shlex.split(command) == ["trtspec", "eval", str(RECIPE), "--resume",
+                                    "reports/e1", "--no-mlflow"]
+    kept = len(read_records(out))
+    assert 3 <= kept < 12
+    before = (out / "eval.json").read_text()
+    again = subprocess.run([*trtspec, *shlex.split(command)[1:]], cwd=elsewhere, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    records = read_records(out)
+    keys = Counter((r["condition"], r["arm"], r["request_id"]) for r in records)
+    assert len(keys) == 12 and set(keys.values()) == {1}  # 6 requests × 2 arms, once each
+    assert {r["request_id"][0] for r in records} == set("abc")  # one workload, whole
+    assert all(r["output_tokens"] == 24 for r in records)  # --ignore-eos --max-tokens 24
+    assert (out / "eval.json").read_text() == before
+    summary = json.loads((out / "summary.json").read_text())
+    assert "unpaired_records" not in summary["ngram/D2/c1"]

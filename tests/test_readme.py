@@ -1,0 +1,64 @@
+"""The README and `trtspec --help` agree, and nothing users get points outside the repository."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+
+from trtspec.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _code() -> list[str]:
+    """Every command line in the README's code: fenced blocks (continuations joined) and
+    inline spans."""
+    lines: list[str] = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", README, flags=re.S):
+        lines += block.replace("\\\n", " ").splitlines()
+    prose = re.sub(r"```.*?```", "", README, flags=re.S)
+    return lines + re.findall(r"`([^`\n]+)`", prose)
+
+
+def _invocations() -> list[tuple[str, list[str]]]:
+    """(command, its tokens) for each `trtspec COMMAND …` in the README's code."""
+    found = []
+    for line in _code():
+        for match in re.finditer(r"(?:^|[\s/])trtspec ([a-z][a-z-]*)((?: [^#;|&]*)?)", line):
+            found.append((match.group(1), match.group(2).split()))
+    return found
+
+
+def test_every_command_the_readme_runs_exists_with_the_options_it_uses() -> None:
+    commands = cli.commands
+    invocations = _invocations()
+    assert len(invocations) > 20
+    for name, tokens in invocations:
+        assert name in commands, f"README runs `trtspec {name}`, which does not exist"
+        options = {opt for p in commands[name].params for opt in p.opts + p.secondary_opts}
+        for token in tokens:
+            flag = token.split("=")[0]
+            if flag.startswith("-") and flag not in ("-", "--"):
+                assert flag in options, f"README: `trtspec {name}` has no option {flag}"
+
+
+def test_every_command_in_help_is_in_the_readme() -> None:
+    used = {name for name, _ in _invocations()}
+    help_text = cli.get_help(click.Context(cli))
+    for name, command in cli.commands.items():
+        assert name in help_text and not command.hidden
+        assert name in used, f"`trtspec {name}` is in --help but the README never shows it"
+
+
+def test_nothing_users_get_points_outside_the_repository() -> None:
+    files = [ROOT / "README.md", *(ROOT / "recipes").glob("*.yaml"),
+             *(ROOT / "trtspec").rglob("*.py"), *(ROOT / "engines").glob("*.md"),
+             *(ROOT / "reports").glob("*.md"), *(ROOT / "benchmarks").glob("*.py")]
+    for path in files:
+        text = path.read_text()
+        for needle in ("../shared", "DESIGN.md", "REFERENCE.md", "REFERENCE §",
+                       "seed-speculative"):
+            assert needle not in text, f"{path.relative_to(ROOT)} refers to {needle}"

@@ -1,0 +1,201 @@
+"""`trtspec eval`, and what the measuring commands share: where the build folder is, and
+logging to MLflow after the measurements are on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+ENGINES_HELP = ("build folder [default: $TRTSPEC_ENGINES, else engines/ in the recipe's project "
+                "(the folder holding recipes/), else ./engines]")
+
+
+def engines_root(recipe_path: str | Path, flag: str | None) -> tuple[Path, str]:
+    """(the build folder, how it was chosen): --engines, $TRTSPEC_ENGINES, the recipe's project
+    (the folder holding its recipes/), or the working directory. So build, eval and audit agree
+    from any folder. Relative to the working directory when inside it (plans stay portable)."""
+    if flag:
+        root, why = Path(flag), "from --engines"
+    elif os.environ.get("TRTSPEC_ENGINES"):
+        root, why = Path(os.environ["TRTSPEC_ENGINES"]), "from $TRTSPEC_ENGINES"
+    else:
+        recipe = Path(recipe_path).absolute()
+        project = next((p.parent for p in recipe.parents if p.name == "recipes"), None)
+        root, why = (project / "engines", f"the project of {recipe_path}") if project else (
+            Path("engines"), f"the working directory ({recipe_path} is in no recipes/)")
+    full = Path(os.path.abspath(root))  # normalised (no ..), symlinks kept
+    try:
+        return full.relative_to(Path.cwd()), why
+    except ValueError:
+        return full, why
+
+
+def explain_engines(error: Exception, root: Path, why: str) -> Exception:
+    """A build-folder error, with where trtspec looked and how to look elsewhere."""
+    return type(error)(f"{error} (looked in {root.absolute()}: {why}; --engines or "
+                       "$TRTSPEC_ENGINES choose another)")
+
+
+def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str | None
+                 ) -> tuple[int, ...]:
+    if not value:
+        return ()
+    try:
+        levels = tuple(int(v) for v in value.replace(" ", "").split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give levels like 1,4,8") from None
+    if any(c < 1 for c in levels):
+        raise click.BadParameter(f"{value!r}: every level must be ≥ 1")
+    return levels
+
+
+@click.command("eval")
+@click.argument("recipe", type=click.Path(dir_okay=False))
+@click.option("--workload", "-w", "workloads", multiple=True,
+              help="builtin, speed-bench:<config> or a JSONL file [default: the recipe's]")
+@click.option("--per-category", type=click.IntRange(1), default=None,
+              help="seeded stratified sample: at most N requests per category [default: the "
+                   "recipe's eval.per_category for builtin and SPEED-Bench; a JSONL runs whole]")
+@click.option("--num-prompts", type=click.IntRange(1), default=None,
+              help="measure N requests (seeded, spread over the categories)")
+@click.option("--max-tokens", type=click.IntRange(1), default=None,
+              help="output limit of every request (the workload's own too) [default: the "
+                   "recipe's sampling.max_tokens]")
+@click.option("--ignore-eos", is_flag=True,
+              help="generate through EOS: fixed output lengths (with --max-tokens)")
+@click.option("--concurrency", callback=_concurrency, default=None, metavar="C[,C…]",
+              help="concurrency levels, e.g. 1,4,8 [default: the recipe's eval.concurrency]")
+@click.option("--eval-id", default=None, help="folder name under --reports [default: timestamp]")
+@click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
+              help="continue an interrupted eval folder with its own workloads, knobs and "
+                   "--set overrides, skipping what is recorded")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE")
+@click.option("--engines", default=None, type=click.Path(), help=ENGINES_HELP)
+@click.option("--reports", default="reports", show_default=True, type=click.Path())
+@click.option("--speed-bench-dir", default="data/speed-bench", show_default=True,
+              type=click.Path())
+@click.option("--mlflow-uri", default=None,
+              help="tracking URI [default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]")
+@click.option("--no-mlflow", is_flag=True, help="keep results local only")
+@click.option("--endpoint", default=None,
+              help="evaluate an OpenAI-compatible server (…/v1) instead of in-process models")
+@click.option("--model", default=None, help="the model name the endpoint serves")
+@click.option("--baseline-endpoint", default=None,
+              help="the same model served without speculation (the baseline arm)")
+def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | None,
+                 num_prompts: int | None, max_tokens: int | None, ignore_eos: bool,
+                 concurrency: tuple[int, ...], eval_id: str | None, resume: str | None,
+                 overrides: tuple[str, ...], engines: str | None, reports: str,
+                 speed_bench_dir: str, mlflow_uri: str | None, no_mlflow: bool,
+                 endpoint: str | None, model: str | None, baseline_endpoint: str | None) -> None:
+    """Baseline vs speculative on RECIPE's built models; records land in reports/<eval-id>/.
+    Ctrl-C keeps every finished request; `--resume reports/<eval-id>` goes on."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from trtspec.eval import Interrupted, Selection, evaluate, evaluate_endpoint
+    from trtspec.manifest import ManifestError
+
+    if resume and not endpoint:  # an endpoint eval resumes against its own servers
+        from trtspec.eval.folder import stored_meta
+
+        meta = stored_meta(Path(resume))
+        if meta.get("endpoint"):
+            endpoint, model = meta["endpoint"], model or meta.get("model")
+            baseline_endpoint = baseline_endpoint or meta.get("baseline_endpoint")
+    if endpoint and not model:
+        raise click.UsageError("--endpoint needs --model (the name the server serves)")
+    selection = Selection.make(workloads, per_category=per_category, num_prompts=num_prompts,
+                               max_tokens=max_tokens, ignore_eos=ignore_eos,
+                               concurrency=concurrency, overrides=overrides)
+    root, why = engines_root(recipe, engines)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    try:
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeRemainingColumn(), transient=True,
+                      console=console) as bar:
+            task = bar.add_task("requests measured", total=None)
+
+            def tick(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            def say(text: str) -> None:
+                bar.console.print(text, highlight=False, markup=False)
+
+            if endpoint:
+                out = evaluate_endpoint(recipe, endpoint, model or "", baseline_endpoint,
+                                        selection, eval_id, resume, reports, speed_bench_dir,
+                                        tick, say)
+            else:
+                out = evaluate(recipe, selection, eval_id, resume, root, reports,
+                               speed_bench_dir, tick, say)
+    except ManifestError as e:
+        raise explain_engines(e, root, why) from None
+    except Interrupted as e:
+        again = ["trtspec", "eval", recipe, "--resume", str(e.out)]
+        again += ["--engines", engines] if engines and not endpoint else []
+        again += ["--mlflow-uri", mlflow_uri] if mlflow_uri else []
+        again += ["--no-mlflow"] if no_mlflow else []
+        total = f" of {e.total}" if e.total else ""
+        click.secho(f"interrupted: {e.kept}{total} records kept in {e.out / 'records.jsonl'} "
+                    f"(the requests in flight are measured again); continue with:\n  "
+                    f"{shlex.join(again)}", fg="yellow", err=True)
+        sys.exit(130)
+    print_summary(out)
+    if not no_mlflow:
+        log_to_mlflow(out, mlflow_uri)
+
+
+def log_to_mlflow(out: Path, uri: str | None, decision: bool = False) -> None:
+    """Log after the measurements are on disk; a tracking failure costs nothing measured."""
+    from trtspec.tracking import log_decision, log_eval, tracking_uri
+
+    try:
+        receipt = log_eval(out, uri)
+        if decision:
+            log_decision(out, receipt)
+    except Exception as e:  # unreachable server, auth, disk: the eval folder is intact
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        again = f"trtspec decide {out}" if decision else f"trtspec sync {out}"
+        click.secho(f"MLflow: not logged ({reason}). Everything is kept in {out}; run "
+                    f"`{again}` when the server is back.", fg="yellow", err=True)
+        return
+    what = "report, verdicts and audit logged to run" if decision else "run"
+    click.echo(f"MLflow: {what} {receipt['run_id']} at {receipt.get('uri', tracking_uri(uri))}"
+               " (compare runs with `mlflow ui`)")
+
+
+def print_summary(out: Path) -> None:
+    summary = json.loads((out / "summary.json").read_text())
+    table = Table(title=f"eval {out.name}")
+    for column in ("condition", "requests", "TPOT p50 base→spec ms", "speedup TPOT p50",
+                   "AL pooled", "AL per-request", "acceptance rate", "α", "failed"):
+        table.add_column(column, justify="left" if column == "condition" else "right")
+    unpaired = 0
+    for key, entry in summary.items():
+        base, spec = entry.get("baseline", {}), entry.get("spec", {})
+        unpaired += entry.get("unpaired_records", 0)
+        table.add_row(key, str(int(spec.get("requests", 0))),
+                      f"{_num(base.get('tpot_ms_p50'), '.1f')} → "
+                      f"{_num(spec.get('tpot_ms_p50'), '.1f')}",
+                      _num(entry.get("speedup_tpot_p50"), ".2f", "×"),
+                      _num(spec.get("al_pooled")), _num(spec.get("al_request_mean")),
+                      _num(spec.get("acceptance_rate")), _num(spec.get("alpha")),
+                      str(spec.get("failed_requests", 0) + base.get("failed_requests", 0)))
+    Console(width=None if sys.stdout.isatty() else 160).print(table)  # logs: no truncation
+    if unpaired:
+        from trtspec.report import unpaired_note
+
+        click.echo(unpaired_note(unpaired))
+    click.echo(f"records: {out / 'records.jsonl'}\nsummary: {out / 'summary.json'}")
+
+
+def _num(value: float | None, fmt: str = ".2f", unit: str = "") -> str:
+    """A figure, or — where it is undefined (plain decoding has no acceptance rate)."""
+    return "—" if value is None or value != value else f"{value:{fmt}}{unit}"
