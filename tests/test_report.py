@@ -51,6 +51,9 @@ def test_summary_says_where_it_is_go_and_what_would_change_it(tmp_path: Path) ->
     per_category = text.split("## Per category")[1].split("##")[0]
     assert "| ngram/D4/c1 | chat | **GO** |" in per_category
     assert "No verdict for" not in per_category  # every category had ≥ 6 pairs somewhere
+    cost = text.split("## Cost model")[1].split("##")[0]  # α 0.46, c 1.19: no D pays
+    assert "| layer_skip/D2/c1 |" in cost and cost.split("| layer_skip/D2/c1 |")[1].split(
+        "\n")[0].rstrip().endswith("| 0 (do not speculate) |")
 
 
 @pytest.mark.skipif(BROWSER is None, reason="needs chromium for the headless render check")

@@ -99,8 +99,8 @@ def _one_arm_records() -> list[dict]:
     return rows
 
 
-def test_summary_and_decide_ignore_a_request_measured_in_one_arm(tmp_path: Path,
-                                                                  capsys) -> None:
+def test_summary_and_decide_ignore_a_request_measured_in_one_arm(tmp_path: Path, capsys,
+                                                                  monkeypatch) -> None:
     rows = _one_arm_records()
     entry = summarize(rows)["ngram/D2/c1"]
     assert entry["unpaired_records"] == 1
@@ -111,6 +111,7 @@ def test_summary_and_decide_ignore_a_request_measured_in_one_arm(tmp_path: Path,
     (out / "eval.json").write_text(json.dumps({"overrides": list(SMALL)}))
     (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (out / "summary.json").write_text(json.dumps(summarize(rows)))
+    monkeypatch.chdir(tmp_path / "e")  # decide runs from any folder
     with pytest.raises(SystemExit):
         main(["decide", str(out), "--no-mlflow"])
     assert "Ignored 1 record measured in one arm only" in capsys.readouterr().out
