@@ -45,12 +45,17 @@ def test_every_command_the_readme_runs_exists_with_the_options_it_uses() -> None
                 assert flag in options, f"README: `trtspec {name}` has no option {flag}"
 
 
-def test_every_command_in_help_is_in_the_readme() -> None:
-    used = {name for name, _ in _invocations()}
+def test_every_command_and_option_in_help_is_in_the_readme() -> None:
     help_text = cli.get_help(click.Context(cli))
-    for name, command in cli.commands.items():
-        assert name in help_text and not command.hidden
+    listed = set(re.findall(r"^  ([a-z][a-z-]*)  ", help_text.split("Commands:")[1], re.M))
+    assert listed == set(cli.commands)
+    used = {name for name, _ in _invocations()}
+    for name in listed:
         assert name in used, f"`trtspec {name}` is in --help but the README never shows it"
+        for param in cli.commands[name].params:
+            for flag in (o for o in param.opts + param.secondary_opts if o.startswith("--")):
+                assert re.search(rf"{re.escape(flag)}(?![\w-])", README), \
+                    f"`trtspec {name} {flag}` is in --help but not in the README"
 
 
 def test_nothing_users_get_points_outside_the_repository() -> None:

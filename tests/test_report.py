@@ -89,3 +89,17 @@ def test_summary_names_the_categories_that_break_ranks() -> None:
                         "chat.")
     assert lines[0].startswith("- **eagle: not GO overall.** Best measured: eagle/D3/c8, 1.10×")
     assert lines[0].endswith(" Within eagle/D3/c8 it is GO for code.")
+
+
+def test_an_unfinished_eval_holds_every_go_and_says_how_far_it_got(tmp_path: Path) -> None:
+    out = eval_folder(tmp_path)
+    records = [json.loads(x) for x in (out / "records.jsonl").open()]
+    (out / "eval.json").write_text(json.dumps({"expected_records": len(records) + 10}))
+    _, decision = make_decision(out, load_recipe(out / "recipe.yaml",
+                                                 ["sampling.temperature=0.7"]), records)
+    ngram = next(v for v in decision["verdicts"]
+                 if v["condition"] == "ngram/D4/c1" and v["category"] == "all")
+    assert ngram["verdict"] == "INCONCLUSIVE"  # a clear GO when complete (test above)
+    assert f"the eval is incomplete ({len(records)} of {len(records) + 10} requests " \
+           "measured): resume it" in ngram["reasons"]
+    assert "The eval is incomplete" in (out / "report.md").read_text()

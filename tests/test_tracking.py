@@ -246,3 +246,27 @@ def test_not_an_eval_folder_is_a_value_error(tmp_path: Path, missing: str) -> No
     dead = f"http://127.0.0.1:{free_port()}"  # never asked: the folder is checked first
     with pytest.raises(ValueError, match=f"no {missing} .*`trtspec eval` writes it"):
         log_eval(tmp_path, dead)
+
+
+def test_an_eval_synced_then_resumed_replaces_its_run(tmp_path: Path, mlflow_server: str,
+                                                      capsys) -> None:
+    """Synced after Ctrl-C with part of its records, then finished: sync logs it again from
+    all of them and deletes the partial run (whose tag says how many records it had)."""
+    from mlflow.tracking import MlflowClient
+
+    out = toy_eval(tmp_path / "toy-eval-partial")
+    path = out / "records.jsonl"
+    full = path.read_text()
+    path.write_text("".join(full.splitlines(keepends=True)[:10]))
+    main(["sync", str(out), "--mlflow-uri", mlflow_server])
+    partial = json.loads((out / "mlflow.json").read_text())
+    assert partial["records"] == 10
+    path.write_text(full)
+    main(["sync", str(out), "--mlflow-uri", mlflow_server])
+    assert "re-logged (the records changed since)" in capsys.readouterr().out
+    receipt = json.loads((out / "mlflow.json").read_text())
+    assert receipt["records"] == full.count("\n") and receipt["run_id"] != partial["run_id"]
+    client = MlflowClient(tracking_uri=mlflow_server)
+    parents = _parents(client, receipt["experiment_id"], "toy-eval-partial")
+    assert [r.info.run_id for r in parents] == [receipt["run_id"]]
+    assert parents[0].data.tags["trtspec.records"] == str(receipt["records"])

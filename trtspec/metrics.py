@@ -206,18 +206,17 @@ def failed(record: dict) -> bool:
     return record.get("error") is not None
 
 
-def drop_unpaired(records: Sequence[dict]) -> tuple[list[dict], int]:
-    """(the records whose request has a record in the other arm of its condition, how many do
-    not). An eval interrupted between the two arms of a batch leaves requests measured in one
-    arm only until it is resumed; comparing arms over different requests would bias both. A
-    condition with no baseline record at all is a spec-only eval (an endpoint without a
-    baseline endpoint) and is kept whole."""
-    arms: dict[tuple[str, str], set[str]] = {}
+def drop_unpaired(records: Sequence[dict], arms: Sequence[str] = ("baseline", "spec")
+                  ) -> tuple[list[dict], int]:
+    """(the records whose request has a record in every arm of its condition, how many do
+    not). An eval interrupted between the arms of a batch leaves requests measured in one arm
+    only until it is resumed; comparing arms over different requests would bias both. A failed
+    record (an endpoint error) is a record: failures are counted, not hidden. ``arms`` is what
+    the eval measures (an endpoint eval without a baseline endpoint has "spec" only)."""
+    seen: dict[tuple[str, str], set[str]] = {}
     for r in records:
-        arms.setdefault((r["condition"], r["request_id"]), set()).add(r["arm"])
-    with_baseline = {r["condition"] for r in records if r["arm"] == "baseline"}
-    kept = [r for r in records if r["condition"] not in with_baseline
-            or len(arms[(r["condition"], r["request_id"])]) == 2]
+        seen.setdefault((r["condition"], r["request_id"]), set()).add(r["arm"])
+    kept = [r for r in records if seen[(r["condition"], r["request_id"])] >= set(arms)]
     return kept, len(records) - len(kept)
 
 

@@ -249,7 +249,11 @@ class Recipe(Strict):
     def digest(self) -> str:
         """sha256 of the canonical JSON of this recipe (after overrides and defaults): the
         eval's provenance. What a build depends on is :meth:`build_inputs`."""
-        return _sha256(self.model_dump(mode="json"))
+        data = self.model_dump(mode="json")
+        for section, key, default in _ADDED_LATER:  # at their default: the digest older evals
+            if data[section].get(key) == default:  # and builds recorded still matches
+                del data[section][key]
+        return _sha256(data)
 
     def build_inputs(self) -> dict[str, Any]:
         """What the built artefacts depend on, apart from the methods (see method_digests):
@@ -278,6 +282,11 @@ class Recipe(Strict):
         return {m.method: _sha256(m.model_dump(mode="json", include=set(built[m.method]))
                                   if self.backend.kind == "torch" else m.model_dump(mode="json"))
                 for m in self.methods}
+
+
+# Keys added after digests were first recorded: left out of Recipe.digest() while at their
+# default, so an eval started by an older trtspec can still be resumed.
+_ADDED_LATER = (("sampling", "ignore_eos", False),)
 
 
 def _sha256(data: Any) -> str:

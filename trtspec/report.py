@@ -20,7 +20,6 @@ from trtspec.decide import (
     apply_where,
     decide,
     requests_to_resolve,
-    tpot,
 )
 from trtspec.metrics import arm_throughput, drop_unpaired, failed
 from trtspec.recipe import Recipe
@@ -31,17 +30,25 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     """Verdicts, the apply-where table and the cost model; writes decision.json + report.md."""
     from trtspec.audit import read_audit
     from trtspec.eval import in_process
+    from trtspec.eval.folder import arms_of, completeness
     from trtspec.eval.run import DIVERGENCES, read_jsonl
     from trtspec.files import write_atomic
 
     out = Path(out_dir)
-    records, unpaired = drop_unpaired(records)  # an interrupted eval not yet resumed
+    measured, expected = completeness(out, records)
+    records, unpaired = drop_unpaired(records, arms_of(out))  # interrupted, not yet resumed
     greedy = recipe.sampling.temperature == 0
     audit = read_audit(out)
     audit_applies = in_process(out)
     verdicts = decide(records, recipe.decide, greedy, recipe.sampling.seed, audit,
                       needs_audit=recipe.decide.require_audit and audit_applies,
                       divergences=read_jsonl(out / DIVERGENCES))
+    if expected and measured < expected:  # the rest may be the slow half: no GO yet
+        for v in verdicts:
+            if v.verdict == "GO":
+                v.verdict = "INCONCLUSIVE"
+                v.reasons.append(f"the eval is incomplete ({measured} of {expected} requests "
+                                 "measured): resume it")
     models = {}
     for key in sorted({r["condition"] for r in records}):
         if not key.split("/")[1].endswith("D0") and any(
@@ -54,7 +61,8 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                 "throughput": arm_throughput(records),
                 "verdicts": [asdict(v) for v in verdicts], "apply_where": apply_where(verdicts),
                 "cost_model": models, "audit": audit,
-                "audit_applies": audit_applies, "unpaired_records": unpaired}
+                "audit_applies": audit_applies, "unpaired_records": unpaired,
+                "measured_records": measured, "expected_records": expected}
     write_atomic(out / "decision.json", json.dumps(decision, indent=2) + "\n")
     write_atomic(out / "report.md", markdown(out.name, recipe, verdicts, decision))
     summary = json.loads((out / "summary.json").read_text()) \
@@ -85,6 +93,7 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
         "## Summary", "", *summary_lines(verdicts, decision, c.min_speedup), "",
         *([unpaired_note(decision["unpaired_records"]), ""]
           if decision.get("unpaired_records") else []),
+        *([incomplete_note(decision), ""] if incomplete_note(decision) else []),
         "## Verdict per condition", "",
         "| condition | verdict | speedup | 95 % CI | requests | why | caveats |",
         "|---|---|---:|---|---:|---|---|"]
@@ -158,6 +167,15 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
 def unpaired_note(n: int) -> str:
     return (f"Ignored {n} record{'s' * (n != 1)} measured in one arm only (the eval was "
             "interrupted between arms): resume it to measure the other arm.")
+
+
+def incomplete_note(decision: dict[str, Any]) -> str:
+    measured, expected = decision.get("measured_records"), decision.get("expected_records")
+    if not expected or measured >= expected:
+        return ""
+    return (f"The eval is incomplete: {measured} of {expected} requests measured. No condition "
+            "is GO until it is resumed and finished (the requests not yet measured may be "
+            "the slow ones).")
 
 
 def summary_lines(verdicts: list[Verdict], decision: dict[str, Any], threshold: float
@@ -286,6 +304,8 @@ def html(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: dict[s
     if table:
         body.append("<table>" + "".join(table) + "</table>")
     body.append("<h2>Plots</h2>")
+    from trtspec.plots import plots
+
     for title, png in plots(verdicts, decision, records, summary):
         wide = ' class="wide"' if "CDF" in title else ""
         body.append(f'<figure{wide}><img alt="{title}" src="data:image/png;base64,{png}">'
@@ -301,89 +321,3 @@ def html(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: dict[s
 
 def _bold(text: str) -> str:
     return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
-
-
-def plots(verdicts: list[Verdict], decision: dict[str, Any], records: list[dict[str, Any]],
-          summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """(title, base64 PNG) for: speedup vs D with CI bars per concurrency; AL per category;
-    TTFT and TPOT CDFs baseline vs spec; predicted vs measured speedup."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = []
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    series: dict[tuple[str, str], list[Verdict]] = {}
-    for v in verdicts:
-        if v.category == "all" and v.speedup == v.speedup:
-            method, _, c = v.condition.split("/")
-            series.setdefault((method, c), []).append(v)
-    for (method, c), vs in sorted(series.items()):
-        vs.sort(key=lambda v: int(v.condition.split("/")[1][1:]))
-        xs = [int(v.condition.split("/")[1][1:]) for v in vs]
-        ys = [v.speedup for v in vs]
-        err = [[y - v.ci[0] for y, v in zip(ys, vs, strict=True)],
-               [v.ci[1] - y for y, v in zip(ys, vs, strict=True)]]
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=f"{method} {c}")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set(xlabel="D (draft length)", ylabel="speedup (baseline / spec)",
-           title="Speedup vs D, 95 % CI")
-    _legend(ax, 8)
-    out.append(("Speedup vs D per concurrency (95 % paired-bootstrap CI)", _png(fig)))
-
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    conditions = [k for k in summary if summary[k].get("spec", {}).get("categories")]
-    cats = sorted({c for k in conditions for c in summary[k]["spec"]["categories"]})
-    width = 0.8 / max(len(conditions), 1)
-    for i, key in enumerate(conditions):
-        values = [summary[key]["spec"]["categories"].get(c, {}).get("al_pooled", 0) for c in cats]
-        ax.bar([j + i * width for j in range(len(cats))], values, width, label=key)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=45,
-                  ha="right", fontsize=7)
-    ax.set(ylabel="AL (pooled)", title="Acceptance length per category")
-    _legend(ax, 7)
-    out.append(("AL (pooled) per category", _png(fig)))
-
-    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.4))
-    for ax, (label, value) in zip(axes, (("TTFT ms", lambda r: r["ttft_s"]),
-                                         ("TPOT ms", tpot)), strict=True):
-        for i, key in enumerate(sorted({r["condition"] for r in records})):
-            for arm, style in (("baseline", "--"), ("spec", "-")):
-                xs = sorted(1e3 * x for r in records if r["condition"] == key and
-                            r["arm"] == arm and (x := value(r)) is not None)
-                if xs:
-                    ax.plot(xs, [(j + 1) / len(xs) for j in range(len(xs))], style,
-                            color=f"C{i}", label=f"{key} {arm}")
-        ax.set(xlabel=label, ylabel="fraction of requests", title=f"{label} CDF")
-    _legend(axes[1], 6)
-    out.append(("TTFT and TPOT CDFs, baseline (dashed) vs spec (solid)", _png(fig)))
-
-    fig, ax = plt.subplots(figsize=(4.2, 3.6))
-    for key, m in decision["cost_model"].items():
-        ax.scatter(m["predicted_speedup"], m["measured_speedup"], label=key)
-    top = max([1.5] + [max(m["predicted_speedup"], m["measured_speedup"])
-                       for m in decision["cost_model"].values()])
-    ax.plot([0, top], [0, top], color="grey", lw=0.8)
-    ax.set(xlabel="predicted (Leviathan)", ylabel="measured", title="Predicted vs measured")
-    _legend(ax, 7)
-    out.append(("Cost model: predicted vs measured speedup", _png(fig)))
-    return out
-
-
-def _legend(ax: Any, size: int) -> None:
-    if ax.get_legend_handles_labels()[0]:  # nothing plotted: no empty-legend warning
-        ax.legend(fontsize=size)
-
-
-def _png(fig: Any) -> str:
-    import base64
-    import io
-
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()

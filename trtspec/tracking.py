@@ -53,7 +53,9 @@ def log_eval(out_dir: str | Path, uri: str | None = None) -> dict[str, Any]:
 
     A finished parent run found by its ``trtspec.eval_id`` tag is adopted (the receipt was
     lost); a failed or interrupted one is deleted and the eval logged again, so a sync that
-    broke halfway never leaves a run without its conditions behind a receipt."""
+    broke halfway never leaves a run without its conditions behind a receipt. A run logged
+    from fewer records (an eval synced after Ctrl-C, then resumed) is replaced the same way.
+    The returned receipt's ``status`` says which: receipt, found, logged or relogged."""
     from mlflow.exceptions import MlflowException
 
     out = Path(out_dir)
@@ -62,13 +64,16 @@ def log_eval(out_dir: str | Path, uri: str | None = None) -> dict[str, Any]:
 
     require_files(out, *EVAL_FILES)  # before any MLflow call: a wrong path is no server problem
     receipt_path = out / RECEIPT
+    records = read_records(out)
     if receipt_path.is_file():
-        return {**json.loads(receipt_path.read_text()), "status": "receipt"}
+        receipt = json.loads(receipt_path.read_text())
+        if receipt.get("records", len(records)) == len(records):
+            return {**receipt, "status": "receipt"}
+        uri = uri or receipt.get("uri")  # the store it went to
     uri = tracking_uri(uri)
     check_reachable(uri)
     meta = json.loads((out / "eval.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
-    records = read_records(out)
     try:
         receipt, status = _log(out, uri, meta, summary, records)
     except (MlflowException, OSError) as e:
@@ -93,22 +98,32 @@ def _log(out: Path, uri: str, meta: dict[str, Any], summary: dict[str, Any],
     existing = client.search_runs([experiment_id],
                                   filter_string=f"tags.`trtspec.eval_id` = '{eval_id}' and "
                                                 "tags.`trtspec.level` = 'eval'")
-    for run in existing:  # FAILED, KILLED, or RUNNING long after any logging would end
+    logged = str(len(records))
+
+    def current(run: Any) -> bool:  # logged whole, from the records there are now
+        return run.info.status == "FINISHED" and run.data.tags.get(
+            "trtspec.records", logged) == logged
+
+    replaced = False
+    for run in existing:  # FAILED, KILLED, RUNNING long after any logging would end, or stale
         age = time.time() - run.info.start_time / 1000
         if run.info.status == "RUNNING" and age < STALE_RUNNING_S:
             raise TrackingUnavailable(f"run {run.info.run_id} of {eval_id} is being logged "
                                       f"right now (started {age:.0f} s ago): retry later")
-        if run.info.status != "FINISHED":
+        if not current(run):
+            replaced |= run.info.status == "FINISHED"
             for child in _children(client, experiment_id, run.info.run_id):
                 client.delete_run(child.info.run_id)
             client.delete_run(run.info.run_id)
-    finished = [run for run in existing if run.info.status == "FINISHED"]
+    finished = [run for run in existing if current(run)]
     if finished:  # logged before, receipt lost: do not duplicate
         run_id = finished[0].info.run_id
         return {"uri": uri, "experiment_id": experiment_id, "run_id": run_id,
-                "conditions": _condition_map(client, experiment_id, run_id)}, "found"
+                "conditions": _condition_map(client, experiment_id, run_id),
+                "records": len(records)}, "found"
 
-    tags = {"trtspec.eval_id": eval_id, "trtspec.level": "eval", "git_sha": _git_sha(),
+    tags = {"trtspec.eval_id": eval_id, "trtspec.level": "eval", "trtspec.records": logged,
+            "git_sha": _git_sha(),
             **_origin_tags(meta, _read_json(out / "manifest.json"))}
     mlflow.set_tracking_uri(uri)
     conditions: dict[str, str] = {}
@@ -133,7 +148,8 @@ def _log(out: Path, uri: str, meta: dict[str, Any], summary: dict[str, Any],
                 mlflow.log_metrics(condition_metrics(entry, records, key))
                 conditions[key] = child.info.run_id
     return {"uri": uri, "experiment_id": experiment_id, "run_id": parent.info.run_id,
-            "conditions": conditions}, "logged"
+            "conditions": conditions, "records": len(records)}, \
+        "relogged" if replaced else "logged"
 
 
 def _children(client: Any, experiment_id: str, run_id: str) -> list[Any]:

@@ -181,7 +181,7 @@ def test_a_failed_request_is_recorded_and_the_arm_goes_on(tmp_path) -> None:
         assert len(records) == 3
         bad = next(r for r in records if r["request_id"] == "r1")
         assert bad["finish_reason"] == "error" and "InternalServerError" in bad["error"]
-        entry = summarize(records)["endpoint/D0/c1"]["spec"]
+        entry = summarize(records, ("spec",))["endpoint/D0/c1"]["spec"]
         assert entry["failed_requests"] == 1 and entry["requests"] == 2
         # resume measures the failed request again
         again = read_records(run_endpoint_eval(tmp_path, requests, url, "m", params, [1],

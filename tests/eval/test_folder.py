@@ -68,16 +68,16 @@ def test_num_prompts_spreads_over_categories_and_max_tokens_fixes_every_request(
 
 
 def test_resume_takes_the_folder_s_selection_and_names_what_differs(tmp_path: Path) -> None:
-    stored = Selection.make(["w.jsonl"], per_category=3, overrides=["sampling.seed=2"])
-    (tmp_path / "eval.json").write_text(json.dumps({"selection": {
-        **stored.__dict__, "workloads": list(stored.workloads)}}))
-    assert resumed_selection(tmp_path, Selection()) == stored
-    assert resumed_selection(tmp_path, Selection.make(["w.jsonl"])) == stored
+    jsonl = str(_workload(tmp_path / "w.jsonl"))
+    out, _, _, stored, _ = _start(tmp_path, Selection.make([jsonl], per_category=3,
+                                                           overrides=["sampling.seed=2"]))
+    assert resumed_selection(out, Selection(), RECIPE) == stored
+    assert resumed_selection(out, Selection.make([jsonl]), RECIPE) == stored
     with pytest.raises(RecipeError) as e:
-        resumed_selection(tmp_path, Selection.make(["builtin"], per_category=1))
-    assert str(e.value).startswith(f"--resume {tmp_path}: --workload builtin (that eval ran "
-                                   f"{Path('w.jsonl').resolve()}); --per-category 1 (that eval "
-                                   "ran 3). Resume takes them from the eval folder")
+        resumed_selection(out, Selection.make(["builtin"], per_category=1), RECIPE)
+    assert str(e.value) == (f"--resume {out}: --workload builtin (that eval ran {jsonl}); "
+                            "--per-category 1 (that eval ran 3). Resume takes them from the "
+                            "eval folder: drop them, or start a new eval")
 
 
 def _one_arm_records() -> list[dict]:
@@ -118,7 +118,8 @@ def test_summary_and_decide_ignore_a_request_measured_in_one_arm(tmp_path: Path,
     assert json.loads((out / "decision.json").read_text())["unpaired_records"] == 1
     assert "Ignored 1 record measured in one arm only" in (out / "report.md").read_text()
     spec_only = [r for r in rows if r["arm"] == "spec"]  # an endpoint without a baseline
-    assert summarize(spec_only)["ngram/D2/c1"]["spec"]["requests"] == 2
+    assert summarize(spec_only, ("spec",))["ngram/D2/c1"]["spec"]["requests"] == 2
+    assert summarize(spec_only)["ngram/D2/c1"]["unpaired_records"] == 2
 
 
 def test_ctrl_c_says_how_to_resume_and_the_readme_command_finishes_the_same_eval(
@@ -163,3 +164,86 @@ def test_ctrl_c_says_how_to_resume_and_the_readme_command_finishes_the_same_eval
     assert (out / "eval.json").read_text() == before
     summary = json.loads((out / "summary.json").read_text())
     assert "unpaired_records" not in summary["ngram/D2/c1"]
+
+
+def _start(tmp_path: Path, selection: Selection, resume: Path | None = None):
+    from trtspec.eval.folder import start
+
+    return start(RECIPE, selection, "e", resume, tmp_path / "reports", "",
+                 lambda recipe, requests: {"expected_records": 2 * len(requests)},
+                 lambda _: None)
+
+
+def test_resume_accepts_a_value_that_changes_nothing(tmp_path: Path, capsys) -> None:
+    jsonl = str(_workload(tmp_path / "w.jsonl"))
+    out, *_ = _start(tmp_path, Selection.make([jsonl], overrides=["sampling.seed=2",
+                                                                  "eval.warmup=0"]))
+    same = [Selection.make(concurrency=[1]),  # the recipe's is [1]
+            Selection.make(overrides=["eval.warmup=0", "sampling.seed=2"]),  # another order
+            Selection.make([jsonl], overrides=["sampling.seed=2.0", "eval.warmup=0"])]
+    for given in same:
+        assert resumed_selection(out, given, RECIPE).workloads == (jsonl,)
+    with pytest.raises(RecipeError, match=r"--concurrency 2 \(that eval ran the recipe's\)"):
+        resumed_selection(out, Selection.make(concurrency=[2]), RECIPE)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(RECIPE), "--resume", str(out), "--eval-id", "x"])
+    assert exit_info.value.code == 2 and "drop --eval-id" in capsys.readouterr().err
+
+
+def test_an_eval_folder_from_an_older_trtspec_resumes_as_it_ran(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """Its eval.json has no selection, relative workload paths, and the recipe's per_category
+    sampled custom JSONL too; its recipe digest predates sampling.ignore_eos."""
+    from trtspec.eval.workloads import load_workload
+
+    monkeypatch.chdir(tmp_path)
+    _workload(tmp_path / "w.jsonl")
+    overrides = ["eval.warmup=0"]
+    old = load_workload("w.jsonl", per_category_n=1)  # what that trtspec ran: 1 per category
+    digest = load_recipe(RECIPE, overrides).digest()
+    assert digest == _older_digest(overrides)
+    import hashlib
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "eval.json").write_text(json.dumps({
+        "recipe": "cpu-smollm2", "recipe_digest": digest, "overrides": overrides,
+        "workloads": ["w.jsonl"], "requests": len(old),
+        "request_ids": hashlib.sha256("\n".join(r.id for r in old).encode()).hexdigest()[:16]}))
+    _, _, requests, selection, created = _start(tmp_path, Selection(), resume=out)
+    assert [r.id for r in requests] == [r.id for r in old] and not created
+    assert selection.legacy
+
+
+def _older_digest(overrides: list[str]) -> str:
+    """Recipe.digest() as trtspec computed it before sampling.ignore_eos existed."""
+    import hashlib
+
+    data = load_recipe(RECIPE, overrides).model_dump(mode="json")
+    del data["sampling"]["ignore_eos"]
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def test_summary_compares_arms_over_requests_answered_in_both(tmp_path: Path) -> None:
+    from trtspec.eval.folder import arms_of
+
+    rows = _one_arm_records()
+    rows[0] |= {"error": "APIError: boom", "output_tokens": 0, "token_times_s": [],
+                "ttft_s": None}  # r0 failed in the baseline arm
+    entry = summarize(rows)["ngram/D2/c1"]
+    assert entry["spec"]["requests"] == entry["baseline"]["requests"] == 1
+    assert entry["baseline"]["failed_requests"] == 1
+    (tmp_path / "eval.json").write_text(json.dumps({"endpoint": "u", "baseline_endpoint": None}))
+    assert arms_of(tmp_path) == ("spec",)
+    (tmp_path / "eval.json").write_text(json.dumps({"endpoint": "u", "baseline_endpoint": "b"}))
+    assert arms_of(tmp_path) == ("baseline", "spec")
+
+
+def test_ctrl_c_before_anything_was_measured_leaves_no_folder(tmp_path: Path) -> None:
+    from trtspec.eval import Interrupted, _kept_on_failure
+
+    out = tmp_path / "e"
+    out.mkdir()
+    (out / "eval.json").write_text("{}")
+    with pytest.raises(Interrupted) as e, _kept_on_failure(out, created=True, total=4):
+        raise KeyboardInterrupt
+    assert e.value.discarded and not out.exists()

@@ -140,3 +140,35 @@ def test_arms_alternate_strictly_and_peak_rss_is_a_peak() -> None:
         block[offset] = 1
     block.close()
     assert peak_rss_mb() >= before + 150  # the peak remembers what the current RSS forgot
+
+
+def test_a_batch_cut_short_is_measured_again_whole(tmp_path: Path) -> None:
+    """Resume runs a partly recorded batch with all its requests (a c = 2 request is measured
+    beside another one, as the first run measured its partner) and records only the missing."""
+    inputs = toy_inputs(n_requests=4)
+    run_eval(tmp_path, inputs)
+    path = tmp_path / "records.jsonl"
+    records = read_records(path)
+    cut = [r for r in records if not (r["condition"] == "draft_model/D2/c2"
+                                      and r["arm"] == "spec" and r["request_id"] == "r1")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in cut))
+    sizes: list[int] = []
+    make = inputs.make_executor
+
+    def counting(condition, arm):
+        executor = make(condition, arm)
+        generate = executor.generate
+
+        def spy(prompts, params, **kw):
+            sizes.append(len(prompts))
+            return generate(prompts, params, **kw)
+
+        executor.generate = spy
+        return executor
+
+    inputs.make_executor = counting
+    inputs.warmup = 0
+    again = read_records(run_eval(tmp_path, inputs, resume=True))
+    assert sizes == [2]  # r0 and r1 together, as c = 2 measures them
+    keys = Counter((r["condition"], r["arm"], r["request_id"]) for r in again)
+    assert len(again) == len(records) and set(keys.values()) == {1}

@@ -79,8 +79,9 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str | None
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE")
 @click.option("--engines", default=None, type=click.Path(), help=ENGINES_HELP)
 @click.option("--reports", default="reports", show_default=True, type=click.Path())
-@click.option("--speed-bench-dir", default="data/speed-bench", show_default=True,
-              type=click.Path())
+@click.option("--speed-bench-dir", default=None, type=click.Path(),
+              help="SPEED-Bench files [default: data/speed-bench, from here or the recipe's "
+                   "project]")
 @click.option("--mlflow-uri", default=None,
               help="tracking URI [default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]")
 @click.option("--no-mlflow", is_flag=True, help="keep results local only")
@@ -93,7 +94,7 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
                  num_prompts: int | None, max_tokens: int | None, ignore_eos: bool,
                  concurrency: tuple[int, ...], eval_id: str | None, resume: str | None,
                  overrides: tuple[str, ...], engines: str | None, reports: str,
-                 speed_bench_dir: str, mlflow_uri: str | None, no_mlflow: bool,
+                 speed_bench_dir: str | None, mlflow_uri: str | None, no_mlflow: bool,
                  endpoint: str | None, model: str | None, baseline_endpoint: str | None) -> None:
     """Baseline vs speculative on RECIPE's built models; records land in reports/<eval-id>/.
     Ctrl-C keeps every finished request; `--resume reports/<eval-id>` goes on."""
@@ -102,6 +103,8 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
     from trtspec.eval import Interrupted, Selection, evaluate, evaluate_endpoint
     from trtspec.manifest import ManifestError
 
+    if resume and eval_id:
+        raise click.UsageError("--resume names the eval folder: drop --eval-id")
     if resume and not endpoint:  # an endpoint eval resumes against its own servers
         from trtspec.eval.folder import stored_meta
 
@@ -113,7 +116,8 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
         raise click.UsageError("--endpoint needs --model (the name the server serves)")
     selection = Selection.make(workloads, per_category=per_category, num_prompts=num_prompts,
                                max_tokens=max_tokens, ignore_eos=ignore_eos,
-                               concurrency=concurrency, overrides=overrides)
+                               concurrency=concurrency, overrides=overrides,
+                               speed_bench_dir=speed_bench_dir)
     root, why = engines_root(recipe, engines)
     console = Console(width=None if sys.stdout.isatty() else 160)
     try:
@@ -130,14 +134,16 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
 
             if endpoint:
                 out = evaluate_endpoint(recipe, endpoint, model or "", baseline_endpoint,
-                                        selection, eval_id, resume, reports, speed_bench_dir,
-                                        tick, say)
+                                        selection, eval_id, resume, reports, tick, say)
             else:
-                out = evaluate(recipe, selection, eval_id, resume, root, reports,
-                               speed_bench_dir, tick, say)
+                out = evaluate(recipe, selection, eval_id, resume, root, reports, tick, say)
     except ManifestError as e:
         raise explain_engines(e, root, why) from None
     except Interrupted as e:
+        if e.discarded:
+            click.secho(f"interrupted before any request was measured: nothing kept ({e.out} "
+                        "removed)", fg="yellow", err=True)
+            sys.exit(130)
         again = ["trtspec", "eval", recipe, "--resume", str(e.out)]
         again += ["--engines", engines] if engines and not endpoint else []
         again += ["--mlflow-uri", mlflow_uri] if mlflow_uri else []
@@ -166,7 +172,9 @@ def log_to_mlflow(out: Path, uri: str | None, decision: bool = False) -> None:
         click.secho(f"MLflow: not logged ({reason}). Everything is kept in {out}; run "
                     f"`{again}` when the server is back.", fg="yellow", err=True)
         return
-    what = "report, verdicts and audit logged to run" if decision else "run"
+    what = "report, verdicts and audit logged to run" if decision else {
+        "relogged": "run (re-logged: the records changed since it was logged)"}.get(
+        receipt.get("status", ""), "run")
     click.echo(f"MLflow: {what} {receipt['run_id']} at {receipt.get('uri', tracking_uri(uri))}"
                " (compare runs with `mlflow ui`)")
 

@@ -102,7 +102,7 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool) -> None:
     from trtspec.eval import eval_recipe, require_files
     from trtspec.eval.run import read_records
     from trtspec.recipe import RecipeError
-    from trtspec.report import all_go, make_decision, unpaired_note
+    from trtspec.report import all_go, incomplete_note, make_decision, unpaired_note
 
     out = Path(eval_dir)
     recipe = eval_recipe(out)
@@ -120,8 +120,10 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool) -> None:
             table.add_row(v.condition, v.verdict, v.speedup_text, v.ci_text,
                           "; ".join(why) or "—")
     Console(width=None if sys.stdout.isatty() else 160).print(table)
-    if decision["unpaired_records"]:
-        click.echo(unpaired_note(decision["unpaired_records"]))
+    for note in (decision["unpaired_records"] and unpaired_note(decision["unpaired_records"]),
+                 incomplete_note(decision)):
+        if note:
+            click.echo(note)
     click.echo(f"report: {out / 'report.html'}  (markdown: {out / 'report.md'})")
     if not no_mlflow:
         log_to_mlflow(out, mlflow_uri, decision=True)
@@ -150,7 +152,8 @@ def sync(eval_dir: str, mlflow_uri: str | None) -> None:
 
     receipt = log_eval(eval_dir, mlflow_uri)
     what = {"logged": "logged as run", "found": "already logged (found by its eval id) as run",
-            "receipt": "already logged (its mlflow.json receipt) as run"}[receipt["status"]]
+            "receipt": "already logged (its mlflow.json receipt) as run",
+            "relogged": "re-logged (the records changed since) as run"}[receipt["status"]]
     click.echo(f"MLflow: {what} {receipt['run_id']} (experiment {receipt['experiment_id']}) at "
                f"{receipt['uri']}")
 

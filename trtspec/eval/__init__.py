@@ -17,6 +17,7 @@ from typing import Any
 from trtspec.eval.folder import (
     Interrupted,
     Selection,
+    arms_of,
     discard_if_empty,
     resumed_selection,
     start,
@@ -32,7 +33,6 @@ EVERYTHING = Selection()  # the recipe's workloads and settings, no --set
 def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
              eval_id: str | None = None, resume: str | Path | None = None,
              engines_root: str | Path = "engines", reports_root: str | Path = "reports",
-             speed_bench_dir: str | Path = "data/speed-bench",
              progress: Callable[[int, int], None] | None = None,
              say: Callable[[str], None] = print) -> Path:
     """Run the recipe's eval; returns the eval folder."""
@@ -41,7 +41,7 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
     from trtspec.manifest import open_built
 
     if resume:  # the folder's overrides decide which build is meant
-        selection = resumed_selection(Path(resume), selection)
+        selection = resumed_selection(Path(resume), selection, recipe_path)
     recipe = load_recipe(recipe_path, selection.all_overrides())
     if recipe.backend.kind != "torch":
         raise RecipeError(f"{recipe_path}: in-process eval runs the torch backend; the "
@@ -54,8 +54,9 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
     conditions = [Condition(m.method, d, c) for m in recipe.methods
                   for d in lengths for c in recipe.eval.concurrency]
     out, recipe, requests, selection, created = start(
-        recipe_path, selection, eval_id, resume, reports_root, speed_bench_dir, "",
-        {"conditions": [c.key for c in conditions]}, say)
+        recipe_path, selection, eval_id, resume, reports_root, "",
+        lambda _, requests: {"conditions": [c.key for c in conditions],
+                             "expected_records": len(conditions) * 2 * len(requests)}, say)
     with _kept_on_failure(out, created, total=len(conditions) * 2 * len(requests)):
         if created:
             shutil.copyfile(manifest_path, out / "manifest.json")
@@ -81,7 +82,9 @@ def _kept_on_failure(out: Path, created: bool, total: int) -> Iterator[None]:
         kept = len(read_records(out / RECORDS))
         if kept:
             _finish(out, out / RECORDS)
-        raise Interrupted(out, kept, total) from None
+        elif created:
+            discard_if_empty(out)
+        raise Interrupted(out, kept, total, discarded=created and not kept) from None
     except BaseException:
         if created:
             discard_if_empty(out)
@@ -136,8 +139,8 @@ def _check_same_build(out: Path, manifest: Any, manifest_path: Path) -> None:
 def _finish(out: Path, records: Path) -> Path:
     from trtspec.eval.run import read_records, summarize
 
-    write_atomic(out / "summary.json", json.dumps(summarize(read_records(records)), indent=2)
-                 + "\n")
+    summary = summarize(read_records(records), arms_of(out))
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return out
 
 
@@ -145,7 +148,6 @@ def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
                       baseline_url: str | None = None, selection: Selection = EVERYTHING,
                       eval_id: str | None = None, resume: str | Path | None = None,
                       reports_root: str | Path = "reports",
-                      speed_bench_dir: str | Path = "data/speed-bench",
                       progress: Callable[[int, int], None] | None = None,
                       say: Callable[[str], None] = print) -> Path:
     """The recipe's workloads, sampling and concurrency against OpenAI-compatible servers."""
@@ -154,12 +156,14 @@ def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
     for where in (url, baseline_url):  # before any folder exists: a typo leaves nothing behind
         if where:
             check_reachable(where)
+    arms = 1 + bool(baseline_url)
     out, recipe, requests, selection, created = start(
-        recipe_path, selection, eval_id, resume, reports_root, speed_bench_dir, "-endpoint",
-        {"endpoint": url, "baseline_endpoint": baseline_url, "model": model,
-         "server": detect_server(url), "client": "batches"}, say)
-    with _kept_on_failure(out, created, len(recipe.eval.concurrency)
-                          * (1 + bool(baseline_url)) * len(requests)):
+        recipe_path, selection, eval_id, resume, reports_root, "-endpoint",
+        lambda recipe, requests: {
+            "endpoint": url, "baseline_endpoint": baseline_url, "model": model,
+            "server": detect_server(url), "client": "batches",
+            "expected_records": len(recipe.eval.concurrency) * arms * len(requests)}, say)
+    with _kept_on_failure(out, created, len(recipe.eval.concurrency) * arms * len(requests)):
         records = run_endpoint_eval(out, requests, url, model, recipe.sampling.params(),
                                     recipe.eval.concurrency, baseline_url, not created, progress)
     return _finish(out, records)

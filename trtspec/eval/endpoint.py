@@ -176,15 +176,17 @@ def _extensions(params: SamplingParams) -> dict[str, Any] | None:
 
 async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
                  sampling: SamplingParams, key: str, arm: str, sink: Any,
-                 on_record: Callable[[], None]) -> list[dict[str, Any]]:
-    """One batch of one arm, all requests at once (the batch is the concurrency)."""
+                 on_record: Callable[[], None], measured: set[str] = frozenset()
+                 ) -> list[dict[str, Any]]:
+    """One batch of one arm, all requests at once (the batch is the concurrency); records of
+    the requests not in ``measured``."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
                          max_retries=0)
     method, d, c = key.split("/")
 
-    async def go(r: WorkloadRequest) -> dict[str, Any]:
+    async def go(r: WorkloadRequest) -> dict[str, Any] | None:
         params = sampling.model_copy(update={"seed": request_seed(sampling.seed or 0, r.id)})
         result = await _one(client, model, r, params)
         record = {"condition": key, "method": method, "draft_len": int(d[1:] or 0),
@@ -197,12 +199,14 @@ async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
                   "emitted_tokens": 0, "verification_rounds": 0, "discarded_tokens": 0,
                   "accepted_per_position": [], "proposed_per_position": [],
                   "per_token_times": False, "wall_clock": time.time(), **result}
+        if r.id in measured:
+            return None
         append_line(sink, record)
         on_record()
         return record
 
     try:
-        return list(await asyncio.gather(*(go(r) for r in batch)))
+        return [x for x in await asyncio.gather(*(go(r) for r in batch)) if x is not None]
     finally:
         await client.close()
 
@@ -241,12 +245,14 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
             answered = {arm: any((key, arm, r.id) in done for r in requests) for arm in urls}
             for i, batch in enumerate(_batches(requests, c)):
                 for arm in _alternate(tuple(urls), i):
-                    todo = [r for r in batch if (key, arm, r.id) not in done]
-                    if not todo:
+                    measured = {r.id for r in batch if (key, arm, r.id) in done}
+                    if len(measured) == len(batch):
                         continue
+                    # the whole batch again, so a resumed request runs at the concurrency it
+                    # is measured for; only what is missing is recorded
                     before = scrape(urls[arm])
-                    got = asyncio.run(_batch(urls[arm], model, todo, sampling, key, arm, sink,
-                                             tick))
+                    got = asyncio.run(_batch(urls[arm], model, batch, sampling, key, arm, sink,
+                                             tick, measured))
                     delta = counter_delta(before, scrape(urls[arm]))
                     if delta:
                         raw = saved.setdefault(f"{key}/{arm}", {}).setdefault("raw", {})

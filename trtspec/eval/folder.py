@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import time
 from collections import Counter
@@ -26,11 +27,13 @@ EVAL_META = "eval.json"
 
 
 class Interrupted(Exception):
-    """Ctrl-C during an eval: what was kept, and where (the CLI says how to go on)."""
+    """Ctrl-C during an eval: what was kept, and where (the CLI says how to go on). A folder
+    this eval created is removed when nothing was measured yet (``discarded``)."""
 
-    def __init__(self, out: Path, kept: int, total: int | None) -> None:
+    def __init__(self, out: Path, kept: int, total: int | None, discarded: bool = False
+                 ) -> None:
         super().__init__(f"interrupted: {kept} records kept in {out}")
-        self.out, self.kept, self.total = out, kept, total
+        self.out, self.kept, self.total, self.discarded = out, kept, total, discarded
 
 
 @dataclass(frozen=True)
@@ -45,11 +48,17 @@ class Selection:
     ignore_eos: bool = False  # fixed output lengths
     concurrency: tuple[int, ...] = ()
     overrides: tuple[str, ...] = ()  # --set, as given
+    speed_bench_dir: str | None = None  # where SPEED-Bench files are [default: data/speed-bench]
+    # started by a trtspec that stored no selection: the recipe's per_category sampled custom
+    # JSONL too, and --per-category was not recorded
+    legacy: bool = False
 
     @classmethod
-    def make(cls, workloads: Sequence[str] = (), **fields: Any) -> Selection:
-        """JSONL paths become absolute, so a resumed eval finds them from any folder."""
+    def make(cls, workloads: Sequence[str] = (), speed_bench_dir: str | None = None,
+             **fields: Any) -> Selection:
+        """Paths become absolute, so a resumed eval finds them from any folder."""
         return cls(workloads=tuple(_workload_spec(w) for w in workloads),
+                   speed_bench_dir=_absolute(speed_bench_dir) if speed_bench_dir else None,
                    **{k: tuple(v) if isinstance(v, list | tuple) else v
                       for k, v in fields.items()})
 
@@ -67,13 +76,26 @@ class Selection:
 
 _FLAGS = {"workloads": "--workload", "per_category": "--per-category",
           "num_prompts": "--num-prompts", "max_tokens": "--max-tokens",
-          "ignore_eos": "--ignore-eos", "concurrency": "--concurrency", "overrides": "--set"}
+          "ignore_eos": "--ignore-eos", "concurrency": "--concurrency", "overrides": "--set",
+          "speed_bench_dir": "--speed-bench-dir"}
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def _workload_spec(spec: str) -> str:
-    if spec == "builtin" or spec.startswith("speed-bench:"):
-        return spec
-    return str(Path(spec).expanduser().resolve())
+    return spec if spec == "builtin" or spec.startswith("speed-bench:") else _absolute(spec)
+
+
+def _near_recipe(path: str, recipe_path: str | Path) -> str:
+    """A relative path named in a recipe: from the working directory if it is there, else from
+    the recipe's project (the folder holding its recipes/), else from the recipe's folder."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return _absolute(path)
+    recipe = Path(recipe_path).absolute()
+    bases = [p.parent for p in recipe.parents if p.name == "recipes"][:1] + [recipe.parent]
+    return next((str(b / path) for b in bases if (b / path).exists()), _absolute(path))
 
 
 def stored_meta(out: Path) -> dict[str, Any]:
@@ -81,54 +103,99 @@ def stored_meta(out: Path) -> dict[str, Any]:
     if not path.is_file():
         raise RecipeError(f"{out} is not an eval folder (no {EVAL_META}): nothing to resume; "
                           "pass reports/<eval-id>")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RecipeError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}): the eval folder "
+                          "is damaged") from None
 
 
-def resumed_selection(out: Path, given: Selection) -> Selection:
-    """The eval folder's selection, with what ``given`` leaves empty taken from it; a value
-    given that differs from the folder's is an error naming it."""
+def arms_of(out: Path) -> tuple[str, ...]:
+    """The arms an eval measures: both in process; an endpoint eval has a baseline arm only
+    with a baseline endpoint."""
+    path = out / EVAL_META
+    meta = json.loads(path.read_text()) if path.is_file() else {}
+    return ("spec",) if "endpoint" in meta and not meta.get("baseline_endpoint") \
+        else ("baseline", "spec")
+
+
+def completeness(out: Path, records: Sequence[dict[str, Any]]) -> tuple[int, int | None]:
+    """(requests measured in some arm of some condition, how many a complete eval has; None
+    when eval.json does not say). A failed request counts as measured: it is reported as
+    failed, and resume measures it again."""
+    path = out / EVAL_META
+    expected = json.loads(path.read_text()).get("expected_records") if path.is_file() else None
+    return len({(r["condition"], r["arm"], r["request_id"]) for r in records}), expected
+
+
+def _stored_selection(out: Path) -> Selection:
     meta = stored_meta(out)
     if "selection" in meta:
-        stored = Selection(**{k: tuple(v) if isinstance(v, list) else v
-                              for k, v in meta["selection"].items() if k in _FLAGS})
-    else:  # written before selections were stored: what it recorded
-        stored = Selection(workloads=tuple(meta.get("workloads", ())),
-                           overrides=tuple(meta.get("overrides", ())))
-    differ, merged = [], {}
+        return Selection(**{k: tuple(v) if isinstance(v, list) else v
+                            for k, v in meta["selection"].items()
+                            if k in _FLAGS or k == "legacy"})
+    # written before selections were stored: what it recorded, read as it ran then
+    return Selection(workloads=tuple(_workload_spec(w) for w in meta.get("workloads", ())),
+                     overrides=tuple(meta.get("overrides", ())), legacy=True)
+
+
+def resumed_selection(out: Path, given: Selection, recipe_path: str | Path) -> Selection:
+    """The eval folder's selection. A value ``given`` that differs from it is an error naming
+    it, unless it changes nothing (the same recipe digest and the same requests: `--concurrency
+    1` where the recipe's is [1], --set items in another order)."""
+    stored = _stored_selection(out)
+    differ = []
     for field in dataclasses.fields(Selection):
         mine, theirs = getattr(given, field.name), getattr(stored, field.name)
-        empty = mine in (None, (), False)
-        merged[field.name] = theirs if empty else mine
-        if not empty and mine != theirs:
-            differ.append(f"{_FLAGS[field.name]} {_show(mine)} (that eval ran "
-                          f"{_show(theirs)})")
+        if field.name == "legacy" or mine in (None, (), False) or mine == theirs:
+            continue
+        if stored.legacy and field.name == "per_category" and theirs is None:
+            stored = dataclasses.replace(stored, per_category=mine)  # it was not recorded
+            continue
+        if _effect(recipe_path, dataclasses.replace(stored, **{field.name: mine})) != \
+                _effect(recipe_path, stored):
+            differ.append(f"{_FLAGS[field.name]} {_show(field.name, mine)} (that eval ran "
+                          f"{_show(field.name, theirs)})")
     if differ:
         raise RecipeError(f"--resume {out}: {'; '.join(differ)}. Resume takes them from the eval "
                           f"folder: drop them, or start a new eval")
-    return Selection(**merged)
+    return stored
 
 
-def _show(value: Any) -> str:
+def _effect(recipe_path: str | Path, selection: Selection) -> tuple[str, list[str]]:
+    """What a selection measures: the recipe digest and the request ids."""
+    recipe = load_recipe(recipe_path, selection.all_overrides())
+    requests = load_requests(recipe, selection, recipe_path, lambda _: None)
+    return recipe.digest(), [r.id for r in requests]
+
+
+def _show(name: str, value: Any) -> str:
     if value in (None, (), False):
-        return "the recipe's" if value != () else "none"
+        return {"overrides": "none", "ignore_eos": "no --ignore-eos"}.get(name, "the recipe's")
     if isinstance(value, tuple):
-        return " ".join(map(str, value))
+        return (" " if name == "workloads" else ",").join(map(str, value)) \
+            if name != "overrides" else " ".join(f"--set {v}" for v in value)
     return str(value)
 
 
-def load_requests(recipe: Recipe, selection: Selection, speed_bench_dir: str | Path,
+def load_requests(recipe: Recipe, selection: Selection, recipe_path: str | Path,
                   say: Callable[[str], None]) -> list[Any]:
     """The eval's requests, and one line per workload saying how many per category it runs.
 
     The recipe's ``eval.per_category`` samples built-in and SPEED-Bench workloads; a custom
-    JSONL runs whole unless ``--per-category`` is given."""
+    JSONL runs whole unless ``--per-category`` is given. Paths the recipe names are found from
+    the working directory, else from the recipe's project or folder."""
     from trtspec.eval.workloads import load_workload
 
+    bench = selection.speed_bench_dir or _near_recipe("data/speed-bench", recipe_path)
     requests = []
-    for spec in selection.workloads or recipe.eval.workloads:
+    for spec in selection.workloads or [w if _workload_spec(w) == w else
+                                        _near_recipe(w, recipe_path)
+                                        for w in recipe.eval.workloads]:
         custom = spec != "builtin" and not spec.startswith("speed-bench:")
-        n = selection.per_category or (None if custom else recipe.eval.per_category)
-        got = load_workload(spec, speed_bench_dir, n, recipe.sampling.seed)
+        n = selection.per_category or (
+            None if custom and not selection.legacy else recipe.eval.per_category)
+        got = load_workload(spec, bench, n, recipe.sampling.seed)
         counts = Counter(r.category for r in got)
         how = f"at most {n} per category" if n else "all of it"
         say(f"workload {spec}: {len(got)} requests ({how}): "
@@ -167,8 +234,8 @@ def spread_sample(requests: Sequence[Any], n: int, seed: int) -> list[Any]:
 
 
 def start(recipe_path: str | Path, selection: Selection, eval_id: str | None,
-          resume: str | Path | None, reports_root: str | Path, speed_bench_dir: str | Path,
-          tag: str, extra: dict[str, Any], say: Callable[[str], None]
+          resume: str | Path | None, reports_root: str | Path, tag: str,
+          extra: Callable[[Recipe, list[Any]], dict[str, Any]], say: Callable[[str], None]
           ) -> tuple[Path, Recipe, list[Any], Selection, bool]:
     """(the eval folder, the recipe as this eval runs it, its requests, the selection, whether
     this call created the folder).
@@ -176,10 +243,11 @@ def start(recipe_path: str | Path, selection: Selection, eval_id: str | None,
     A new eval never touches an existing folder: an eval id in use is refused before anything
     is written. A resumed eval takes its selection from the folder and must be the same eval:
     the same recipe digest (after overrides), requests and endpoint, else it stops and says
-    what differs."""
+    what differs. ``extra`` adds what the caller stores (endpoints, conditions, the number of
+    records a complete eval has)."""
     if resume:
         out = Path(resume)
-        selection = resumed_selection(out, selection)
+        selection = resumed_selection(out, selection, recipe_path)
     recipe = load_recipe(recipe_path, selection.all_overrides())
     if not resume:
         out = Path(reports_root) / (eval_id or
@@ -187,12 +255,13 @@ def start(recipe_path: str | Path, selection: Selection, eval_id: str | None,
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"{out} exists: pass --resume {out} to continue that eval, "
                                   "or choose another --eval-id")
-    requests = load_requests(recipe, selection, speed_bench_dir, say)
+    requests = load_requests(recipe, selection, recipe_path, say)
     meta = {"recipe": recipe.name, "recipe_digest": recipe.digest(),
             "overrides": selection.all_overrides(),
             "workloads": list(selection.workloads or recipe.eval.workloads),
             "selection": asdict(selection),
-            "requests": len(requests), "request_ids": _ids_digest(requests), **extra}
+            "requests": len(requests), "request_ids": _ids_digest(requests),
+            **extra(recipe, requests)}
     if resume:
         _check_same_eval(out, meta)
         return out, recipe, requests, selection, False
@@ -214,17 +283,22 @@ def _ids_digest(requests: Sequence[Any]) -> str:
 def _check_same_eval(out: Path, meta: dict[str, Any]) -> None:
     """Refuse to resume an eval folder with another recipe, request set or endpoint."""
     stored = stored_meta(out)
-    names = {"recipe_digest": "the recipe (after --set overrides)",
-             "requests": "number of requests", "request_ids": "requests",
-             "endpoint": "endpoint", "baseline_endpoint": "baseline endpoint",
-             "model": "model", "conditions": "conditions", "client": "endpoint client mode"}
-    differ = [label for key, label in names.items()
+    names = {  # what differs → why it can
+        "recipe_digest": ("the recipe", "the recipe file changed since"),
+        "requests": ("the number of requests", "a workload file changed since"),
+        "request_ids": ("the requests", "a workload file changed since"),
+        "endpoint": ("the endpoint", f"that eval ran against {stored.get('endpoint')}"),
+        "baseline_endpoint": ("the baseline endpoint",
+                              f"that eval ran against {stored.get('baseline_endpoint')}"),
+        "model": ("the model", f"that eval asked for {stored.get('model')}"),
+        "conditions": ("the conditions", "the build's draft lengths changed since"),
+        "client": ("the endpoint client mode", "that eval was measured by another trtspec")}
+    differ = [(label, why) for key, (label, why) in names.items()
               if (key in stored or key in meta) and stored.get(key) != meta.get(key)]
     if differ:
-        raise RecipeError(f"--resume {out}: {', '.join(differ)} differ from that eval's "
-                          f"(it ran {stored.get('workloads')} with overrides "
-                          f"{stored.get('overrides') or 'none'}): the recipe file or a "
-                          "workload file changed since; start a new eval")
+        why = "; ".join(dict.fromkeys(w for _, w in differ))
+        raise RecipeError(f"--resume {out}: {', '.join(label for label, _ in differ)} "
+                          f"differ from that eval's ({why}): start a new eval")
 
 
 def discard_if_empty(out: Path) -> None:

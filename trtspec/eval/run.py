@@ -125,10 +125,13 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
             _warm_up(executors, inputs)
             for i, batch in enumerate(_batches(inputs.requests, condition.concurrency)):
                 for arm in _alternate(ARMS, i):
-                    todo = [r for r in batch if (condition.key, arm, r.id) not in done]
-                    if not todo:
+                    if all((condition.key, arm, r.id) in done for r in batch):
                         continue
-                    for record in _measure(executors[arm], todo, inputs, condition, arm):
+                    # the whole batch again, so a resumed request runs beside the others it
+                    # is measured with; only what is missing is recorded
+                    for record in _measure(executors[arm], batch, inputs, condition, arm):
+                        if (condition.key, arm, record["request_id"]) in done:
+                            continue
                         append_line(sink, record)
                         finished += 1
                         if progress:
@@ -310,25 +313,29 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     return read_jsonl(path)
 
 
-def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def summarize(records: Sequence[dict[str, Any]], arms: Sequence[str] = ARMS
+              ) -> dict[str, dict[str, Any]]:
     """Per condition: each arm's latency distributions and speculation stats, and the
-    baseline/spec ratios of TPOT p50 and E2E p50 (> 1 means speculation is faster).
-    Failed requests (an endpoint error) are counted per arm, not measured; a request measured
-    in one arm only (an interrupted eval) is left out of both and counted as
+    baseline/spec ratios of TPOT p50 and E2E p50 (> 1 means speculation is faster), over the
+    same requests: those answered in every arm. A failed request (an endpoint error) is
+    counted in its arm's ``failed_requests`` and left out of every arm's figures; a request
+    measured in one arm only (an interrupted eval) is left out and counted as
     ``unpaired_records``."""
     from trtspec.metrics import drop_unpaired
 
     out: dict[str, dict[str, Any]] = {}
     keys = sorted({r["condition"] for r in records})
     for key in keys:
-        rows = [r for r in records if r["condition"] == key]
-        kept, unpaired = drop_unpaired(rows)
+        rows, unpaired = drop_unpaired([r for r in records if r["condition"] == key], arms)
         entry: dict[str, Any] = {"unpaired_records": unpaired} if unpaired else {}
+        answered = {arm: {r["request_id"] for r in rows if r["arm"] == arm and not failed(r)}
+                    for arm in arms}
+        both = set.intersection(*answered.values()) if answered else set()
         for arm in ARMS:
-            arm_rows = [r for r in kept if r["arm"] == arm]
+            arm_rows = [r for r in rows if r["arm"] == arm]
             if not arm_rows:
                 continue
-            good = [r for r in arm_rows if not failed(r)]
+            good = [r for r in arm_rows if r["request_id"] in both and not failed(r)]
             entry[arm] = _arm_summary(good)
             entry[arm]["failed_requests"] = len(unanswered(arm_rows))
             entry[arm]["categories"] = {c: _arm_summary([r for r in good if r["category"] == c])
