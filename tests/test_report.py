@@ -100,6 +100,6 @@ def test_an_unfinished_eval_holds_every_go_and_says_how_far_it_got(tmp_path: Pat
     ngram = next(v for v in decision["verdicts"]
                  if v["condition"] == "ngram/D4/c1" and v["category"] == "all")
     assert ngram["verdict"] == "INCONCLUSIVE"  # a clear GO when complete (test above)
-    assert f"the eval is incomplete ({len(records)} of {len(records) + 10} requests " \
+    assert f"the eval is incomplete ({len(records)} of {len(records) + 10} records " \
            "measured): resume it" in ngram["reasons"]
     assert "The eval is incomplete" in (out / "report.md").read_text()

@@ -270,3 +270,22 @@ def test_an_eval_synced_then_resumed_replaces_its_run(tmp_path: Path, mlflow_ser
     parents = _parents(client, receipt["experiment_id"], "toy-eval-partial")
     assert [r.info.run_id for r in parents] == [receipt["run_id"]]
     assert parents[0].data.tags["trtspec.records"] == str(receipt["records"])
+
+
+def test_two_folders_with_one_eval_id_keep_their_own_runs(tmp_path: Path,
+                                                          mlflow_server: str) -> None:
+    """Another folder's run (another machine, a copied folder) is neither adopted nor
+    replaced: each eval.json carries its own folder id."""
+    from mlflow.tracking import MlflowClient
+
+    outs = [toy_eval(tmp_path / side / "toy-eval-twin") for side in ("a", "b")]
+    for side, out in zip("ab", outs, strict=True):
+        meta = json.loads((out / "eval.json").read_text())
+        (out / "eval.json").write_text(json.dumps(meta | {"folder_id": side}))
+    path = outs[1] / "records.jsonl"
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:5]))
+    receipts = [log_eval(out, mlflow_server) for out in outs]
+    assert [r["status"] for r in receipts] == ["logged", "logged"]
+    client = MlflowClient(tracking_uri=mlflow_server)
+    parents = _parents(client, receipts[0]["experiment_id"], "toy-eval-twin")
+    assert {r.info.run_id for r in parents} == {r["run_id"] for r in receipts}

@@ -246,6 +246,11 @@ class Recipe(Strict):
                                  "bfloat16/float16/fp8: set target.dtype")
         return self
 
+    def digests(self) -> set[str]:
+        """Every digest this recipe has been recorded under: :meth:`digest`, and the digest of
+        its full dump (what trtspec recorded while a key of _ADDED_LATER was in it)."""
+        return {self.digest(), _sha256(self.model_dump(mode="json"))}
+
     def digest(self) -> str:
         """sha256 of the canonical JSON of this recipe (after overrides and defaults): the
         eval's provenance. What a build depends on is :meth:`build_inputs`."""

@@ -47,7 +47,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
         for v in verdicts:
             if v.verdict == "GO":
                 v.verdict = "INCONCLUSIVE"
-                v.reasons.append(f"the eval is incomplete ({measured} of {expected} requests "
+                v.reasons.append(f"the eval is incomplete ({measured} of {expected} records "
                                  "measured): resume it")
     models = {}
     for key in sorted({r["condition"] for r in records}):
@@ -173,7 +173,7 @@ def incomplete_note(decision: dict[str, Any]) -> str:
     measured, expected = decision.get("measured_records"), decision.get("expected_records")
     if not expected or measured >= expected:
         return ""
-    return (f"The eval is incomplete: {measured} of {expected} requests measured. No condition "
+    return (f"The eval is incomplete: {measured} of {expected} records measured. No condition "
             "is GO until it is resumed and finished (the requests not yet measured may be "
             "the slow ones).")
 

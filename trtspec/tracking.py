@@ -95,9 +95,11 @@ def _log(out: Path, uri: str, meta: dict[str, Any], summary: dict[str, Any],
     experiment_id = experiment.experiment_id if experiment else \
         client.create_experiment(meta["recipe"])
     eval_id = out.name
-    existing = client.search_runs([experiment_id],
-                                  filter_string=f"tags.`trtspec.eval_id` = '{eval_id}' and "
-                                                "tags.`trtspec.level` = 'eval'")
+    folder = meta.get("folder_id")  # another folder with the same eval id is another eval
+    existing = [run for run in client.search_runs(
+        [experiment_id], filter_string=f"tags.`trtspec.eval_id` = '{eval_id}' and "
+                                       "tags.`trtspec.level` = 'eval'")
+        if run.data.tags.get("trtspec.folder") in (None, folder)]
     logged = str(len(records))
 
     def current(run: Any) -> bool:  # logged whole, from the records there are now
@@ -123,7 +125,7 @@ def _log(out: Path, uri: str, meta: dict[str, Any], summary: dict[str, Any],
                 "records": len(records)}, "found"
 
     tags = {"trtspec.eval_id": eval_id, "trtspec.level": "eval", "trtspec.records": logged,
-            "git_sha": _git_sha(),
+            **({"trtspec.folder": folder} if folder else {}), "git_sha": _git_sha(),
             **_origin_tags(meta, _read_json(out / "manifest.json"))}
     mlflow.set_tracking_uri(uri)
     conditions: dict[str, str] = {}

@@ -230,8 +230,11 @@ def test_benchmark_knobs_reach_the_server_and_resume_reuses_them(tmp_path, capsy
         main(["eval", str(recipe), "--resume", str(tmp_path / "k"), "--no-mlflow"])
     finally:
         server.shutdown()
-    assert len(seen) == 2 * 4 + 3 and all(p["max_tokens"] == 5 for p in seen)
+    # the c4 batch was cut short: measured again whole (4 requests), 3 of them recorded
+    assert len(seen) == 2 * 4 + 4 and all(p["max_tokens"] == 5 for p in seen)
     assert len(read_records(tmp_path / "k")) == 8
+    counters = json.loads((tmp_path / "k" / "server_counters.json").read_text())
+    assert counters["endpoint/D0/c4/spec"]["raw"]["drafts"] == 4 * 2  # replaced, not added
 
 
 def test_an_endpoint_that_refuses_connections_is_one_line_and_leaves_no_folder(

@@ -146,15 +146,18 @@ def test_resume_refuses_another_workload_or_recipe(tmp_path: Path, smollm2, caps
     for extra, text in ((["-w", "builtin"], f"--workload builtin (that eval ran {workload})"),
                         (["-w", str(workload), "--set", "sampling.seed=3"],
                          "sampling.seed=3 (that eval ran"),
-                        (["--per-category", "2"], "--per-category 2 (that eval ran the "
-                                                  "recipe's)")):
+                        (["--max-tokens", "3"], "--max-tokens 3 (that eval ran the "
+                                                "recipe's)")):
         with pytest.raises(SystemExit) as exit_info:
             main(["eval", str(RECIPE), "--engines", str(engines), "--resume", str(out), *sets,
                   *extra, "--no-mlflow"])
         assert exit_info.value.code == 2 and text in capsys.readouterr().err
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    # the README's form: the folder's workload, overrides and knobs; nothing left to measure
+    # the README's form: the folder's workload, overrides and knobs; nothing left to measure;
+    # --per-category 2 of a one-request workload changes nothing, so it is accepted
     main(["eval", str(RECIPE), "--engines", str(engines), "--resume", str(out), "--no-mlflow"])
+    main(["eval", str(RECIPE), "--engines", str(engines), "--resume", str(out),
+          "--per-category", "2", "--no-mlflow"])
     assert len(read_records(out)) == 2 and "workload " in capsys.readouterr().out
 
 

@@ -76,8 +76,9 @@ def test_resume_takes_the_folder_s_selection_and_names_what_differs(tmp_path: Pa
     with pytest.raises(RecipeError) as e:
         resumed_selection(out, Selection.make(["builtin"], per_category=1), RECIPE)
     assert str(e.value) == (f"--resume {out}: --workload builtin (that eval ran {jsonl}); "
-                            "--per-category 1 (that eval ran 3). Resume takes them from the "
-                            "eval folder: drop them, or start a new eval")
+                            "--per-category 1 (that eval ran 3) would measure another eval. "
+                            "Resume takes them from the eval folder: drop them, or start a new "
+                            "eval")
 
 
 def _one_arm_records() -> list[dict]:
@@ -202,7 +203,10 @@ def test_an_eval_folder_from_an_older_trtspec_resumes_as_it_ran(tmp_path: Path,
     old = load_workload("w.jsonl", per_category_n=1)  # what that trtspec ran: 1 per category
     digest = load_recipe(RECIPE, overrides).digest()
     assert digest == _older_digest(overrides)
+    full = load_recipe(RECIPE, overrides).model_dump(mode="json")  # recorded with ignore_eos
     import hashlib
+    assert hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest() in \
+        load_recipe(RECIPE, overrides).digests()
     out = tmp_path / "old"
     out.mkdir()
     (out / "eval.json").write_text(json.dumps({

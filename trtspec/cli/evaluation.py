@@ -51,8 +51,8 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str | None
         levels = tuple(int(v) for v in value.replace(" ", "").split(","))
     except ValueError:
         raise click.BadParameter(f"{value!r}: give levels like 1,4,8") from None
-    if any(c < 1 for c in levels):
-        raise click.BadParameter(f"{value!r}: every level must be ≥ 1")
+    if any(c < 1 for c in levels) or len(set(levels)) != len(levels):
+        raise click.BadParameter(f"{value!r}: give each level once, every level ≥ 1")
     return levels
 
 

@@ -51,8 +51,8 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
 
     # the torch backend bakes no draft length into its build: the recipe's list is used as is
     lengths = recipe.draft_lengths if recipe.draft_lengths != "auto" else manifest.draft_lengths
-    conditions = [Condition(m.method, d, c) for m in recipe.methods
-                  for d in lengths for c in recipe.eval.concurrency]
+    conditions = list(dict.fromkeys(Condition(m.method, d, c) for m in recipe.methods
+                                    for d in lengths for c in recipe.eval.concurrency))
     out, recipe, requests, selection, created = start(
         recipe_path, selection, eval_id, resume, reports_root, "",
         lambda _, requests: {"conditions": [c.key for c in conditions],
@@ -162,10 +162,11 @@ def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
         lambda recipe, requests: {
             "endpoint": url, "baseline_endpoint": baseline_url, "model": model,
             "server": detect_server(url), "client": "batches",
-            "expected_records": len(recipe.eval.concurrency) * arms * len(requests)}, say)
-    with _kept_on_failure(out, created, len(recipe.eval.concurrency) * arms * len(requests)):
+            "expected_records": len(set(recipe.eval.concurrency)) * arms * len(requests)}, say)
+    levels = list(dict.fromkeys(recipe.eval.concurrency))
+    with _kept_on_failure(out, created, len(levels) * arms * len(requests)):
         records = run_endpoint_eval(out, requests, url, model, recipe.sampling.params(),
-                                    recipe.eval.concurrency, baseline_url, not created, progress)
+                                    levels, baseline_url, not created, progress)
     return _finish(out, records)
 
 

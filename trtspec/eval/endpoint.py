@@ -254,11 +254,14 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
                     got = asyncio.run(_batch(urls[arm], model, batch, sampling, key, arm, sink,
                                              tick, measured))
                     delta = counter_delta(before, scrape(urls[arm]))
-                    if delta:
-                        raw = saved.setdefault(f"{key}/{arm}", {}).setdefault("raw", {})
-                        for name, value in delta.items():
-                            raw[name] = raw.get(name, 0.0) + value
-                        saved[f"{key}/{arm}"] |= counter_rates(raw)
+                    if delta:  # per batch: a batch measured again replaces its delta
+                        entry = saved.setdefault(f"{key}/{arm}", {})
+                        entry.setdefault("batches", {})[str(i)] = delta
+                        raw: dict[str, float] = {}
+                        for batch_delta in entry["batches"].values():
+                            for name, value in batch_delta.items():
+                                raw[name] = raw.get(name, 0.0) + value
+                        entry |= {"raw": raw, **counter_rates(raw)}
                         write_atomic(counters_path, json.dumps(saved, indent=2) + "\n")
                     answered[arm] |= not all(failed(r) for r in got)
                     if not answered[arm]:

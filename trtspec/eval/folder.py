@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -113,8 +114,7 @@ def stored_meta(out: Path) -> dict[str, Any]:
 def arms_of(out: Path) -> tuple[str, ...]:
     """The arms an eval measures: both in process; an endpoint eval has a baseline arm only
     with a baseline endpoint."""
-    path = out / EVAL_META
-    meta = json.loads(path.read_text()) if path.is_file() else {}
+    meta = stored_meta(out) if (out / EVAL_META).is_file() else {}
     return ("spec",) if "endpoint" in meta and not meta.get("baseline_endpoint") \
         else ("baseline", "spec")
 
@@ -123,8 +123,8 @@ def completeness(out: Path, records: Sequence[dict[str, Any]]) -> tuple[int, int
     """(requests measured in some arm of some condition, how many a complete eval has; None
     when eval.json does not say). A failed request counts as measured: it is reported as
     failed, and resume measures it again."""
-    path = out / EVAL_META
-    expected = json.loads(path.read_text()).get("expected_records") if path.is_file() else None
+    meta = stored_meta(out) if (out / EVAL_META).is_file() else {}
+    expected = meta.get("expected_records")
     return len({(r["condition"], r["arm"], r["request_id"]) for r in records}), expected
 
 
@@ -140,33 +140,29 @@ def _stored_selection(out: Path) -> Selection:
 
 
 def resumed_selection(out: Path, given: Selection, recipe_path: str | Path) -> Selection:
-    """The eval folder's selection. A value ``given`` that differs from it is an error naming
-    it, unless it changes nothing (the same recipe digest and the same requests: `--concurrency
-    1` where the recipe's is [1], --set items in another order)."""
-    stored = _stored_selection(out)
-    differ = []
-    for field in dataclasses.fields(Selection):
-        mine, theirs = getattr(given, field.name), getattr(stored, field.name)
-        if field.name == "legacy" or mine in (None, (), False) or mine == theirs:
-            continue
-        if stored.legacy and field.name == "per_category" and theirs is None:
-            stored = dataclasses.replace(stored, per_category=mine)  # it was not recorded
-            continue
-        if _effect(recipe_path, dataclasses.replace(stored, **{field.name: mine})) != \
-                _effect(recipe_path, stored):
-            differ.append(f"{_FLAGS[field.name]} {_show(field.name, mine)} (that eval ran "
-                          f"{_show(field.name, theirs)})")
-    if differ:
-        raise RecipeError(f"--resume {out}: {'; '.join(differ)}. Resume takes them from the eval "
-                          f"folder: drop them, or start a new eval")
-    return stored
-
-
-def _effect(recipe_path: str | Path, selection: Selection) -> tuple[str, list[str]]:
-    """What a selection measures: the recipe digest and the request ids."""
-    recipe = load_recipe(recipe_path, selection.all_overrides())
-    requests = load_requests(recipe, selection, recipe_path, lambda _: None)
-    return recipe.digest(), [r.id for r in requests]
+    """The eval folder's selection, with the values ``given`` where they change nothing: the
+    same recipe digest and the same requests as eval.json recorded (`--concurrency 1` where the
+    recipe's is [1], --set items in another order, a workload file given by another path).
+    Otherwise an error naming each value that differs."""
+    meta, stored = stored_meta(out), _stored_selection(out)
+    changed = {f.name: getattr(given, f.name) for f in dataclasses.fields(Selection)
+               if f.name != "legacy" and getattr(given, f.name) not in (None, (), False)
+               and getattr(given, f.name) != getattr(stored, f.name)}
+    if not changed:
+        return stored
+    merged = dataclasses.replace(stored, **changed)
+    recipe = load_recipe(recipe_path, merged.all_overrides())
+    requests = load_requests(recipe, merged, recipe_path, lambda _: None)
+    if meta.get("recipe_digest") in recipe.digests() and \
+            meta.get("request_ids") == _ids_digest(requests):
+        return merged
+    differ = [f"{_FLAGS[name]} {_show(name, value)} (that eval ran "
+              f"{_show(name, getattr(stored, name))})" for name, value in changed.items()
+              if not (stored.legacy and getattr(stored, name) is None)]
+    differ += [f"{_FLAGS[name]} {_show(name, value)}" for name, value in changed.items()
+               if stored.legacy and getattr(stored, name) is None]
+    raise RecipeError(f"--resume {out}: {'; '.join(differ)} would measure another eval. Resume "
+                      f"takes them from the eval folder: drop them, or start a new eval")
 
 
 def _show(name: str, value: Any) -> str:
@@ -263,7 +259,7 @@ def start(recipe_path: str | Path, selection: Selection, eval_id: str | None,
             "requests": len(requests), "request_ids": _ids_digest(requests),
             **extra(recipe, requests)}
     if resume:
-        _check_same_eval(out, meta)
+        _check_same_eval(out, meta, recipe)
         return out, recipe, requests, selection, False
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -272,6 +268,7 @@ def start(recipe_path: str | Path, selection: Selection, eval_id: str | None,
         raise FileExistsError(f"{out} was just created by another eval: choose another "
                               "--eval-id") from None
     shutil.copyfile(recipe_path, out / "recipe.yaml")
+    meta["folder_id"] = uuid.uuid4().hex  # tells this folder's MLflow runs from another's
     write_atomic(out / EVAL_META, json.dumps(meta, indent=2) + "\n")
     return out, recipe, requests, selection, True
 
@@ -280,13 +277,18 @@ def _ids_digest(requests: Sequence[Any]) -> str:
     return hashlib.sha256("\n".join(r.id for r in requests).encode()).hexdigest()[:16]
 
 
-def _check_same_eval(out: Path, meta: dict[str, Any]) -> None:
+def _check_same_eval(out: Path, meta: dict[str, Any], recipe: Recipe) -> None:
     """Refuse to resume an eval folder with another recipe, request set or endpoint."""
     stored = stored_meta(out)
+    if stored.get("recipe_digest") in recipe.digests():  # recorded by an older trtspec
+        meta = {**meta, "recipe_digest": stored["recipe_digest"]}
+    changed_requests = "a workload file changed since" + (
+        "" if "selection" in stored else ", or that eval ran with a --per-category that older "
+        "trtspec did not record: pass it again")
     names = {  # what differs → why it can
         "recipe_digest": ("the recipe", "the recipe file changed since"),
-        "requests": ("the number of requests", "a workload file changed since"),
-        "request_ids": ("the requests", "a workload file changed since"),
+        "requests": ("the number of requests", changed_requests),
+        "request_ids": ("the requests", changed_requests),
         "endpoint": ("the endpoint", f"that eval ran against {stored.get('endpoint')}"),
         "baseline_endpoint": ("the baseline endpoint",
                               f"that eval ran against {stored.get('baseline_endpoint')}"),
