@@ -47,7 +47,9 @@ class Completion:
 
 
 @dataclass
-class _Request:
+class Request:
+    """One request's state in an executor or a scheduler slot."""
+
     prompt: list[int]
     params: SamplingParams
     stops: frozenset[int]
@@ -106,49 +108,64 @@ class SpecExecutor:
         yield from self._run(self._requests(prompts, params))
 
     def _requests(self, prompts: Sequence[Sequence[int]],
-                  params: SamplingParams | Sequence[SamplingParams] | None) -> list[_Request]:
+                  params: SamplingParams | Sequence[SamplingParams] | None) -> list[Request]:
         params = SamplingParams() if params is None else params
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
-        vocab, eos = self.target.vocab_size, self.target.eos_token_id
-        reqs = []
-        for i, (prompt, p) in enumerate(zip(prompts, plist, strict=True)):
-            if not prompt:
-                raise ValueError(f"prompt {i} is empty: give at least one token")
-            if min(prompt) < 0 or max(prompt) >= vocab:
-                raise ValueError(f"prompt {i} has token ids outside 0..{vocab - 1}")
-            stops = set(p.stop_token_ids)
-            if eos is not None and not p.ignore_eos:
-                stops.add(eos)
-            reqs.append(_Request(list(prompt), p, frozenset(stops), make_generator(p.seed)))
-        return reqs
+        return [self.request(prompt, p, i)
+                for i, (prompt, p) in enumerate(zip(prompts, plist, strict=True))]
 
-    def _run(self, reqs: list[_Request]) -> Iterator[list[Delta]]:
+    def request(self, prompt: Sequence[int], params: SamplingParams, i: int = 0) -> Request:
+        """A checked request with its own generator (seeded from params.seed)."""
+        vocab, eos = self.target.vocab_size, self.target.eos_token_id
+        if not prompt:
+            raise ValueError(f"prompt {i} is empty: give at least one token")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt {i} has token ids outside 0..{vocab - 1}")
+        stops = set(params.stop_token_ids)
+        if eos is not None and not params.ignore_eos:
+            stops.add(eos)
+        return Request(list(prompt), params, frozenset(stops), make_generator(params.seed))
+
+    def _run(self, reqs: list[Request]) -> Iterator[list[Delta]]:
         if not reqs:
             return
-        params = [r.params for r in reqs]
         logits = self.target.prefill([r.prompt for r in reqs])  # [B, V]
         if self.proposer is not None:
             self.proposer.start([r.prompt for r in reqs])
-        first = verify(rows_to_probs(logits, params)[:, None],  # [B, 1, V]: a round with D = 0
-                       torch.empty((len(reqs), 0), dtype=torch.long), None,
-                       torch.zeros(len(reqs), dtype=torch.long),
-                       [r.generator for r in reqs], torch.tensor([p.greedy for p in params]))
-        first_ids = first.token_ids[:, 0].tolist()  # one host copy, not one sync per row
-        yield [Delta(i, r.commit([first_ids[i]]), r.finish_reason) for i, r in enumerate(reqs)]
+        yield self.first_tokens(reqs, list(range(len(reqs))), logits)
         while True:
             live = [i for i, r in enumerate(reqs) if r.finish_reason is None]
             if not live:
                 return
-            yield self._round(reqs, live)
+            yield self.round(reqs, live)
 
-    def _round(self, reqs: list[_Request], live: list[int]) -> list[Delta]:
-        batch = len(reqs)
+    def first_tokens(self, reqs: list[Request], rows: list[int], logits: torch.Tensor
+                     ) -> list[Delta]:
+        """Each row's first output token from its prompt's logits [len(rows), V]: a round with
+        D = 0, so it draws one uniform from the request's generator, alone or in any batch."""
+        chosen = [reqs[b] for b in rows]
+        params = [r.params for r in chosen]
+        first = verify(rows_to_probs(logits, params)[:, None],  # [n, 1, V]
+                       torch.empty((len(rows), 0), dtype=torch.long), None,
+                       torch.zeros(len(rows), dtype=torch.long),
+                       [r.generator for r in chosen], torch.tensor([p.greedy for p in params]))
+        first_ids = first.token_ids[:, 0].tolist()  # one host copy, not one sync per row
+        return [Delta(b, r.commit([first_ids[i]]), r.finish_reason)
+                for i, (b, r) in enumerate(zip(rows, chosen, strict=True))]
+
+    def round(self, reqs: list[Request], live: list[int], draft_len: int | None = None
+              ) -> list[Delta]:
+        """One verification round for the rows ``live`` of a batch (other rows are left alone),
+        proposing ``draft_len`` tokens each [default: the executor's], clipped to the budget."""
+        batch, want = len(reqs), self.draft_len if draft_len is None else draft_len
+        if self.proposer is None:
+            want = 0
         draft_len = [0] * batch
         for i in live:
-            budget = reqs[i].remaining - 1 if self.clip_draft else self.draft_len
-            draft_len[i] = max(0, min(self.draft_len, budget))
+            budget = reqs[i].remaining - 1 if self.clip_draft else want
+            draft_len[i] = max(0, min(want, budget))
         draft = Draft.empty(batch)
         if self.proposer is not None and any(draft_len):
             draft = self.proposer.propose([r.prompt + r.output for r in reqs], draft_len,

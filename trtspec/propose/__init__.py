@@ -36,6 +36,10 @@ class Proposer(Protocol):
         """A new batch begins with these prompts."""
         ...
 
+    def admit(self, row: int, prompt: Sequence[int]) -> None:
+        """A new request takes ``row`` of the running batch (continuous batching)."""
+        ...
+
     def propose(self, tokens: Sequence[Sequence[int]], draft_len: Sequence[int],
                 params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> Draft:
         """Propose up to draft_len[b] tokens continuing tokens[b] (prompt + output so far).

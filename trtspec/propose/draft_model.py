@@ -38,6 +38,12 @@ class DraftModelProposer:
         self._valid = [len(p) for p in prompts]
         self._after_propose = []
 
+    def admit(self, row: int, prompt: Sequence[int]) -> None:
+        from trtspec.runtime import admit_row
+
+        admit_row(self.runner, row, self._inputs(prompt))
+        self._valid[row] = len(prompt)
+
     def propose(self, tokens: Sequence[Sequence[int]], draft_len: Sequence[int],
                 params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> Draft:
         batch, steps = len(tokens), max(draft_len, default=0)

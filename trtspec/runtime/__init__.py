@@ -43,3 +43,15 @@ class Runner(Protocol):
     def lengths(self) -> list[int]:
         """Tokens held per row, prompt included."""
         ...
+
+
+def admit_row(runner: Runner, row: int, prompt: Sequence[int]) -> torch.Tensor:
+    """Put a new sequence in ``row`` of a running batch, the other rows untouched: drop the
+    row's tokens, then score the prompt there alone. Returns logits [V] for its next token.
+    Any Runner can do it: a row given no tokens is left alone by score()."""
+    lengths = runner.lengths()
+    lengths[row] = 0
+    runner.rollback(lengths)
+    feed: list[list[int]] = [[] for _ in lengths]
+    feed[row] = list(prompt)
+    return runner.score(feed, last_only=True)[row, 0]

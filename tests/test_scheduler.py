@@ -1,0 +1,175 @@
+"""Continuous batching: a seeded request's output is the one it gets alone, whenever it was
+admitted and beside whatever requests; slots free on finish and cancel; the queue is bounded;
+the draft length policy."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from conftest import tiny_llama
+
+from trtspec.executor import SpecExecutor
+from trtspec.propose.draft_model import DraftModelProposer
+from trtspec.propose.ngram import NgramProposer
+from trtspec.runtime.toy import MarkovLM, ToyRunner
+from trtspec.sampling import SamplingParams
+from trtspec.scheduler import DraftPolicy, QueueFull, Scheduler
+
+TARGET = MarkovLM(vocab_size=24, order=2, seed=5, eos_token_id=23)
+DRAFT = TARGET.diverged(0.3, seed=6)
+
+
+def toy_executor(method: str, draft_len: int = 3) -> SpecExecutor:
+    proposer = {"none": None, "draft_model": DraftModelProposer(ToyRunner(DRAFT)),
+                "ngram": NgramProposer(1, 3)}[method]
+    return SpecExecutor(ToyRunner(TARGET), proposer, draft_len)
+
+
+def _counters(stats) -> tuple:
+    return (stats.proposed_tokens, stats.accepted_draft_tokens, stats.emitted_tokens,
+            stats.verification_rounds, stats.discarded_tokens, stats.rejected_rounds,
+            stats.accepted_per_position, stats.proposed_per_position)
+
+
+def requests(n: int) -> list[tuple[list[int], SamplingParams]]:
+    return [([1 + i % 7, 2 + i % 5, 3 + i % 3] * (1 + i % 3),
+             SamplingParams(temperature=(0.0, 0.8, 1.0)[i % 3], top_p=(1.0, 0.9)[i % 2],
+                            seed=100 + i, max_tokens=5 + 3 * (i % 4)))
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "none"])
+def test_staggered_arrivals_give_each_request_its_output_alone(method: str) -> None:
+    """12 requests through 3 slots, arriving while others run: every output equals the
+    executor's for that request alone (the exact sampler, proven in test_executor)."""
+    work = requests(12)
+    alone = [toy_executor(method).generate([p], s)[0] for p, s in work]
+    scheduler = Scheduler(toy_executor(method), slots=3)
+    tickets = []
+    for i, (prompt, params) in enumerate(work):
+        tickets.append(scheduler.submit(prompt, params))
+        for _ in range(i % 3):  # a few rounds between arrivals: admitted mid-flight
+            scheduler.step()
+    scheduler.run_until_idle()
+    assert scheduler.running == 0 and scheduler.waiting == 0
+    for ticket, reference in zip(tickets, alone, strict=True):
+        assert ticket.done.is_set()
+        assert ticket.token_ids == reference.token_ids
+        assert ticket.finish_reason == reference.finish_reason
+        assert _counters(ticket.stats) == _counters(reference.stats)
+    total = sum(t.stats.emitted_tokens for t in tickets)
+    assert scheduler.totals.emitted_tokens == total  # what /metrics will export
+
+
+def test_power_a_slot_that_keeps_its_last_occupant_s_tokens_fails(monkeypatch) -> None:
+    """The identity test above can fail: admission that forgets to drop the row's old tokens
+    (the new prompt lands after them) changes outputs."""
+    import trtspec.scheduler
+
+    def leaky(runner, row, prompt):
+        feed = [[] for _ in runner.lengths()]
+        feed[row] = list(prompt)
+        return runner.score(feed, last_only=True)[row, 0]
+
+    monkeypatch.setattr(trtspec.scheduler, "admit_row", leaky)
+    work = requests(12)
+    alone = [toy_executor("draft_model").generate([p], s)[0].token_ids for p, s in work]
+    scheduler = Scheduler(toy_executor("draft_model"), slots=3)
+    tickets = [scheduler.submit(p, s) for p, s in work]
+    scheduler.run_until_idle()
+    assert sum(t.token_ids != a for t, a in zip(tickets, alone, strict=True)) >= 3
+
+
+def test_on_a_transformers_model_greedy_output_is_the_same_as_alone() -> None:
+    from trtspec.runtime.hf import HFRunner, layer_skip_view
+
+    model = tiny_llama(vocab=48, layers=2, seed=3, logit_scale=4.0)
+
+    def executor() -> SpecExecutor:
+        return SpecExecutor(HFRunner(model), DraftModelProposer(
+            HFRunner(layer_skip_view(model, 1))), 3)
+
+    work = [([5 + i, 9, 11 + i, 9, 5 + i][: 2 + i % 4], SamplingParams(temperature=0.0,
+                                                                       max_tokens=6 + i))
+            for i in range(6)]
+    alone = [executor().generate([p], s)[0].token_ids for p, s in work]
+    scheduler = Scheduler(executor(), slots=2)
+    tickets = []
+    for prompt, params in work:
+        tickets.append(scheduler.submit(prompt, params))
+        scheduler.step()
+    scheduler.run_until_idle()
+    assert [t.token_ids for t in tickets] == alone
+
+
+def test_cancel_frees_the_slot_and_the_others_go_on() -> None:
+    work = requests(4)
+    alone = [toy_executor("draft_model").generate([p], s)[0] for p, s in work]
+    seen: list = []
+    scheduler = Scheduler(toy_executor("draft_model"), slots=2)
+    tickets = [scheduler.submit(p, s.model_copy(update={"max_tokens": 14}) if i == 0 else s,
+                                on_delta=seen.append if i == 0 else None)
+               for i, (p, s) in enumerate(work)]
+    scheduler.step()
+    scheduler.cancel(tickets[0])  # running
+    scheduler.cancel(tickets[3])  # still waiting
+    scheduler.run_until_idle()
+    assert tickets[0].finish_reason == "abort" and seen[-1].finish_reason == "abort"
+    assert tickets[3].finish_reason == "abort" and tickets[3].token_ids == []
+    for ticket, reference in zip(tickets[1:3], alone[1:3], strict=True):
+        assert ticket.token_ids == reference.token_ids
+    assert scheduler.running == 0 and all(t.done.is_set() for t in tickets)
+
+
+def test_the_waiting_queue_is_bounded_and_bad_prompts_take_no_slot() -> None:
+    scheduler = Scheduler(toy_executor("none"), slots=1, max_waiting=2)
+    prompt, params = requests(1)[0]
+    scheduler.submit(prompt, params)
+    scheduler.submit(prompt, params)
+    with pytest.raises(QueueFull, match="2 requests are waiting"):
+        scheduler.submit(prompt, params)
+    with pytest.raises(ValueError, match=r"outside 0\.\.23"):
+        scheduler.submit([99], params)
+    scheduler.run_until_idle()
+    scheduler.submit(prompt, params)  # room again
+
+
+def test_draft_length_policy_follows_the_running_count() -> None:
+    policy = DraftPolicy.parse("1:4,4:2,8:0")
+    assert [policy.for_running(n) for n in (1, 2, 4, 5, 8, 9)] == [4, 2, 2, 0, 0, 0]
+    assert DraftPolicy(3).for_running(50) == 3
+    for bad in ("", "4", "1:4,1:2", "4:2,1:4", "0:3", "1:-1", "a:b"):
+        with pytest.raises(ValueError, match="draft length schedule"):
+            DraftPolicy.parse(bad)
+
+
+def test_a_schedule_that_turns_speculation_off_keeps_greedy_output() -> None:
+    """D changes with the running count (4 alone, 0 with company): greedy output is still
+    the plain one, and the rounds at D = 0 propose nothing."""
+    work = [(p, s.model_copy(update={"temperature": 0.0})) for p, s in requests(6)]
+    work[-1] = (work[-1][0], work[-1][1].model_copy(update={"max_tokens": 40,
+                                                             "ignore_eos": True}))
+    plain = [toy_executor("none").generate([p], s)[0].token_ids for p, s in work]
+    scheduler = Scheduler(toy_executor("draft_model"), slots=3,
+                          policy=DraftPolicy.parse("1:4,2:0"))
+    tickets = [scheduler.submit(p, s) for p, s in work]
+    scheduler.run_until_idle()
+    assert [t.token_ids for t in tickets] == plain
+    assert scheduler.totals.proposed_tokens > 0  # the last request ran alone, at D = 4
+
+
+def test_the_step_loop_serves_submissions_from_other_threads() -> None:
+    scheduler = Scheduler(toy_executor("draft_model"), slots=2)
+    stop = threading.Event()
+    loop = threading.Thread(target=scheduler.serve_forever, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        work = requests(6)
+        tickets = [scheduler.submit(p, s) for p, s in work]
+        assert all(t.done.wait(timeout=30) for t in tickets)
+    finally:
+        stop.set()
+        loop.join(timeout=10)
+    alone = [toy_executor("draft_model").generate([p], s)[0].token_ids for p, s in work]
+    assert [t.token_ids for t in tickets] == alone

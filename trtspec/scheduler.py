@@ -1,0 +1,219 @@
+"""Continuous batching on the exact executor.
+
+A fixed number of slots (rows of the target's and the draft's batch). Between verification
+rounds, waiting requests are admitted into free slots: the prompt is prefilled into that row
+alone while the other rows keep their KV cache, and its first token is sampled. A request
+leaves its slot when it finishes or is cancelled; nothing is recomputed for the others.
+
+Terms:
+
+* slot          a row of the running batch; ``slots`` is ``limits.max_batch_size``
+* running       requests holding a slot; ``waiting`` requests queue FIFO, at most
+                ``max_waiting`` of them (beyond that, :class:`QueueFull`)
+* policy        the draft length D for the next round, from the number of running requests
+                (like TensorRT-LLM's ``draft_len_schedule``); D = 0 is plain decoding through
+                the same verify(), so a policy never changes the output distribution
+
+Exactness under batching: every request owns its generator (seeded from its params), and a
+round draws the same uniforms for a request whatever else runs: the first token one, each
+round ``num_draft + 1`` after the draft's own. With a fixed D, a seeded request's output is
+the one it gets alone, whenever it was admitted and beside whatever requests.
+
+One thread owns the models and calls :meth:`Scheduler.step`; other threads talk to it through
+:meth:`submit` and :meth:`cancel` (thread-safe) and receive tokens in ``on_delta`` callbacks,
+called on the step thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from trtspec.executor import Delta, Request, SpecExecutor
+from trtspec.metrics import SpecStats
+from trtspec.runtime import admit_row
+from trtspec.sampling import SamplingParams, make_generator
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at its bound: the caller should refuse the request (HTTP 429)."""
+
+
+@dataclass(frozen=True)
+class DraftPolicy:
+    """D for the next round from the number of running requests: ``schedule`` is
+    ((max_running, D), …) by increasing max_running; above the last entry D = 0. Without a
+    schedule every round proposes ``draft_len``."""
+
+    draft_len: int = 4
+    schedule: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> DraftPolicy:
+        """``"1:4,4:2,8:0"``: up to 1 running request D = 4, up to 4 D = 2, up to 8 D = 0."""
+        try:
+            pairs = [tuple(int(x) for x in item.split(":")) for item in text.split(",")]
+        except ValueError:
+            pairs = []
+        if not pairs or any(len(p) != 2 or p[0] < 1 or p[1] < 0 for p in pairs):
+            raise ValueError(f"draft length schedule {text!r}: write RUNNING:D pairs, e.g. "
+                             "1:4,4:2,8:0 (RUNNING ≥ 1, D ≥ 0)")
+        keys = [p[0] for p in pairs]
+        if keys != sorted(set(keys)):
+            raise ValueError(f"draft length schedule {text!r}: give each RUNNING once, in "
+                             "increasing order")
+        return cls(draft_len=pairs[0][1], schedule=tuple((a, b) for a, b in pairs))
+
+    def for_running(self, running: int) -> int:
+        if not self.schedule:
+            return self.draft_len
+        return next((d for limit, d in self.schedule if running <= limit), 0)
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A submitted request: its tokens arrive in ``on_delta``; ``done`` is set at the end."""
+
+    prompt: list[int]
+    params: SamplingParams
+    on_delta: Callable[[Delta], None] | None = None
+    request: Request | None = None
+    slot: int | None = None
+    cancelled: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.request.output if self.request else []
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.request.finish_reason if self.request else None
+
+    @property
+    def stats(self) -> SpecStats:
+        return self.request.stats if self.request else SpecStats()
+
+
+class Scheduler:
+    """Slots over one executor's target (and proposer); see the module docstring."""
+
+    def __init__(self, executor: SpecExecutor, slots: int, policy: DraftPolicy | None = None,
+                 max_waiting: int = 256) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be ≥ 1, got {slots}")
+        self.executor, self.slots, self.max_waiting = executor, slots, max_waiting
+        self.policy = policy or DraftPolicy(executor.draft_len)
+        self._idle = [Request([0], SamplingParams(), frozenset(), make_generator(0),
+                              finish_reason="idle") for _ in range(slots)]
+        self._rows: list[Request] = list(self._idle)  # what verify sees in each row
+        self._tickets: list[Ticket | None] = [None] * slots
+        self._waiting: collections.deque[Ticket] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self.totals = SpecStats()  # every finished request's counters, for /metrics
+        executor.target.prefill([[0]] * slots)  # the rows exist from now on; admission refills
+        if executor.proposer is not None:
+            executor.proposer.start([[0]] * slots)
+
+    @property
+    def running(self) -> int:
+        return sum(t is not None for t in self._tickets)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams,
+               on_delta: Callable[[Delta], None] | None = None) -> Ticket:
+        """Queue a request (thread-safe). A bad prompt raises ValueError here, a full queue
+        QueueFull: neither takes a slot."""
+        ticket = Ticket(list(prompt), params, on_delta)
+        ticket.request = self.executor.request(ticket.prompt, params)
+        with self._wake:
+            if len(self._waiting) >= self.max_waiting:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting (the bound): retry "
+                                "later")
+            self._waiting.append(ticket)
+            self._wake.notify()
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Stop a request (thread-safe): its slot is freed before the next round."""
+        with self._lock:
+            ticket.cancelled = True
+            if ticket in self._waiting:
+                self._waiting.remove(ticket)
+                self._end(ticket, "abort")
+
+    def step(self) -> int:
+        """Drop cancelled requests, admit waiting ones into free slots, run one round for the
+        running ones. Returns how many requests hold a slot afterwards."""
+        for slot, ticket in enumerate(self._tickets):
+            if ticket is not None and ticket.cancelled:
+                self._free(slot, "abort")
+        self._admit()
+        live = [b for b, t in enumerate(self._tickets)
+                if t is not None and t.request.finish_reason is None]
+        if live:
+            draft_len = self.policy.for_running(len(live))
+            for delta in self.executor.round(self._rows, live, draft_len):
+                self._deliver(delta)
+        return self.running
+
+    def run_until_idle(self) -> None:
+        """Step until nothing runs or waits (tests, offline batches)."""
+        while self.step() or self._waiting:
+            pass
+
+    def serve_forever(self, stop: threading.Event) -> None:
+        """The step loop: sleeps while there is nothing to do, until ``stop`` is set."""
+        while not stop.is_set():
+            if not self.step():
+                with self._wake:
+                    if not self._waiting:
+                        self._wake.wait(timeout=0.05)
+
+    def _admit(self) -> None:
+        for slot in range(self.slots):
+            if self._tickets[slot] is not None:
+                continue
+            with self._lock:
+                if not self._waiting:
+                    return
+                ticket = self._waiting.popleft()
+            ticket.slot, self._tickets[slot], self._rows[slot] = slot, ticket, ticket.request
+            logits = admit_row(self.executor.target, slot, ticket.prompt)  # [V]
+            if self.executor.proposer is not None:
+                self.executor.proposer.admit(slot, ticket.prompt)
+            for delta in self.executor.first_tokens(self._rows, [slot], logits[None]):
+                self._deliver(delta)
+
+    def _deliver(self, delta: Delta) -> None:
+        ticket = self._tickets[delta.index]
+        assert ticket is not None
+        if ticket.on_delta is not None:
+            ticket.on_delta(delta)
+        if delta.finish_reason is not None:
+            self._free(delta.index, None)
+
+    def _free(self, slot: int, reason: str | None) -> None:
+        """Release a slot; ``reason`` ends a request that had not finished (a cancel)."""
+        ticket = self._tickets[slot]
+        self._tickets[slot], self._rows[slot] = None, self._idle[slot]
+        if ticket is not None:
+            self._end(ticket, reason)
+
+    def _end(self, ticket: Ticket, reason: str | None) -> None:
+        request = ticket.request
+        assert request is not None
+        if reason is not None and request.finish_reason is None:
+            request.finish_reason = reason
+            request.stats.close_request()
+            if ticket.on_delta is not None:
+                ticket.on_delta(Delta(ticket.slot if ticket.slot is not None else -1, [],
+                                      reason))
+        self.totals = SpecStats.merge([self.totals, request.stats])
+        ticket.done.set()
