@@ -48,9 +48,9 @@ COUNTERS = {  # Prometheus name (without _total) → our name
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "proposed_tokens",
     "vllm:spec_decode_num_accepted_tokens": "accepted_draft_tokens",
-    "trtspec_verification_rounds": "drafts",
-    "trtspec_proposed_tokens": "proposed_tokens",
-    "trtspec_accepted_draft_tokens": "accepted_draft_tokens",
+    "trtspec:spec_decode_num_drafts": "drafts",  # trtspec serve names them like vLLM
+    "trtspec:spec_decode_num_draft_tokens": "proposed_tokens",
+    "trtspec:spec_decode_num_accepted_tokens": "accepted_draft_tokens",
 }
 
 

@@ -1,0 +1,314 @@
+"""`trtspec serve` over HTTP on 127.0.0.1 with the real `openai` client: completions and chat,
+stream and non-stream, stop strings, 64 streaming clients on 8 slots reconciled with
+/metrics, cancellation, a bad-request corpus, and `trtspec eval --endpoint` against it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import openai
+import pytest
+import requests
+from conftest import free_port
+
+from trtspec.cli import main
+from trtspec.cli.serve import toy_engine
+from trtspec.executor import SpecExecutor
+from trtspec.openai_api import TextStream
+from trtspec.runtime.toy import ToyRunner
+from trtspec.server import IdTexts, make_app
+
+
+@contextlib.contextmanager
+def serving(engine, api_key: str | None = None) -> Iterator[str]:
+    """The app under uvicorn in a thread; yields its …/v1 base URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(make_app(engine, api_key), host="127.0.0.1",
+                                           port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics") as r:
+        text = r.read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(name) and (line[len(name)] in " {"))
+
+
+def toy(method: str = "draft_model", slots: int = 8, draft_len: int = 4, **kw):
+    return toy_engine(method, draft_len, slots, kw.get("max_waiting", 256), "toy")[0]
+
+
+def alone(engine, prompt: list[int], **sampling) -> list[int]:
+    """What the engine's executor gives this request alone (the reference)."""
+    from trtspec.sampling import SamplingParams
+
+    ex = engine.scheduler.executor
+    fresh = SpecExecutor(ToyRunner(ex.target.model), None if ex.proposer is None else
+                         type(ex.proposer)(ToyRunner(ex.proposer.runner.model)), ex.draft_len)
+    return fresh.generate([prompt], SamplingParams(**sampling))[0].token_ids
+
+
+def test_greedy_text_equals_trtspec_generate_s_stream_or_not(capsys) -> None:
+    main(["generate", "--backend", "toy", "--method", "draft_model", "--prompt", "1 2 3",
+          "--max-tokens", "12", "--temperature", "0", "--json"])
+    want = IdTexts().decode(json.loads(capsys.readouterr().out)["completions"][0]["token_ids"])
+    with serving(toy()) as url:
+        client = openai.OpenAI(base_url=url, api_key="x")
+        done = client.completions.create(model="toy", prompt="1 2 3", max_tokens=12,
+                                         temperature=0)
+        assert done.choices[0].text == want and done.choices[0].finish_reason == "length"
+        assert done.usage.completion_tokens == 12 and done.usage.prompt_tokens == 3
+        spec = done.model_extra["spec"]
+        assert spec["emitted_tokens"] == 11 and spec["al"] > 1  # the first token is in none
+        chat = client.chat.completions.create(
+            model="toy", messages=[{"role": "user", "content": "1 2 3"}], max_tokens=12,
+            temperature=0)
+        assert chat.choices[0].message.content == want
+        streamed = "".join(c.choices[0].text for c in client.completions.create(
+            model="toy", prompt="1 2 3", max_tokens=12, temperature=0, stream=True))
+        assert streamed == want
+        chunks = list(client.chat.completions.create(
+            model="toy", messages=[{"role": "user", "content": "1 2 3"}], max_tokens=12,
+            temperature=0, stream=True, stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert finishes[-1] == "length" and not any(finishes[:-1])
+        assert chunks[-1].usage.completion_tokens == 12 and not chunks[-1].choices
+
+
+def test_with_a_seed_streamed_text_equals_non_streamed() -> None:
+    with serving(toy()) as url:
+        client = openai.OpenAI(base_url=url, api_key="x")
+        for seed in range(5):
+            kw = {"model": "toy", "prompt": "4 5 6", "max_tokens": 20, "temperature": 0.9,
+                  "top_p": 0.95, "seed": seed}
+            whole = client.completions.create(**kw).choices[0].text
+            parts = "".join(c.choices[0].text for c in
+                            client.completions.create(**kw, stream=True))
+            assert parts == whole
+
+
+def test_stop_strings_end_the_text_even_split_across_rounds() -> None:
+    engine = toy(draft_len=3)
+    ex = engine.scheduler.executor
+    from trtspec.sampling import SamplingParams
+
+    rounds = [d[0].token_ids for d in SpecExecutor(
+        ToyRunner(ex.target.model), type(ex.proposer)(ToyRunner(ex.proposer.runner.model)),
+        3).stream([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=24))]
+    texts = IdTexts()
+    edge = len(rounds[0]) + len(rounds[1])  # the last token of round 1, the first of round 2
+    tokens = [t for r in rounds for t in r]
+    stop = texts.decode(tokens[edge - 1: edge + 1])
+    expected = texts.decode(tokens)[: texts.decode(tokens).find(stop)]
+    with serving(engine) as url:
+        client = openai.OpenAI(base_url=url, api_key="x")
+        for stream in (False, True):
+            out = client.completions.create(model="toy", prompt="1 2 3", max_tokens=24,
+                                            temperature=0, stop=[stop], stream=stream)
+            if stream:
+                chunks = list(out)
+                text = "".join(c.choices[0].text for c in chunks)
+                reason = chunks[-1].choices[0].finish_reason
+            else:
+                text, reason = out.choices[0].text, out.choices[0].finish_reason
+            assert text == expected and reason == "stop"
+        assert metric(url, "trtspec:num_requests_running") == 0
+
+
+def test_text_stream_holds_back_what_may_start_a_stop_string() -> None:
+    stream = TextStream(lambda ids: "".join(chr(i) for i in ids), ["cde"])
+    assert stream.push([ord("a"), ord("b"), ord("c")]) == "ab"  # "c" may start "cde"
+    assert stream.push([ord("d")]) == ""
+    assert stream.push([ord("e"), ord("f")]) == "" and stream.stopped
+    loose = TextStream(lambda ids: "".join(chr(i) for i in ids), ["cde"])
+    assert loose.push([ord("c")]) == "" and loose.push([ord("x")]) == "cx"
+    assert loose.flush() == "" and not loose.stopped
+
+
+def test_64_streaming_clients_on_8_slots_lose_nothing_and_metrics_add_up() -> None:
+    engine = toy(slots=8)
+    prompts = [f"{1 + i % 9} {2 + i % 7} {3 + i % 5}" for i in range(64)]
+    want = [IdTexts().decode(alone(engine, IdTexts().encode(p), temperature=0.8, seed=i,
+                                   max_tokens=16 + i % 9)) for i, p in enumerate(prompts)]
+
+    async def one(client, i: int) -> tuple[str, dict]:
+        text, spec = [], {}
+        async for chunk in await client.completions.create(
+                model="toy", prompt=prompts[i], max_tokens=16 + i % 9, temperature=0.8,
+                seed=i, stream=True, stream_options={"include_usage": True}):
+            if chunk.choices:
+                text.append(chunk.choices[0].text)
+            else:
+                spec = chunk.model_extra["spec"]
+        return "".join(text), spec
+
+    async def everyone(url: str):
+        client = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
+        try:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+        finally:
+            await client.close()
+
+    with serving(engine) as url:
+        got = asyncio.run(everyone(url))
+        assert [text for text, _ in got] == want  # no token lost, repeated or reordered
+        for name, field in (("trtspec:spec_decode_num_draft_tokens_total", "proposed_tokens"),
+                            ("trtspec:spec_decode_num_accepted_tokens_total",
+                             "accepted_draft_tokens"),
+                            ("trtspec:spec_decode_num_drafts_total", "drafts")):
+            assert metric(url, name) == sum(spec[field] for _, spec in got) > 0
+        assert metric(url, "trtspec:request_success_total") == 64
+        assert metric(url, "trtspec:num_requests_running") == 0
+
+
+def test_clients_that_drop_mid_stream_free_their_slots() -> None:
+    engine = toy(slots=4)
+    slow = engine.scheduler.executor.target
+    score = slow.score
+
+    def slowly(tokens, last_only=False):
+        time.sleep(0.01)
+        return score(tokens, last_only)
+
+    slow.score = slowly
+    with serving(engine) as url:
+        body = {"model": "toy", "prompt": "1 2 3", "max_tokens": 4000, "ignore_eos": True,
+                "stream": True}
+        for _ in range(6):
+            with requests.post(f"{url}/completions", json=body, stream=True, timeout=30) as r:
+                for _line in zip(range(3), r.iter_lines(), strict=False):
+                    pass  # read a little, then hang up
+        deadline = time.time() + 20
+        while metric(url, "trtspec:num_requests_running") and time.time() < deadline:
+            time.sleep(0.05)
+        assert metric(url, "trtspec:num_requests_running") == 0
+        assert metric(url, 'trtspec:request_success_total{finish_reason="abort"}') == 0
+        done = openai.OpenAI(base_url=url, api_key="x").completions.create(
+            model="toy", prompt="1 2 3", max_tokens=5)
+        assert done.choices[0].finish_reason in ("length", "stop")
+
+
+BAD = [  # (what, request kwargs, status)
+    ("not JSON", {"content": b"{nope"}, 400),
+    ("not UTF-8", {"content": b'{"model": "toy", "prompt": "\xff\xfe"}'}, 400),
+    ("a JSON list", {"json": [1, 2]}, 400),
+    ("no model", {"json": {"prompt": "1"}}, 400),
+    ("unknown model", {"json": {"model": "gpt-9", "prompt": "1"}}, 404),
+    ("no prompt", {"json": {"model": "toy"}}, 400),
+    ("empty prompt", {"json": {"model": "toy", "prompt": ""}}, 400),
+    ("prompt of the wrong type", {"json": {"model": "toy", "prompt": {"a": 1}}}, 400),
+    ("max_tokens negative", {"json": {"model": "toy", "prompt": "1", "max_tokens": -1}}, 400),
+    ("max_tokens zero", {"json": {"model": "toy", "prompt": "1", "max_tokens": 0}}, 400),
+    ("max_tokens huge", {"json": {"model": "toy", "prompt": "1", "max_tokens": 10**9}}, 400),
+    ("max_tokens a string", {"json": {"model": "toy", "prompt": "1", "max_tokens": "x"}}, 400),
+    ("temperature < 0", {"json": {"model": "toy", "prompt": "1", "temperature": -0.5}}, 400),
+    ("top_p > 1", {"json": {"model": "toy", "prompt": "1", "top_p": 1.5}}, 400),
+    ("top_p 0", {"json": {"model": "toy", "prompt": "1", "top_p": 0}}, 400),
+    ("n = 2", {"json": {"model": "toy", "prompt": "1", "n": 2}}, 400),
+    ("5 stop strings", {"json": {"model": "toy", "prompt": "1", "stop": list("abcde")}}, 400),
+    ("logprobs", {"json": {"model": "toy", "prompt": "1", "logprobs": 2}}, 400),
+    ("toy text that is not ids", {"json": {"model": "toy", "prompt": "hello"}}, 400),
+    ("token id out of range", {"json": {"model": "toy", "prompt": [1, 999]}}, 400),
+    ("prompt over the limit", {"json": {"model": "toy", "prompt": [1] * 3000}}, 400),
+    ("a huge body", {"content": b'{"model": "toy", "prompt": "' + b"1 " * 600_000 + b'"}'},
+     413),
+    ("empty messages", {"json": {"model": "toy", "messages": []}, "chat": True}, 400),
+    ("an unknown role", {"json": {"model": "toy", "messages": [{"role": "robot",
+                                                              "content": "1"}]},
+                         "chat": True}, 400),
+    ("messages not a list", {"json": {"model": "toy", "messages": "1 2"}, "chat": True}, 400),
+    ("image content", {"json": {"model": "toy", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, "chat": True}, 400),
+    ("no API key", {"json": {"model": "toy", "prompt": "1"}, "key": None}, 401),
+    ("a wrong API key", {"json": {"model": "toy", "prompt": "1"}, "key": "nope"}, 401),
+    ("an unknown route", {"json": {}, "path": "/nothing"}, 404),
+    ("GET on completions", {"method": "GET"}, 405),
+]
+
+
+@pytest.mark.parametrize("what,request_kw,status", BAD, ids=[b[0] for b in BAD])
+def test_bad_requests_get_their_status_and_an_error_body(what, request_kw, status,
+                                                         bad_server) -> None:
+    url = bad_server
+    kw = dict(request_kw)
+    path = kw.pop("path", "/chat/completions" if kw.pop("chat", False) else "/completions")
+    key = kw.pop("key", "secret")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if "content" in kw:
+        kw["data"] = kw.pop("content")
+    r = requests.request(kw.pop("method", "POST"), url + path, headers=headers, timeout=30,
+                         **kw)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"] and error["type"]
+    ok = requests.post(url + "/completions", headers={"Authorization": "Bearer secret"},
+                    json={"model": "toy", "prompt": "1 2", "max_tokens": 3}, timeout=30)
+    assert ok.status_code == 200  # and it still serves
+
+
+@pytest.fixture(scope="module")
+def bad_server():
+    with serving(toy(slots=2), api_key="secret") as url:
+        yield url
+
+
+def test_a_full_queue_is_429_and_health_and_models_answer() -> None:
+    engine = toy(slots=1, max_waiting=0)
+    with serving(engine) as url:
+        assert requests.get(url.removesuffix("/v1") + "/health").status_code == 200
+        assert requests.get(url + "/models").json()["data"][0]["owned_by"] == "trtspec"
+        body = {"model": "toy", "prompt": "1 2 3", "max_tokens": 4000, "ignore_eos": True,
+                "stream": True}
+        with requests.post(f"{url}/completions", json=body, stream=True, timeout=30) as r:
+            next(r.iter_lines())  # the slot is taken
+            refused = requests.post(f"{url}/completions", json=body | {"stream": False})
+            assert refused.status_code == 429 and "waiting" in refused.json()["error"][
+                "message"]
+
+
+def test_trtspec_eval_against_trtspec_serve_reconciles_with_its_metrics(tmp_path,
+                                                                        capsys) -> None:
+    from pathlib import Path
+
+    from trtspec.eval.run import read_records
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml"
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"q{i}", "category": "c",
+                                            "prompt": f"{1 + i} {2 + i} 3"}) + "\n"
+                                for i in range(6)))
+    with serving(toy()) as spec_url, serving(toy(method="none")) as base_url:
+        main(["eval", str(recipe), "--endpoint", spec_url, "--model", "toy",
+              "--baseline-endpoint", base_url, "-w", str(workload), "--max-tokens", "12",
+              "--concurrency", "1,3", "--reports", str(tmp_path), "--eval-id", "served",
+              "--no-mlflow"])
+        drafts = metric(spec_url, "trtspec:spec_decode_num_drafts_total")
+        accepted = metric(spec_url, "trtspec:spec_decode_num_accepted_tokens_total")
+    out = tmp_path / "served"
+    records = read_records(out)
+    assert len(records) == 2 * 2 * 6 and not any(r.get("error") for r in records)
+    assert json.loads((out / "eval.json").read_text())["server"] == "trtspec"
+    counters = json.loads((out / "server_counters.json").read_text())
+    spec = [v for k, v in counters.items() if k.endswith("/spec")]
+    assert sum(c["raw"]["drafts"] for c in spec) == drafts > 0
+    assert sum(c["raw"]["accepted_draft_tokens"] for c in spec) == accepted
+    assert all(r["output_tokens"] == 12 or r["finish_reason"] == "stop" for r in records)
