@@ -312,3 +312,113 @@ def test_trtspec_eval_against_trtspec_serve_reconciles_with_its_metrics(tmp_path
     assert sum(c["raw"]["drafts"] for c in spec) == drafts > 0
     assert sum(c["raw"]["accepted_draft_tokens"] for c in spec) == accepted
     assert all(r["output_tokens"] == 12 or r["finish_reason"] == "stop" for r in records)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A random-weight Llama with SmolLM2's tokenizer (and chat template), saved as a model
+    directory: what `trtspec generate --model DIR` and a recipe can load."""
+    from conftest import tiny_llama
+    from transformers import AutoTokenizer
+
+    from trtspec.models import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve("smollm2-135m-instruct"))
+    model = tiny_llama(vocab=len(tokenizer), layers=2, seed=7, logit_scale=30.0)
+    model.config.eos_token_id = tokenizer.eos_token_id
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_transformers_model_serves_generate_s_text(tiny_dir, capsys) -> None:
+    from trtspec.models import load
+    from trtspec.propose import make_proposer
+    from trtspec.runtime.hf import HFRunner
+    from trtspec.scheduler import Scheduler
+    from trtspec.server import Engine, Limits, TokenizerTexts
+
+    def generated(*flags: str) -> str:
+        main(["generate", "--model", str(tiny_dir), "--method", "layer_skip", "--draft-layers",
+              "1", "--draft-len", "3", "--temperature", "0", "--max-tokens", "16", "--json",
+              "--prompt", "Name three colours.", *flags])
+        return json.loads(capsys.readouterr().out)["completions"][0]["text"]
+
+    lm = load(str(tiny_dir), device="cpu")
+    executor = SpecExecutor(HFRunner(lm.model, eos_token_id=lm.tokenizer.eos_token_id),
+                            make_proposer("layer_skip", lm, draft_layers=1), 3)
+    engine = Engine(Scheduler(executor, 4), TokenizerTexts(lm.tokenizer), "tiny", Limits())
+    with serving(engine) as url:
+        client = openai.OpenAI(base_url=url, api_key="x")
+        chat = generated()
+        for stream in (False, True):
+            out = client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Name three colours."}],
+                max_tokens=16, temperature=0, stream=stream)
+            text = "".join(c.choices[0].delta.content or "" for c in out) if stream \
+                else out.choices[0].message.content
+            assert text == chat
+        plain = client.completions.create(model="tiny", prompt="Name three colours.",
+                                          max_tokens=16, temperature=0)
+        assert plain.choices[0].text == generated("--no-chat")
+
+
+def test_trtspec_serve_a_built_recipe_then_sigterm(tiny_dir, tmp_path) -> None:
+    """The CLI end to end: build, serve (startup line: URL, model, policy, slots), answer with
+    an API key, refuse without it, exit 0 on SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    recipe = tmp_path / "recipes" / "tiny.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(yaml.safe_dump({
+        "name": "tiny", "target": {"model": str(tiny_dir), "dtype": "float32"},
+        "methods": [{"method": "layer_skip", "layers": 1}], "draft_lengths": [2],
+        "limits": {"max_batch_size": 3, "max_input_len": 512, "max_seq_len": 1024},
+        "backend": {"kind": "torch", "device": "cpu"}}))
+    main(["build", str(recipe)])
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "trtspec", "serve", str(recipe), "--port",
+                             str(port), "--draft-len-schedule", "1:2,2:1"],
+                            env={**os.environ, "TRTSPEC_API_KEY": "k"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            with contextlib.suppress(requests.ConnectionError):
+                if requests.get(url.removesuffix("/v1") + "/health", timeout=2).ok:
+                    break
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=url, api_key="k")
+        done = client.chat.completions.create(model=str(tiny_dir), max_tokens=8,
+                                              messages=[{"role": "user", "content": "Hi"}])
+        assert done.usage.completion_tokens <= 8 and done.model_extra["spec"]
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="wrong").models.list()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert f"http://127.0.0.1:{port}/v1" in out and "slots 3" in out
+    assert "layer_skip, D = 2, D by running requests 1:2,2:1 (0 beyond)" in out
+
+
+def test_policy_from_a_decided_eval(tmp_path) -> None:
+    from trtspec.cli.serve import policy_from_eval
+
+    verdicts = [("ngram/D2/c1", "GO", 1.3), ("ngram/D4/c1", "GO", 1.6), ("ngram/D2/c4", "GO", 1.1),
+                ("ngram/D4/c4", "NO-GO", 0.9), ("layer_skip/D2/c1", "GO", 1.2),
+                ("layer_skip/D2/c8", "INCONCLUSIVE", 1.4)]
+    (tmp_path / "decision.json").write_text(json.dumps({"verdicts": [
+        {"condition": c, "category": "all", "verdict": v, "speedup": s}
+        for c, v, s in verdicts] + [{"condition": "ngram/D2/c8", "category": "chat",
+                                     "verdict": "GO", "speedup": 3.0}]}))
+    assert policy_from_eval(tmp_path, None) == ("ngram", "1:4,4:2")  # most GO conditions
+    assert policy_from_eval(tmp_path, "layer_skip") == ("layer_skip", "1:2")
+    assert policy_from_eval(tmp_path, "draft_model") == ("none", None)  # nothing GO

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,11 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
     click.echo(f"trtspec serve: http://{host}:{port}/v1  model {engine.model}  policy {label}  "
                f"slots {engine.scheduler.slots}  (waiting ≤ {engine.scheduler.max_waiting}"
                f"{', API key required' if key else ''})")
+    # uvicorn re-raises the signal it shut down on; SIGTERM is a normal stop here (exit 0)
+    signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(make_app(engine, key), host=host, port=port, log_level="warning",
                 timeout_graceful_shutdown=30)
+    click.echo("trtspec serve: stopped (in-flight requests finished)")
 
 
 def policy_from_eval(folder: Path, method: str | None) -> tuple[str, str | None]:
