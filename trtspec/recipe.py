@@ -150,8 +150,11 @@ class Eval(Strict):
     workloads: list[str] = Field(default_factory=lambda: ["builtin"], description="`builtin`, "
                                  "`speed-bench:<config>` or a JSONL path; `eval -w` replaces them")
     concurrency: list[Annotated[int, Field(ge=1)]] = Field(
-        default_factory=lambda: [1], description="requests run together (the batch); each value "
-        "is a condition")
+        default_factory=lambda: [1], description="closed-loop clients (each sends its next "
+        "request when one finishes); each value is a condition")
+    request_rate: float | None = Field(
+        None, gt=0, description="open-loop Poisson arrivals, requests/s (seeded; .inf: all at "
+        "once) instead of closed-loop clients; null: closed loop")
     per_category: int | None = Field(
         None, ge=1, description="a seeded stratified sample of at most N requests per category "
         "of builtin and SPEED-Bench workloads (a custom JSONL runs whole unless "
@@ -247,16 +250,30 @@ class Recipe(Strict):
         return self
 
     def digests(self) -> set[str]:
-        """Every digest this recipe has been recorded under: :meth:`digest`, and the digest of
-        its full dump (what trtspec recorded while a key of _ADDED_LATER was in it)."""
-        return {self.digest(), _sha256(self.model_dump(mode="json"))}
+        """Every digest this recipe has been recorded under: with each key of _ADDED_LATER
+        that is at its default present or left out (what each trtspec version recorded)."""
+        import itertools
+
+        data = self.model_dump(mode="json")
+        at_default = [(sec, key) for sec, key, default in _ADDED_LATER
+                      if data[sec].get(key) == default]
+        out = set()
+        for n in range(len(at_default) + 1):
+            for dropped in itertools.combinations(at_default, n):
+                trimmed = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+                for sec, key in dropped:
+                    del trimmed[sec][key]
+                out.add(_sha256(trimmed))
+        return out
 
     def digest(self) -> str:
         """sha256 of the canonical JSON of this recipe (after overrides and defaults): the
-        eval's provenance. What a build depends on is :meth:`build_inputs`."""
+        eval's provenance. Keys added later are left out while at their default, so the digest
+        of a recipe that does not use them stays what older trtspec versions recorded. What a
+        build depends on is :meth:`build_inputs`."""
         data = self.model_dump(mode="json")
-        for section, key, default in _ADDED_LATER:  # at their default: the digest older evals
-            if data[section].get(key) == default:  # and builds recorded still matches
+        for section, key, default in _ADDED_LATER:
+            if data[section].get(key) == default:
                 del data[section][key]
         return _sha256(data)
 
@@ -291,7 +308,7 @@ class Recipe(Strict):
 
 # Keys added after digests were first recorded: left out of Recipe.digest() while at their
 # default, so an eval started by an older trtspec can still be resumed.
-_ADDED_LATER = (("sampling", "ignore_eos", False),)
+_ADDED_LATER = (("sampling", "ignore_eos", False), ("eval", "request_rate", None))
 
 
 def _sha256(data: Any) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -81,6 +82,7 @@ class Ticket:
     on_delta: Callable[[Delta], None] | None = None
     request: Request | None = None
     slot: int | None = None
+    admitted_at: float | None = None  # perf_counter when it got a slot
     cancelled: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -185,6 +187,7 @@ class Scheduler:
                     return
                 ticket = self._waiting.popleft()
             ticket.slot, self._tickets[slot], self._rows[slot] = slot, ticket, ticket.request
+            ticket.admitted_at = time.perf_counter()
             logits = admit_row(self.executor.target, slot, ticket.prompt)  # [V]
             if self.executor.proposer is not None:
                 self.executor.proposer.admit(slot, ticket.prompt)

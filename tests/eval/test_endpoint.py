@@ -154,13 +154,15 @@ def test_trtspec_eval_against_endpoints_from_the_cli(tmp_path, servers, capsys) 
     assert exit_info.value.code == 2 and "--endpoint needs --model" in capsys.readouterr().err
 
 
-def test_arms_alternate_batch_by_batch_and_top_k_reaches_the_server(tmp_path) -> None:
-    """One log of both servers' requests: batches of 2 go spec, baseline, then baseline, spec."""
+def test_arms_alternate_turn_by_turn_and_top_k_reaches_the_server(tmp_path) -> None:
+    """One log of both servers' requests: at c = 2 a turn is 8 requests from 2 closed-loop
+    clients; turns go spec, baseline, then baseline, spec."""
     seen: list[dict] = []
     spec, spec_url, spec_seen = serve(True)
     base, base_url, base_seen = serve(False)
     try:
-        requests = [WorkloadRequest(id=f"r{i}", category="c", prompt=f"p{i}") for i in range(6)]
+        requests = [WorkloadRequest(id=f"r{i}", category="c", prompt=f"p{i}")
+                    for i in range(12)]
         params = SamplingParams(temperature=0.7, top_k=20, max_tokens=3, seed=1)
         run_endpoint_eval(tmp_path, requests, spec_url, "m", params, [2], baseline_url=base_url)
     finally:
@@ -168,7 +170,7 @@ def test_arms_alternate_batch_by_batch_and_top_k_reaches_the_server(tmp_path) ->
         base.shutdown()
     seen = sorted(spec_seen + base_seen, key=lambda p: p["at"])
     order = ["spec" if p["speculative"] else "baseline" for p in seen]
-    assert order == ["spec"] * 2 + ["baseline"] * 4 + ["spec"] * 4 + ["baseline"] * 2
+    assert order == ["spec"] * 8 + ["baseline"] * 8 + ["baseline"] * 4 + ["spec"] * 4
     assert all(p["top_k"] == 20 for p in seen)
 
 

@@ -219,11 +219,12 @@ def test_an_eval_folder_from_an_older_trtspec_resumes_as_it_ran(tmp_path: Path,
 
 
 def _older_digest(overrides: list[str]) -> str:
-    """Recipe.digest() as trtspec computed it before sampling.ignore_eos existed."""
+    """Recipe.digest() as trtspec computed it before sampling.ignore_eos and
+    eval.request_rate existed."""
     import hashlib
 
     data = load_recipe(RECIPE, overrides).model_dump(mode="json")
-    del data["sampling"]["ignore_eos"]
+    del data["sampling"]["ignore_eos"], data["eval"]["request_rate"]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

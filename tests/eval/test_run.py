@@ -75,20 +75,23 @@ def test_sigkill_then_resume_measures_every_request_exactly_once(tmp_path: Path)
 
 
 def test_throughput_divides_by_the_arm_s_own_wall_time(tmp_path: Path) -> None:
-    """Every batch has its own start on one eval clock, so an arm's throughput is its tokens
-    over the time its batches ran: c = 1 → Σ E2E; c = 2 → Σ over batches of the longest E2E."""
-    from collections import defaultdict
-
+    """Every request has its own send time on one eval clock, so an arm's throughput is its
+    tokens over the time its requests ran: c = 1 → Σ E2E (one at a time); c = 2 → the union of
+    the closed-loop clients' overlapping [sent, done] intervals."""
     records = read_records(run_eval(tmp_path, toy_inputs(delay=0.002)))
     summary = summarize(records)
     for key in ("draft_model/D2/c1", "draft_model/D4/c2"):
         for arm in ARMS:
             rows = [r for r in records if r["condition"] == key and r["arm"] == arm]
-            batches = defaultdict(list)
-            for r in rows:
-                batches[r["start_s"]].append(r["e2e_s"])
-            assert len(batches) == len(rows) // int(key[-1])
-            wall = sum(max(e2e) for e2e in batches.values())
+            spans = sorted((r["start_s"], r["start_s"] + r["e2e_s"]) for r in rows)
+            wall, end = 0.0, float("-inf")
+            for a, b in spans:  # the union, by hand
+                wall += max(0.0, b - max(a, end))
+                end = max(end, b)
+            if key.endswith("c1"):
+                assert wall == pytest.approx(sum(r["e2e_s"] for r in rows), abs=1e-5)
+            else:  # two clients: some requests overlap
+                assert wall < sum(r["e2e_s"] for r in rows)
             tokens = sum(r["output_tokens"] for r in rows)
             assert summary[key][arm]["output_tokens_per_s"] == pytest.approx(tokens / wall,
                                                                              rel=1e-5)
@@ -143,8 +146,8 @@ def test_arms_alternate_strictly_and_peak_rss_is_a_peak() -> None:
 
 
 def test_a_batch_cut_short_is_measured_again_whole(tmp_path: Path) -> None:
-    """Resume runs a partly recorded batch with all its requests (a c = 2 request is measured
-    beside another one, as the first run measured its partner) and records only the missing."""
+    """Resume runs a partly recorded turn with all its requests (a c = 2 request is measured
+    beside the others, as the first run measured it) and records only the missing."""
     inputs = toy_inputs(n_requests=4)
     run_eval(tmp_path, inputs)
     path = tmp_path / "records.jsonl"
@@ -152,23 +155,21 @@ def test_a_batch_cut_short_is_measured_again_whole(tmp_path: Path) -> None:
     cut = [r for r in records if not (r["condition"] == "draft_model/D2/c2"
                                       and r["arm"] == "spec" and r["request_id"] == "r1")]
     path.write_text("".join(json.dumps(r) + "\n" for r in cut))
-    sizes: list[int] = []
-    make = inputs.make_executor
+    import trtspec.scheduler
 
-    def counting(condition, arm):
-        executor = make(condition, arm)
-        generate = executor.generate
+    sent: list[int] = []
+    submit = trtspec.scheduler.Scheduler.submit
 
-        def spy(prompts, params, **kw):
-            sizes.append(len(prompts))
-            return generate(prompts, params, **kw)
+    def spy(self, prompt, params, on_delta=None):
+        sent.append(params.seed)
+        return submit(self, prompt, params, on_delta)
 
-        executor.generate = spy
-        return executor
-
-    inputs.make_executor = counting
+    trtspec.scheduler.Scheduler.submit = spy
     inputs.warmup = 0
-    again = read_records(run_eval(tmp_path, inputs, resume=True))
-    assert sizes == [2]  # r0 and r1 together, as c = 2 measures them
+    try:
+        again = read_records(run_eval(tmp_path, inputs, resume=True))
+    finally:
+        trtspec.scheduler.Scheduler.submit = submit
+    assert len(sent) == 4  # the whole turn (4 requests at c = 2) again, not r1 alone
     keys = Counter((r["condition"], r["arm"], r["request_id"]) for r in again)
     assert len(again) == len(records) and set(keys.values()) == {1}

@@ -72,6 +72,9 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str | None
               help="generate through EOS: fixed output lengths (with --max-tokens)")
 @click.option("--concurrency", callback=_concurrency, default=None, metavar="C[,C…]",
               help="concurrency levels, e.g. 1,4,8 [default: the recipe's eval.concurrency]")
+@click.option("--request-rate", type=click.FloatRange(0, min_open=True), default=None,
+              help="open-loop Poisson arrivals, requests/s (inf: all at once) instead of "
+                   "--concurrency closed-loop clients")
 @click.option("--eval-id", default=None, help="folder name under --reports [default: timestamp]")
 @click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
               help="continue an interrupted eval folder with its own workloads, knobs and "
@@ -92,7 +95,8 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str | None
               help="the same model served without speculation (the baseline arm)")
 def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | None,
                  num_prompts: int | None, max_tokens: int | None, ignore_eos: bool,
-                 concurrency: tuple[int, ...], eval_id: str | None, resume: str | None,
+                 concurrency: tuple[int, ...], request_rate: float | None,
+                 eval_id: str | None, resume: str | None,
                  overrides: tuple[str, ...], engines: str | None, reports: str,
                  speed_bench_dir: str | None, mlflow_uri: str | None, no_mlflow: bool,
                  endpoint: str | None, model: str | None, baseline_endpoint: str | None) -> None:
@@ -116,7 +120,8 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
         raise click.UsageError("--endpoint needs --model (the name the server serves)")
     selection = Selection.make(workloads, per_category=per_category, num_prompts=num_prompts,
                                max_tokens=max_tokens, ignore_eos=ignore_eos,
-                               concurrency=concurrency, overrides=overrides,
+                               concurrency=concurrency, request_rate=request_rate,
+                               overrides=overrides,
                                speed_bench_dir=speed_bench_dir)
     root, why = engines_root(recipe, engines)
     console = Console(width=None if sys.stdout.isatty() else 160)

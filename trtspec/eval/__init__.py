@@ -55,7 +55,7 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
                                     for d in lengths for c in recipe.eval.concurrency))
     out, recipe, requests, selection, created = start(
         recipe_path, selection, eval_id, resume, reports_root, "",
-        lambda _, requests: {"conditions": [c.key for c in conditions],
+        lambda _, requests: {"conditions": [c.key for c in conditions], "client": "scheduler",
                              "expected_records": len(conditions) * 2 * len(requests)}, say)
     with _kept_on_failure(out, created, total=len(conditions) * 2 * len(requests)):
         if created:
@@ -65,7 +65,8 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
         models = _loaded_models(manifest, recipe)
         inputs = EvalInputs(requests, conditions, _executor_factory(recipe, manifest, models),
                             _encoder(models), recipe.sampling.params(), recipe.eval.warmup,
-                            margin=_margin(models))
+                            margin=_margin(models), slots=recipe.limits.max_batch_size,
+                            request_rate=recipe.eval.request_rate)
         records = run_eval(out, inputs, resume=not created, progress=progress)
     return _finish(out, records)
 
@@ -161,12 +162,13 @@ def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
         recipe_path, selection, eval_id, resume, reports_root, "-endpoint",
         lambda recipe, requests: {
             "endpoint": url, "baseline_endpoint": baseline_url, "model": model,
-            "server": detect_server(url), "client": "batches",
+            "server": detect_server(url), "client": "clients",
             "expected_records": len(set(recipe.eval.concurrency)) * arms * len(requests)}, say)
     levels = list(dict.fromkeys(recipe.eval.concurrency))
     with _kept_on_failure(out, created, len(levels) * arms * len(requests)):
         records = run_endpoint_eval(out, requests, url, model, recipe.sampling.params(),
-                                    levels, baseline_url, not created, progress)
+                                    levels, baseline_url, not created, progress,
+                                    rate=recipe.eval.request_rate)
     return _finish(out, records)
 
 

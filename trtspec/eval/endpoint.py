@@ -176,19 +176,28 @@ def _extensions(params: SamplingParams) -> dict[str, Any] | None:
 
 async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
                  sampling: SamplingParams, key: str, arm: str, sink: Any,
-                 on_record: Callable[[], None], measured: set[str] = frozenset()
-                 ) -> list[dict[str, Any]]:
-    """One batch of one arm, all requests at once (the batch is the concurrency); records of
-    the requests not in ``measured``."""
+                 on_record: Callable[[], None], measured: set[str] = frozenset(),
+                 rate: float | None = None) -> list[dict[str, Any]]:
+    """One turn of one arm: ``c`` closed-loop clients (a request is sent when one finishes),
+    or open-loop arrivals at ``rate`` requests/s; records of the requests not in
+    ``measured``."""
     from openai import AsyncOpenAI
+
+    from trtspec.eval.clients import arrival_offsets
 
     client = AsyncOpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
                          max_retries=0)
     method, d, c = key.split("/")
+    clients = asyncio.Semaphore(int(c[1:]) if rate is None else len(batch))
+    offsets = arrival_offsets(len(batch), rate, request_seed(sampling.seed or 0, batch[0].id))
+    start = time.perf_counter()
 
-    async def go(r: WorkloadRequest) -> dict[str, Any] | None:
+    async def go(i: int, r: WorkloadRequest) -> dict[str, Any] | None:
         params = sampling.model_copy(update={"seed": request_seed(sampling.seed or 0, r.id)})
-        result = await _one(client, model, r, params)
+        if offsets is not None:
+            await asyncio.sleep(max(0.0, start + offsets[i] - time.perf_counter()))
+        async with clients:
+            result = await _one(client, model, r, params)
         record = {"condition": key, "method": method, "draft_len": int(d[1:] or 0),
                   "concurrency": int(c[1:]), "arm": arm, "request_id": r.id,
                   "category": r.category, "source": r.source,
@@ -206,7 +215,8 @@ async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
         return record
 
     try:
-        return [x for x in await asyncio.gather(*(go(r) for r in batch)) if x is not None]
+        return [x for x in await asyncio.gather(*(go(i, r) for i, r in enumerate(batch)))
+                if x is not None]
     finally:
         await client.close()
 
@@ -214,11 +224,12 @@ async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
 def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], url: str,
                       model: str, sampling: SamplingParams, concurrency: Sequence[int],
                       baseline_url: str | None = None, resume: bool = False,
-                      progress: Callable[[int, int], None] | None = None) -> Path:
-    """Records for the endpoint (``spec``) and, if given, the baseline endpoint, batch by
-    batch with alternating arm order; server counters per arm go to
-    ``server_counters.json``."""
-    from trtspec.eval.run import _alternate, _batches
+                      progress: Callable[[int, int], None] | None = None,
+                      rate: float | None = None) -> Path:
+    """Records for the endpoint (``spec``) and, if given, the baseline endpoint, turn by turn
+    (c = 1: one request; else 4c requests from c closed-loop clients, or arriving at ``rate``)
+    with alternating arm order; server counters per arm go to ``server_counters.json``."""
+    from trtspec.eval.run import Condition, _alternate, _batches, chunk_size
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -243,7 +254,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
             key = f"endpoint/D0/c{c}"
             # an arm that never answered stops the eval after one batch (a dead endpoint)
             answered = {arm: any((key, arm, r.id) in done for r in requests) for arm in urls}
-            for i, batch in enumerate(_batches(requests, c)):
+            for i, batch in enumerate(_batches(requests, chunk_size(Condition("", 0, c)))):
                 for arm in _alternate(tuple(urls), i):
                     measured = {r.id for r in batch if (key, arm, r.id) in done}
                     if len(measured) == len(batch):
@@ -252,7 +263,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
                     # is measured for; only what is missing is recorded
                     before = scrape(urls[arm])
                     got = asyncio.run(_batch(urls[arm], model, batch, sampling, key, arm, sink,
-                                             tick, measured))
+                                             tick, measured, rate))
                     delta = counter_delta(before, scrape(urls[arm]))
                     if delta:  # per batch: a batch measured again replaces its delta
                         entry = saved.setdefault(f"{key}/{arm}", {})

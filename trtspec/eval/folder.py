@@ -48,6 +48,7 @@ class Selection:
     max_tokens: int | None = None  # every request's output limit (the workload's own too)
     ignore_eos: bool = False  # fixed output lengths
     concurrency: tuple[int, ...] = ()
+    request_rate: float | None = None  # open-loop arrivals per second (inf: all at once)
     overrides: tuple[str, ...] = ()  # --set, as given
     speed_bench_dir: str | None = None  # where SPEED-Bench files are [default: data/speed-bench]
     # started by a trtspec that stored no selection: the recipe's per_category sampled custom
@@ -69,6 +70,9 @@ class Selection:
         knobs += ["sampling.ignore_eos=true"] * self.ignore_eos
         if self.concurrency:
             knobs.append(f"eval.concurrency=[{', '.join(map(str, self.concurrency))}]")
+        if self.request_rate is not None:
+            rate = ".inf" if self.request_rate == float("inf") else repr(self.request_rate)
+            knobs.append(f"eval.request_rate={rate}")
         return knobs
 
     def all_overrides(self) -> list[str]:
@@ -77,7 +81,8 @@ class Selection:
 
 _FLAGS = {"workloads": "--workload", "per_category": "--per-category",
           "num_prompts": "--num-prompts", "max_tokens": "--max-tokens",
-          "ignore_eos": "--ignore-eos", "concurrency": "--concurrency", "overrides": "--set",
+          "ignore_eos": "--ignore-eos", "concurrency": "--concurrency",
+          "request_rate": "--request-rate", "overrides": "--set",
           "speed_bench_dir": "--speed-bench-dir"}
 
 
@@ -294,7 +299,8 @@ def _check_same_eval(out: Path, meta: dict[str, Any], recipe: Recipe) -> None:
                               f"that eval ran against {stored.get('baseline_endpoint')}"),
         "model": ("the model", f"that eval asked for {stored.get('model')}"),
         "conditions": ("the conditions", "the build's draft lengths changed since"),
-        "client": ("the endpoint client mode", "that eval was measured by another trtspec")}
+        "client": ("the load mode", "that eval was measured by an older trtspec, in batches "
+                   "that start together rather than by clients of the serving scheduler")}
     differ = [(label, why) for key, (label, why) in names.items()
               if (key in stored or key in meta) and stored.get(key) != meta.get(key)]
     if differ:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.eval.workloads import WorkloadRequest
-from trtspec.executor import Delta, SpecExecutor
+from trtspec.executor import SpecExecutor
 from trtspec.metrics import failed, on_eval_clock, unanswered
 from trtspec.sampling import SamplingParams
 
@@ -67,6 +67,8 @@ class EvalInputs:
     # target, the dtype it ran in); at temperature 0 it tells a numerical tie from a real
     # divergence between the arms
     margin: Callable[[list[int], int, int], tuple[float, str]] | None = None
+    slots: int | None = None  # the scheduler's slots [default: the condition's concurrency]
+    request_rate: float | None = None  # open-loop arrivals per second; None = closed loop
 
 
 def request_seed(base: int, request_id: str) -> int:
@@ -123,7 +125,7 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
         for condition in inputs.conditions:
             executors = {arm: inputs.make_executor(condition, arm) for arm in ARMS}
             _warm_up(executors, inputs)
-            for i, batch in enumerate(_batches(inputs.requests, condition.concurrency)):
+            for i, batch in enumerate(_batches(inputs.requests, chunk_size(condition))):
                 for arm in _alternate(ARMS, i):
                     if all((condition.key, arm, r.id) in done for r in batch):
                         continue
@@ -139,6 +141,12 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
     if inputs.sampling.greedy and inputs.margin is not None:
         record_divergences(out, read_records(path), inputs)
     return path
+
+
+def chunk_size(condition: Condition) -> int:
+    """Requests per turn of an arm: one at c = 1 (the arms alternate request by request); at
+    c > 1, 4c, so that closed-loop clients start requests as others finish."""
+    return 1 if condition.concurrency == 1 else 4 * condition.concurrency
 
 
 def _batches(requests: Sequence[WorkloadRequest], size: int) -> Iterator[list[WorkloadRequest]]:
@@ -163,6 +171,11 @@ def _warm_up(executors: dict[str, SpecExecutor], inputs: EvalInputs) -> None:
 
 def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalInputs,
              condition: Condition, arm: str) -> list[dict[str, Any]]:
+    """One turn of an arm: the batch through the serving scheduler, sent by ``concurrency``
+    closed-loop clients (or at ``request_rate``); times run from when each request was sent,
+    so TTFT includes waiting for a slot."""
+    from trtspec.eval.clients import arrival_offsets, run_clients
+
     prompts = [inputs.encode(r) for r in batch]
     cuda = _cuda_in_use()
     if cuda:
@@ -173,16 +186,11 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
     params = [inputs.sampling.model_copy(update={
         "seed": request_seed(inputs.sampling.seed or 0, r.id),
         "max_tokens": r.max_tokens or inputs.sampling.max_tokens}) for r in batch]
-    arrivals: list[list[float]] = [[] for _ in batch]
-    started = eval_clock()  # shared across arms, batches and resumed runs
-    start = time.perf_counter()  # this batch's precise clock
-
-    def on_step(deltas: list[Delta]) -> None:
-        now = time.perf_counter() - start
-        for d in deltas:
-            arrivals[d.index] += [now] * len(d.token_ids)
-
-    completions = executor.generate(prompts, params, on_step=on_step)
+    offsets = arrival_offsets(len(batch), inputs.request_rate,
+                              request_seed(inputs.sampling.seed or 0, batch[0].id))
+    clock = eval_clock() - time.perf_counter()  # perf_counter → the eval's clock
+    sent, _ = run_clients(executor, prompts, params, condition.concurrency,
+                          inputs.slots or condition.concurrency, offsets)
     memory = {"peak_rss_mb": peak_rss_mb()}
     if cuda:
         import torch
@@ -191,16 +199,18 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
         memory["cuda_total_mb"] = torch.cuda.get_device_properties(
             torch.cuda.current_device()).total_memory / 2**20
     records = []
-    for r, prompt, p, c, times in zip(batch, prompts, params, completions, arrivals, strict=True):
-        stats = c.stats
+    for r, prompt, p, s in zip(batch, prompts, params, sent, strict=True):
+        stats, times, tokens = s.ticket.stats, s.token_times, s.ticket.token_ids
+        queue = (s.admitted - s.sent) if s.admitted is not None else None
         records.append({
             "condition": condition.key, **asdict(condition), "arm": arm, "request_id": r.id,
             "category": r.category, "source": r.source, "context_tokens": len(prompt),
-            "output_tokens": len(c.token_ids), "finish_reason": c.finish_reason,
-            "output_digest": _digest(c.token_ids), "output_token_ids": c.token_ids,
-            "seed": p.seed, "start_s": started, "token_times_s": times,
+            "output_tokens": len(tokens), "finish_reason": s.ticket.finish_reason,
+            "output_digest": _digest(tokens), "output_token_ids": tokens,
+            "seed": p.seed, "start_s": clock + s.sent, "token_times_s": times,
             "ttft_s": times[0] if times else None, "e2e_s": times[-1] if times else 0.0,
-            "prefill_s": times[0] if times else None,
+            "queue_s": queue,
+            "prefill_s": (times[0] - (queue or 0.0)) if times else None,
             "decode_s": (times[-1] - times[0]) if times else 0.0,
             "proposed_tokens": stats.proposed_tokens,
             "accepted_draft_tokens": stats.accepted_draft_tokens,
