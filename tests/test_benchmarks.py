@@ -27,3 +27,13 @@ def test_bench_cpu_quick(tmp_path: Path, smollm2) -> None:
     for needle in ("| copy-heavy | trtspec ngram |", "| open-ended chat | HF assistant_model |",
                    "× the floor", "| 17 |"):
         assert needle in text
+
+
+def test_bench_serve_quick(tmp_path: Path, smollm2) -> None:
+    out = tmp_path / "bench-serve.md"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_serve.py"), "--quick",
+                          "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = out.read_text()
+    for needle in ("| plain | 1 |", "| ngram | 8 |", "HF `generate`", "outside forwards"):
+        assert needle in text

@@ -125,9 +125,12 @@ def test_cancel_frees_the_slot_and_the_others_go_on() -> None:
 def test_the_waiting_queue_is_bounded_and_bad_prompts_take_no_slot() -> None:
     scheduler = Scheduler(toy_executor("none"), slots=1, max_waiting=2)
     prompt, params = requests(1)[0]
-    scheduler.submit(prompt, params)
-    scheduler.submit(prompt, params)
-    with pytest.raises(QueueFull, match="2 requests are waiting"):
+    for _ in range(3):  # one for the free slot, two waiting
+        scheduler.submit(prompt, params)
+    with pytest.raises(QueueFull, match="3 requests are waiting for a slot"):
+        scheduler.submit(prompt, params)
+    scheduler.step()  # one admitted: the slot is taken, two wait
+    with pytest.raises(QueueFull, match="2 requests are waiting for a slot"):
         scheduler.submit(prompt, params)
     with pytest.raises(ValueError, match=r"outside 0\.\.23"):
         scheduler.submit([99], params)
@@ -173,3 +176,26 @@ def test_the_step_loop_serves_submissions_from_other_threads() -> None:
         loop.join(timeout=10)
     alone = [toy_executor("draft_model").generate([p], s)[0].token_ids for p, s in work]
     assert [t.token_ids for t in tickets] == alone
+
+
+def test_a_model_error_ends_every_request_and_the_scheduler_says_it_is_down() -> None:
+    executor = toy_executor("draft_model")
+    scheduler = Scheduler(executor, slots=2)
+    work = requests(4)
+    ended: list = []
+    scheduler.on_end = ended.append
+    tickets = [scheduler.submit(p, s) for p, s in work]
+    score = executor.target.score
+
+    def broken(tokens, last_only=False):
+        if executor.target.score_calls > 3:
+            raise RuntimeError("device lost")
+        return score(tokens, last_only)
+
+    executor.target.score = broken
+    scheduler.serve_forever(threading.Event())  # returns: the step failed
+    assert scheduler.error == "RuntimeError: device lost"
+    assert [t.finish_reason for t in tickets].count("error") >= 2
+    assert all(t.done.is_set() for t in tickets) and len(ended) == 4
+    with pytest.raises(RuntimeError, match="the scheduler is down"):
+        scheduler.submit(*work[0])

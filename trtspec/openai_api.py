@@ -134,6 +134,7 @@ class TextStream:
         self.ids: list[int] = []
         self.sent = 0  # characters of the decoded text already returned
         self.stopped = False
+        self.tokens_used = 0  # after a stop: the tokens up to the one that completed it
 
     def push(self, token_ids: Sequence[int]) -> str:
         """New text to send; sets ``stopped`` when a stop string appeared."""
@@ -144,6 +145,8 @@ class TextStream:
         hits = [i for s in self.stops if (i := text.find(s, max(0, self.sent - len(s)))) >= 0]
         if hits:
             self.stopped = True
+            self.tokens_used = next(k for k in range(1, len(self.ids) + 1) if any(
+                s in self.decode(self.ids[:k]) for s in self.stops))
             return self._take(text, min(hits))
         safe = len(text) - (1 if text.endswith("\ufffd") else 0)
         for s in self.stops:

@@ -84,6 +84,8 @@ class Ticket:
     slot: int | None = None
     admitted_at: float | None = None  # perf_counter when it got a slot
     cancelled: bool = False
+    reported: str | None = None  # the finish reason its client saw, if not the ticket's own
+    # (a server ends a request at a stop string by cancelling it: "stop", not "abort")
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -115,7 +117,9 @@ class Scheduler:
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self.totals = SpecStats()  # every finished request's counters, for /metrics
+        self.totals = SpecStats()  # every ended request's counters
+        self.on_end: Callable[[Ticket], None] | None = None  # on the step thread (metrics)
+        self.error: str | None = None  # set when a step failed: the scheduler is down
         executor.target.prefill([[0]] * slots)  # the rows exist from now on; admission refills
         if executor.proposer is not None:
             executor.proposer.start([[0]] * slots)
@@ -132,23 +136,24 @@ class Scheduler:
                on_delta: Callable[[Delta], None] | None = None) -> Ticket:
         """Queue a request (thread-safe). A bad prompt raises ValueError here, a full queue
         QueueFull: neither takes a slot."""
+        if self.error is not None:
+            raise RuntimeError(f"the scheduler is down: {self.error}")
         ticket = Ticket(list(prompt), params, on_delta)
         ticket.request = self.executor.request(ticket.prompt, params)
         with self._wake:
-            if len(self._waiting) >= self.max_waiting:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting (the bound): retry "
-                                "later")
+            free = self.slots - self.running  # those are admitted at the next step
+            if len(self._waiting) >= self.max_waiting + free:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting for a slot (the "
+                                f"bound is {self.max_waiting}): retry later")
             self._waiting.append(ticket)
             self._wake.notify()
         return ticket
 
     def cancel(self, ticket: Ticket) -> None:
-        """Stop a request (thread-safe): its slot is freed before the next round."""
-        with self._lock:
-            ticket.cancelled = True
-            if ticket in self._waiting:
-                self._waiting.remove(ticket)
-                self._end(ticket, "abort")
+        """Stop a request (thread-safe): the step thread ends it before the next round."""
+        ticket.cancelled = True
+        with self._wake:
+            self._wake.notify()
 
     def step(self) -> int:
         """Drop cancelled requests, admit waiting ones into free slots, run one round for the
@@ -156,6 +161,12 @@ class Scheduler:
         for slot, ticket in enumerate(self._tickets):
             if ticket is not None and ticket.cancelled:
                 self._free(slot, "abort")
+        with self._lock:
+            dropped = [t for t in self._waiting if t.cancelled]
+            for ticket in dropped:
+                self._waiting.remove(ticket)
+        for ticket in dropped:
+            self._end(ticket, "abort")
         self._admit()
         live = [b for b, t in enumerate(self._tickets)
                 if t is not None and t.request.finish_reason is None]
@@ -173,10 +184,25 @@ class Scheduler:
     def serve_forever(self, stop: threading.Event) -> None:
         """The step loop: sleeps while there is nothing to do, until ``stop`` is set."""
         while not stop.is_set():
-            if not self.step():
+            try:
+                busy = self.step()
+            except Exception as e:  # a model error: end every request with "error", go down
+                self._fail(f"{type(e).__name__}: {e}")
+                return
+            if not busy:
                 with self._wake:
                     if not self._waiting:
                         self._wake.wait(timeout=0.05)
+
+    def _fail(self, reason: str) -> None:
+        self.error = reason
+        with self._lock:
+            waiting, self._waiting = list(self._waiting), collections.deque()
+        for slot in range(self.slots):
+            if self._tickets[slot] is not None:
+                self._free(slot, "error")
+        for ticket in waiting:
+            self._end(ticket, "error")
 
     def _admit(self) -> None:
         for slot in range(self.slots):
@@ -206,6 +232,11 @@ class Scheduler:
         """Release a slot; ``reason`` ends a request that had not finished (a cancel)."""
         ticket = self._tickets[slot]
         self._tickets[slot], self._rows[slot] = None, self._idle[slot]
+        lengths = self.executor.target.lengths()  # an idle row holds nothing: it costs no
+        lengths[slot] = 0  # attention width in later rounds
+        self.executor.target.rollback(lengths)
+        if self.executor.proposer is not None:
+            self.executor.proposer.release(slot)
         if ticket is not None:
             self._end(ticket, reason)
 
@@ -219,4 +250,6 @@ class Scheduler:
                 ticket.on_delta(Delta(ticket.slot if ticket.slot is not None else -1, [],
                                       reason))
         self.totals = SpecStats.merge([self.totals, request.stats])
+        if self.on_end is not None:
+            self.on_end(ticket)
         ticket.done.set()

@@ -23,7 +23,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from trtspec.executor import Delta
-from trtspec.metrics import SpecStats
 from trtspec.openai_api import (
     ApiError,
     ChatRequest,
@@ -33,6 +32,7 @@ from trtspec.openai_api import (
 )
 from trtspec.sampling import SamplingParams
 from trtspec.scheduler import QueueFull, Scheduler, Ticket
+from trtspec.serve_metrics import ServeMetrics, spec_field
 
 
 class Texts(Protocol):
@@ -98,7 +98,7 @@ class Engine:
         self.policy = policy
         self.draining = False
         self.registry = CollectorRegistry()
-        self.metrics = _Metrics(self.registry, scheduler)
+        self.metrics = ServeMetrics(self.registry, scheduler)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=scheduler.serve_forever, args=(self._stop,),
                                         name="trtspec-step", daemon=True)
@@ -142,58 +142,6 @@ class Engine:
         return ticket, deltas()
 
 
-class _Metrics:
-    def __init__(self, registry: Any, scheduler: Scheduler) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
-
-        buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-        self.finished = Counter("trtspec:request_success", "finished requests",
-                                ["finish_reason"], registry=registry)
-        Gauge("trtspec:num_requests_running", "requests holding a slot",
-              registry=registry).set_function(lambda: scheduler.running)
-        Gauge("trtspec:num_requests_waiting", "requests queued for a slot",
-              registry=registry).set_function(lambda: scheduler.waiting)
-        self.ttft = Histogram("trtspec:time_to_first_token_seconds", "TTFT", buckets=buckets,
-                              registry=registry)
-        self.tpot = Histogram("trtspec:time_per_output_token_seconds", "TPOT",
-                              buckets=buckets, registry=registry)
-        self.e2e = Histogram("trtspec:e2e_request_latency_seconds", "E2E", buckets=buckets,
-                             registry=registry)
-        self.drafts = Counter("trtspec:spec_decode_num_drafts", "rounds that proposed drafts",
-                              registry=registry)
-        self.draft_tokens = Counter("trtspec:spec_decode_num_draft_tokens", "drafted tokens",
-                                    registry=registry)
-        self.accepted = Counter("trtspec:spec_decode_num_accepted_tokens", "accepted drafts",
-                                registry=registry)
-        self.per_pos = Counter("trtspec:spec_decode_num_accepted_tokens_per_pos",
-                               "accepted drafts by position", ["position"], registry=registry)
-
-    def record(self, stats: SpecStats, finish_reason: str, times: list[float],
-               started: float) -> None:
-        self.finished.labels(finish_reason).inc()
-        if times:
-            self.ttft.observe(times[0] - started)
-            self.e2e.observe(times[-1] - started)
-            if len(times) > 1:
-                self.tpot.observe((times[-1] - times[0]) / (len(times) - 1))
-        self.drafts.inc(spec_field(stats)["drafts"])
-        self.draft_tokens.inc(stats.proposed_tokens)
-        self.accepted.inc(stats.accepted_draft_tokens)
-        for i, n in enumerate(stats.accepted_per_position):
-            self.per_pos.labels(str(i)).inc(n)
-
-
-def spec_field(stats: SpecStats) -> dict[str, Any]:
-    """The response's ``spec`` extension: this request's counters (the first token, from
-    prefill, is in none) and AL = emitted / rounds; ``drafts`` = rounds that proposed."""
-    rounds = stats.verification_rounds
-    return {"proposed_tokens": stats.proposed_tokens,
-            "accepted_draft_tokens": stats.accepted_draft_tokens,
-            "emitted_tokens": stats.emitted_tokens, "verification_rounds": rounds,
-            "drafts": stats.proposed_per_position[0] if stats.proposed_per_position else 0,
-            "al": stats.emitted_tokens / rounds if rounds else None}
-
-
 def make_app(engine: Engine, api_key: str | None = None) -> Any:
     """The FastAPI application; the engine's step thread starts and stops with it."""
     from contextlib import asynccontextmanager
@@ -231,7 +179,7 @@ def make_app(engine: Engine, api_key: str | None = None) -> Any:
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=503 if engine.draining else 200)
+        return Response(status_code=503 if engine.draining or engine.scheduler.error else 200)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -248,7 +196,7 @@ def make_app(engine: Engine, api_key: str | None = None) -> Any:
         body = await _body(request, engine, api_key, CompletionRequest)
         prompt = body.prompt if isinstance(body.prompt, list) else \
             engine.texts.encode(body.prompt)
-        return await _generate(engine, body, prompt, chat=False)
+        return await _generate(engine, body, prompt, chat=False, request=request)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Any:
@@ -256,15 +204,21 @@ def make_app(engine: Engine, api_key: str | None = None) -> Any:
         try:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
             prompt = engine.texts.encode_chat(messages)
-        except ValueError as e:
-            raise ApiError(400, str(e), param="messages") from None
-        return await _generate(engine, body, prompt, chat=True)
+        except ApiError:
+            raise
+        except Exception as e:  # a template that refuses these messages (roles, order)
+            raise ApiError(400, f"the chat template refused these messages: {e}",
+                           param="messages") from None
+        return await _generate(engine, body, prompt, chat=True, request=request)
 
     return app
 
 
 def _authorize(request: Any, api_key: str | None) -> None:
-    if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+    import hmac
+
+    given = request.headers.get("authorization", "").encode()
+    if api_key and not hmac.compare_digest(given, f"Bearer {api_key}".encode()):
         raise ApiError(401, "missing or wrong API key (Authorization: Bearer …)",
                        "authentication_error", code="invalid_api_key")
 
@@ -273,8 +227,10 @@ async def _body(request: Any, engine: Engine, api_key: str | None, schema: type)
     from pydantic import ValidationError
 
     _authorize(request, api_key)
-    if engine.draining:
-        raise ApiError(503, "the server is shutting down", "server_error")
+    if engine.draining or engine.scheduler.error:
+        why = f"the model failed: {engine.scheduler.error}" if engine.scheduler.error else \
+            "the server is shutting down"
+        raise ApiError(503, why, "server_error")
     size = request.headers.get("content-length")
     if size and size.isdigit() and int(size) > engine.limits.max_body_bytes:
         raise ApiError(413, f"body of {size} bytes is over the limit "
@@ -308,7 +264,7 @@ def _params(engine: Engine, body: Any, prompt_len: int) -> SamplingParams:
                             f"({limits.max_input_len})", param="prompt")
     room = limits.max_seq_len - prompt_len
     wanted = body.output_limit or min(limits.default_max_tokens, room)
-    if wanted > room:
+    if room < 1 or wanted > room:
         raise ApiError(400, f"max_tokens {wanted} + {prompt_len} prompt tokens exceed "
                             f"max_seq_len ({limits.max_seq_len})", param="max_tokens")
     return SamplingParams(temperature=body.temperature, top_p=body.top_p,
@@ -316,14 +272,15 @@ def _params(engine: Engine, body: Any, prompt_len: int) -> SamplingParams:
                           ignore_eos=body.ignore_eos)
 
 
-async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool) -> Any:
+async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
+                    request: Any) -> Any:
     params = _params(engine, body, len(prompt))
     text = TextStream(engine.texts.decode, body.stop)
-    started = time.perf_counter()
+    sent = time.perf_counter()
     ticket, deltas = await engine.run(prompt, params)
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     kind = "chat.completion" if chat else "text_completion"
-    times: list[float] = []
+    times: list[float] = []  # when tokens arrived (one entry per step that brought some)
 
     async def pieces() -> AsyncIterator[tuple[str, str | None]]:
         """(text, finish_reason) as the request runs; ends with the finish reason."""
@@ -331,29 +288,40 @@ async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool) ->
             if delta.token_ids:
                 times.append(time.perf_counter())
             piece = text.push(delta.token_ids)
-            if text.stopped:  # a stop string: free the slot now, report "stop"
+            if text.stopped:  # a stop string: end the request at the next step, say "stop"
+                ticket.reported = "stop"
                 engine.scheduler.cancel(ticket)
                 yield piece, "stop"
                 return
             if delta.finish_reason is not None:
+                if delta.finish_reason == "error":
+                    raise ApiError(500, f"the model failed: {engine.scheduler.error}",
+                                   "server_error")
                 yield piece + text.flush(), delta.finish_reason
                 return
             if piece:
                 yield piece, None
 
-    async def finish(reason: str) -> dict[str, Any]:
-        """Usage, once the step thread is done with the request (its counters settled)."""
+    async def finish() -> dict[str, Any]:
+        """Usage, once the step thread is done with the request (its counters settled).
+        After a stop string, the tokens up to the one that completed it count."""
         await asyncio.get_running_loop().run_in_executor(None, ticket.done.wait, 30.0)
-        engine.metrics.record(ticket.stats, reason, times, started)
-        return {"prompt_tokens": len(prompt), "completion_tokens": len(ticket.token_ids),
-                "total_tokens": len(prompt) + len(ticket.token_ids)}
+        tokens = text.tokens_used if text.stopped else len(ticket.token_ids)
+        engine.metrics.latency(times[0] if times else None, times[-1] if times else None,
+                               tokens, sent)
+        return {"prompt_tokens": len(prompt), "completion_tokens": tokens,
+                "total_tokens": len(prompt) + tokens}
 
     if not body.stream:
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, engine, ticket))
         out, reason = [], "length"
-        async for piece, end in pieces():
-            out.append(piece)
-            reason = end or reason
-        usage = await finish(reason)
+        try:
+            async for piece, end in pieces():
+                out.append(piece)
+                reason = end or reason
+        finally:
+            watcher.cancel()
+        usage = await finish()
         choice = ({"message": {"role": "assistant", "content": "".join(out)}} if chat
                   else {"text": "".join(out), "logprobs": None})
         return JSONResponse({"id": rid, "object": kind, "created": int(time.time()),
@@ -382,7 +350,7 @@ async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool) ->
                 yield chunk(piece, end, first)
                 first = False
             if end is not None:
-                usage = await finish(end)
+                usage = await finish()
                 if include_usage:
                     yield _sse({"id": rid, "object": f"{kind}.chunk",
                                 "created": int(time.time()), "model": engine.model,
@@ -391,6 +359,15 @@ async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool) ->
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+async def _cancel_on_disconnect(request: Any, engine: Engine, ticket: Ticket) -> None:
+    """A non-streaming client that hangs up frees its slot too (a stream notices by itself)."""
+    while not ticket.done.is_set():
+        if await request.is_disconnected():
+            engine.scheduler.cancel(ticket)
+            return
+        await asyncio.sleep(0.1)
 
 
 def _sse(obj: dict[str, Any]) -> str:

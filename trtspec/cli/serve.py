@@ -77,25 +77,37 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
     click.echo(f"trtspec serve: http://{host}:{port}/v1  model {engine.model}  policy {label}  "
                f"slots {engine.scheduler.slots}  (waiting ≤ {engine.scheduler.max_waiting}"
                f"{', API key required' if key else ''})")
+    class Draining(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:  # /health 503 from now on
+            engine.draining = True
+            super().handle_exit(sig, frame)
+
     # uvicorn re-raises the signal it shut down on; SIGTERM is a normal stop here (exit 0)
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.run(make_app(engine, key), host=host, port=port, log_level="warning",
-                timeout_graceful_shutdown=30)
-    click.echo("trtspec serve: stopped (in-flight requests finished)")
+    Draining(uvicorn.Config(make_app(engine, key), host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=30)).run()
+    click.echo(f"trtspec serve: stopped ({engine.scheduler.running} requests were still "
+               "running)")
 
 
 def policy_from_eval(folder: Path, method: str | None) -> tuple[str, str | None]:
     """(method, draft length schedule) from a decided eval: the method with the most GO
-    conditions (or ``method``), and per concurrency its fastest GO draft length; plain
-    decoding ("none") when nothing is GO."""
+    conditions (or ``method``); for every concurrency the eval measured, its fastest GO draft
+    length, or 0 (plain decoding) where no D was GO; plain decoding everywhere ("none") when
+    nothing is GO."""
     path = folder / "decision.json"
     if not path.is_file():
         raise click.UsageError(f"--policy {folder}: no decision.json (run `trtspec decide "
                                f"{folder}` first)")
-    verdicts = [v for v in json.loads(path.read_text())["verdicts"]
-                if v["category"] == "all" and v["verdict"] == "GO"]
+    overall = [v for v in json.loads(path.read_text())["verdicts"] if v["category"] == "all"]
+    if any(v["condition"].startswith("endpoint/") for v in overall):
+        raise click.UsageError(f"--policy {folder}: an endpoint eval measured a server's own "
+                               "policy, not trtspec's methods: use an in-process eval")
+    levels = sorted({int(v["condition"].split("/")[2][1:]) for v in overall})
     go: dict[str, dict[int, tuple[float, int]]] = {}
-    for v in verdicts:
+    for v in overall:
+        if v["verdict"] != "GO":
+            continue
         name, d, c = v["condition"].split("/")
         best = go.setdefault(name, {}).get(int(c[1:]))
         if best is None or v["speedup"] > best[0]:
@@ -104,7 +116,7 @@ def policy_from_eval(folder: Path, method: str | None) -> tuple[str, str | None]
         method = max(go, key=lambda m: len(go[m]), default="none")
     if method not in go:
         return "none", None
-    return method, ",".join(f"{c}:{d}" for c, (_, d) in sorted(go[method].items()))
+    return method, ",".join(f"{c}:{go[method].get(c, (0, 0))[1]}" for c in levels)
 
 
 def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,

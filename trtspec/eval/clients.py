@@ -53,7 +53,8 @@ def run_clients(executor: SpecExecutor, prompts: Sequence[list[int]],
     start = time.perf_counter()
 
     def send(i: int) -> None:
-        now = time.perf_counter()
+        # open loop: a request arrives at its offset even if a step delayed its submission
+        now = time.perf_counter() if offsets is None else start + offsets[i]
         record: Sent | None = None
 
         def on_delta(delta: Delta) -> None:

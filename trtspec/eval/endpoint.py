@@ -254,7 +254,8 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
             key = f"endpoint/D0/c{c}"
             # an arm that never answered stops the eval after one batch (a dead endpoint)
             answered = {arm: any((key, arm, r.id) in done for r in requests) for arm in urls}
-            for i, batch in enumerate(_batches(requests, chunk_size(Condition("", 0, c)))):
+            turn = chunk_size(Condition("", 0, c)) if rate is None else len(requests)
+            for i, batch in enumerate(_batches(requests, turn)):
                 for arm in _alternate(tuple(urls), i):
                     measured = {r.id for r in batch if (key, arm, r.id) in done}
                     if len(measured) == len(batch):

@@ -125,7 +125,8 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
         for condition in inputs.conditions:
             executors = {arm: inputs.make_executor(condition, arm) for arm in ARMS}
             _warm_up(executors, inputs)
-            for i, batch in enumerate(_batches(inputs.requests, chunk_size(condition))):
+            turn = chunk_size(condition) if inputs.request_rate is None else len(inputs.requests)
+            for i, batch in enumerate(_batches(inputs.requests, turn)):
                 for arm in _alternate(ARMS, i):
                     if all((condition.key, arm, r.id) in done for r in batch):
                         continue
@@ -144,8 +145,10 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
 
 
 def chunk_size(condition: Condition) -> int:
-    """Requests per turn of an arm: one at c = 1 (the arms alternate request by request); at
-    c > 1, 4c, so that closed-loop clients start requests as others finish."""
+    """Requests per turn of an arm with closed-loop clients: one at c = 1 (the arms alternate
+    request by request); at c > 1, 4c, so that clients start requests as others finish (each
+    turn ends with a drain, as the last requests finish). Open-loop arrivals run the whole arm
+    as one turn."""
     return 1 if condition.concurrency == 1 else 4 * condition.concurrency
 
 

@@ -40,6 +40,10 @@ class Proposer(Protocol):
         """A new request takes ``row`` of the running batch (continuous batching)."""
         ...
 
+    def release(self, row: int) -> None:
+        """``row``'s request has left: drop what it holds."""
+        ...
+
     def propose(self, tokens: Sequence[Sequence[int]], draft_len: Sequence[int],
                 params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> Draft:
         """Propose up to draft_len[b] tokens continuing tokens[b] (prompt + output so far).

@@ -44,6 +44,12 @@ class DraftModelProposer:
         admit_row(self.runner, row, self._inputs(prompt))
         self._valid[row] = len(prompt)
 
+    def release(self, row: int) -> None:
+        lengths = self.runner.lengths()
+        lengths[row] = 0
+        self.runner.rollback(lengths)
+        self._valid[row] = 0
+
     def propose(self, tokens: Sequence[Sequence[int]], draft_len: Sequence[int],
                 params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> Draft:
         batch, steps = len(tokens), max(draft_len, default=0)

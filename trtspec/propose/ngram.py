@@ -49,6 +49,9 @@ class NgramProposer:
     def admit(self, row: int, prompt: Sequence[int]) -> None:
         pass  # no state: drafts come from each row's own tokens
 
+    def release(self, row: int) -> None:
+        pass
+
     def propose(self, tokens: Sequence[Sequence[int]], draft_len: Sequence[int],
                 params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> Draft:
         found = [find_continuation(t, self.min_n, self.max_n, n) if n else []
