@@ -425,3 +425,48 @@ def test_policy_from_a_decided_eval(tmp_path) -> None:
     assert policy_from_eval(tmp_path, None) == ("ngram", "1:4,4:2,8:0")
     assert policy_from_eval(tmp_path, "layer_skip") == ("layer_skip", "1:2,4:0,8:0")
     assert policy_from_eval(tmp_path, "draft_model") == ("none", None)  # nothing GO
+
+
+def test_a_build_folder_serves_without_its_recipe_file(tiny_dir, tmp_path) -> None:
+    import yaml
+
+    from trtspec.cli.serve import recipe_engine
+    from trtspec.recipe import RecipeError
+
+    recipe = tmp_path / "recipes" / "tiny.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(yaml.safe_dump({
+        "name": "tiny", "target": {"model": str(tiny_dir), "dtype": "float32"},
+        "methods": [{"method": "ngram", "max_n": 2}], "draft_lengths": [3],
+        "backend": {"kind": "torch", "device": "cpu"}}))
+    main(["build", str(recipe)])
+    folder = tmp_path / "engines" / "tiny" / "cpu"
+    recipe.unlink()  # the folder holds the recipe as built
+    engine, label = recipe_engine(str(folder), (), tmp_path / "engines", None, None, None, 4,
+                                  None)
+    assert engine.model == str(tiny_dir) and label == "ngram, D = 3"
+    assert engine.scheduler.executor.proposer.max_n == 2 and engine.scheduler.slots == 8
+    with pytest.raises(RecipeError, match=r"no recipe\.yaml here"):
+        recipe_engine(str(tmp_path), (), tmp_path, None, None, None, 4, None)
+
+
+def test_eval_with_open_loop_arrivals_against_serve(tmp_path) -> None:
+    from pathlib import Path
+
+    from trtspec.eval.run import read_records
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml"
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"q{i}", "category": "c",
+                                            "prompt": f"{1 + i} 2 3"}) + "\n"
+                                for i in range(8)))
+    with serving(toy(slots=2)) as url:
+        main(["eval", str(recipe), "--endpoint", url, "--model", "toy", "-w", str(workload),
+              "--max-tokens", "6", "--request-rate", "40", "--reports", str(tmp_path),
+              "--eval-id", "poisson", "--no-mlflow"])
+    records = read_records(tmp_path / "poisson")
+    assert len(records) == 8 and not any(r.get("error") for r in records)
+    starts = sorted(r["start_s"] for r in records)
+    assert starts[-1] - starts[0] > 0.05  # sent over time, not at once (mean gap 25 ms)
+    meta = json.loads((tmp_path / "poisson" / "eval.json").read_text())
+    assert "eval.request_rate=40.0" in meta["overrides"]

@@ -103,8 +103,23 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
                         gpu=info, draft_lengths=lengths, d0=d0, d0_derivation=derivation,
                         artifacts=artifacts, commands=commands)
     path = manifest.save(out_dir)
+    _save_recipe(recipe, out_dir)
     say(f"wrote {path}")
     return BuildResult(plan, manifest, path)
+
+
+BUILT_RECIPE = "recipe.yaml"
+
+
+def _save_recipe(recipe: Recipe, out_dir: Path) -> None:
+    """The recipe as built (after --set), beside the manifest: `trtspec serve ENGINE_DIR`
+    serves a build folder without the recipe file."""
+    import yaml
+
+    from trtspec.files import write_atomic
+
+    write_atomic(out_dir / BUILT_RECIPE, yaml.safe_dump(recipe.model_dump(mode="json"),
+                                                        sort_keys=False))
 
 
 def _target_gpu(recipe: Recipe, flag: str | None, detected: list[gpus.DetectedGpu],

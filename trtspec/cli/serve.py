@@ -14,7 +14,7 @@ from trtspec.cli.evaluation import ENGINES_HELP, engines_root, explain_engines
 
 
 @click.command()
-@click.argument("recipe", required=False, type=click.Path(dir_okay=False))
+@click.argument("recipe", required=False, type=click.Path())
 @click.option("--backend", type=click.Choice(["recipe", "toy"]), default="recipe",
               show_default=True, help="toy: exact Markov-chain models, no weights (tries, tests)")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -41,8 +41,9 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
           policy_dir: str | None, slots: int | None, max_waiting: int,
           served_model_name: str | None, overrides: tuple[str, ...], engines: str | None
           ) -> None:
-    """Serve RECIPE's built models (OpenAI-compatible: /v1/completions, /v1/chat/completions,
-    /v1/models, /health, /metrics) with exact speculative sampling and continuous batching."""
+    """Serve RECIPE's built models, or a build folder (engines/<recipe>/<gpu>/), behind an
+    OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /health,
+    /metrics) with exact speculative sampling and continuous batching."""
     import uvicorn
 
     from trtspec.manifest import ManifestError
@@ -60,7 +61,7 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
                                    max_waiting, served_model_name or "toy")
     else:
         if recipe is None:
-            raise click.UsageError("give a RECIPE (or --backend toy)")
+            raise click.UsageError("give a RECIPE or a build folder (or --backend toy)")
         root, why = engines_root(recipe, engines)
         try:
             engine, label = recipe_engine(recipe, overrides, root, method, draft_len, slots,
@@ -130,12 +131,30 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     from trtspec.scheduler import Scheduler
     from trtspec.server import Engine, Limits, TokenizerTexts
 
+    folder = Path(recipe_path) if Path(recipe_path).is_dir() else None
+    if folder is not None:  # a build folder: the recipe it was built from is in it
+        from trtspec.build import BUILT_RECIPE
+
+        if not (folder / BUILT_RECIPE).is_file():
+            raise RecipeError(f"{folder}: no {BUILT_RECIPE} here (a build folder is "
+                              "engines/<recipe>/<gpu>/, written by `trtspec build`)")
+        recipe_path = str(folder / BUILT_RECIPE)
     recipe = load_recipe(recipe_path, overrides)
     if recipe.backend.kind != "torch":
         raise RecipeError(f"{recipe_path}: trtspec serve runs the torch backend; serve "
                           "TensorRT-LLM builds with the trtllm-serve commands `trtspec build "
                           "--dry-run` prints")
-    manifest, _ = open_built(recipe, recipe_path, root)
+    if folder is not None:
+        from trtspec.gpu import detect
+        from trtspec.manifest import ManifestError, check_covers, check_gpu, load_manifest
+
+        manifest = load_manifest(folder)
+        check_gpu(manifest, detect(), folder / "manifest.json")
+        problem = check_covers(manifest, recipe)
+        if problem:
+            raise ManifestError(f"{folder}: the build {problem} (--set overrides?)")
+    else:
+        manifest, _ = open_built(recipe, recipe_path, root)
     check_backend_device(recipe, recipe_path)
     methods = [m.method for m in recipe.methods]
     method = method or methods[0]
