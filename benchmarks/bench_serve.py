@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_cpu import TimedRunner  # same folder: one forward-timing runner
 
 from trtspec.eval.clients import run_clients
 from trtspec.eval.workloads import builtin, per_category
@@ -25,23 +26,9 @@ from trtspec.executor import SpecExecutor
 from trtspec.metrics import SpecStats
 from trtspec.models import encode, load
 from trtspec.propose.ngram import NgramProposer
-from trtspec.runtime.hf import HFRunner
 from trtspec.sampling import SamplingParams
 
 SLOTS = 8
-
-
-class TimedRunner(HFRunner):
-    """An HFRunner that adds up the seconds its forwards take."""
-
-    forward_s = 0.0
-
-    def score(self, tokens, last_only=False):
-        start = time.perf_counter()
-        try:
-            return super().score(tokens, last_only)
-        finally:
-            TimedRunner.forward_s += time.perf_counter() - start
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -54,7 +41,7 @@ def cell(lm, prompts, params, method: str, clients: int) -> dict[str, float]:
     proposer = NgramProposer(1, 3) if method == "ngram" else None
     executor = SpecExecutor(runner, proposer, 4)
     executor.generate([prompts[0]], params[0].model_copy(update={"max_tokens": 4}))  # warm
-    TimedRunner.forward_s = 0.0
+    TimedRunner.forward_seconds = 0.0
     start = time.perf_counter()
     sent, _ = run_clients(executor, prompts, params, clients, SLOTS)
     wall = time.perf_counter() - start
@@ -66,7 +53,7 @@ def cell(lm, prompts, params, method: str, clients: int) -> dict[str, float]:
     return {"tok_s": tokens / wall, "ttft50": percentile(ttft, 50) * 1e3,
             "ttft99": percentile(ttft, 99) * 1e3, "tpot50": percentile(tpot, 50) * 1e3,
             "tpot99": percentile(tpot, 99) * 1e3, "al": stats.summary()["al_pooled"],
-            "overhead": 1 - TimedRunner.forward_s / wall, "wall": wall, "tokens": tokens}
+            "overhead": 1 - TimedRunner.forward_seconds / wall, "wall": wall, "tokens": tokens}
 
 
 def hf_reference(lm, prompts, max_tokens: int) -> float:

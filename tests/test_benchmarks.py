@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -18,22 +20,17 @@ def test_bench_verify_quick(tmp_path: Path) -> None:
     assert "× copy GB/s" in text and "| 8 | 1000 | sampled (q) |" in text
 
 
-def test_bench_cpu_quick(tmp_path: Path, smollm2) -> None:
-    out = tmp_path / "bench-cpu.md"
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cpu.py"), "--quick",
+@pytest.mark.parametrize("bench,needles", [
+    ("bench_cpu", ("| copy-heavy | trtspec ngram |", "| open-ended chat | HF assistant_model |",
+                   "× the floor", "| 17 |")),
+    ("bench_serve", ("| plain | 1 |", "| ngram | 8 |", "HF `generate`", "outside forwards")),
+])
+def test_smollm2_benchmarks_quick(bench: str, needles: tuple[str, ...], tmp_path: Path,
+                                  smollm2) -> None:
+    out = tmp_path / f"{bench}.md"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{bench}.py"), "--quick",
                           "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
     text = out.read_text()
-    for needle in ("| copy-heavy | trtspec ngram |", "| open-ended chat | HF assistant_model |",
-                   "× the floor", "| 17 |"):
-        assert needle in text
-
-
-def test_bench_serve_quick(tmp_path: Path, smollm2) -> None:
-    out = tmp_path / "bench-serve.md"
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_serve.py"), "--quick",
-                          "--out", str(out)], capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-2000:]
-    text = out.read_text()
-    for needle in ("| plain | 1 |", "| ngram | 8 |", "HF `generate`", "outside forwards"):
+    for needle in needles:
         assert needle in text
