@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -249,32 +250,31 @@ class Recipe(Strict):
                                  "bfloat16/float16/fp8: set target.dtype")
         return self
 
-    def digests(self) -> set[str]:
-        """Every digest this recipe has been recorded under: with each key of _ADDED_LATER
-        that is at its default present or left out (what each trtspec version recorded)."""
-        import itertools
-
-        data = self.model_dump(mode="json")
-        at_default = [(sec, key) for sec, key, default in _ADDED_LATER
-                      if data[sec].get(key) == default]
-        out = set()
-        for n in range(len(at_default) + 1):
-            for dropped in itertools.combinations(at_default, n):
-                trimmed = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-                for sec, key in dropped:
-                    del trimmed[sec][key]
-                out.add(_sha256(trimmed))
-        return out
-
     def digest(self) -> str:
         """sha256 of the canonical JSON of this recipe (after overrides and defaults): the
         eval's provenance. Keys added later are left out while at their default, so the digest
         of a recipe that does not use them stays what older trtspec versions recorded. What a
         build depends on is :meth:`build_inputs`."""
+        return self._digest_without(self._added_at_default())
+
+    def digests(self) -> set[str]:
+        """Every digest this recipe has been recorded under: with each key of _ADDED_LATER
+        that is at its default present or left out (what each trtspec version recorded)."""
+        import itertools
+
+        keys = self._added_at_default()
+        return {self._digest_without(dropped) for n in range(len(keys) + 1)
+                for dropped in itertools.combinations(keys, n)}
+
+    def _added_at_default(self) -> list[tuple[str, str]]:
         data = self.model_dump(mode="json")
-        for section, key, default in _ADDED_LATER:
-            if data[section].get(key) == default:
-                del data[section][key]
+        return [(section, key) for section, key, default in _ADDED_LATER
+                if data[section].get(key) == default]
+
+    def _digest_without(self, keys: Sequence[tuple[str, str]]) -> str:
+        data = self.model_dump(mode="json")
+        for section, key in keys:
+            del data[section][key]
         return _sha256(data)
 
     def build_inputs(self) -> dict[str, Any]:
@@ -333,8 +333,10 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:
+        from trtspec.recipe_reference import first_error  # it imports this module
+
         set_keys = [item.partition("=")[0] for item in overrides]
-        raise RecipeError(f"{path}: {_first_error(e, set_keys)}") from None
+        raise RecipeError(f"{path}: {first_error(e, set_keys)}") from None
 
 
 def _apply_override(path: Path, data: dict[str, Any], item: str) -> None:
@@ -368,35 +370,3 @@ def _apply_override(path: Path, data: dict[str, Any], item: str) -> None:
             if isinstance(node, dict) and index not in node:
                 node[index] = {}
             node = node[index]
-
-
-def _first_error(e: ValidationError, set_keys: list[str]) -> str:
-    """The first problem as 'key.path: message (hint)'; other union branches are not counted.
-    Keys of another backend kind or method come first (naming where they belong), and an
-    unknown key gets the nearest valid key path."""
-    from trtspec.recipe_reference import misplaced_keys, unknown_key  # it imports this module
-
-    errors = e.errors()
-    locs = [_loc(err["loc"]) for err in errors]
-    # a missing key is often a misspelt one (targte: → no target): report the spelling
-    extra = [i for i, err in enumerate(errors) if err["type"] == "extra_forbidden"]
-    near = [i for i in extra if errors[i]["loc"][:-1] == errors[0]["loc"][:-1]]
-    first = (near or extra or [0])[0] if errors[0]["type"] == "missing" else 0
-    err, loc = errors[first], locs[first]
-    msg = err["msg"].removeprefix("Value error, ") + _HINTS.get(err["type"], "")
-    if err["type"] == "extra_forbidden":
-        loc, msg = unknown_key(err["loc"], err["input"])
-    loc, msg = misplaced_keys(errors, set_keys) or (loc, msg)
-    others = {other for other in locs if other != loc and not loc.startswith(other)
-              and not other.startswith(f"{loc}.")}
-    more = f" (+{len(others)} more)" if others else ""
-    return f"{loc or 'recipe'}: {msg}{more}"
-
-
-def _loc(parts: tuple[Any, ...]) -> str:
-    """A key path without pydantic's union-branch names (tags, 'list[…]', "literal['auto']")."""
-    tags = ("draft_model", "layer_skip", "ngram", "medusa", "eagle", "torch", "trtllm")
-    return ".".join(str(p) for p in parts if p not in tags and "[" not in str(p))
-
-
-_HINTS = {"missing": " (add it to the recipe)"}

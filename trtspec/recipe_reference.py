@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from trtspec.recipe import Recipe, RecipeError
@@ -307,6 +307,36 @@ def _show(path: tuple[str, ...], user: tuple[str, ...], shown: list[str]) -> str
     """A suggested path with the user's list indices where they line up (methods.1.max_n)."""
     return _dotted([shown[i] if p == ITEM and i < len(user) and user[i] == ITEM else p
                     for i, p in enumerate(path)])
+
+
+def first_error(e: ValidationError, set_keys: list[str]) -> str:
+    """The first problem as 'key.path: message (hint)'; other union branches are not counted.
+    Keys of another backend kind or method come first (naming where they belong), and an
+    unknown key gets the nearest valid key path."""
+    errors = e.errors()
+    locs = [_loc(err["loc"]) for err in errors]
+    # a missing key is often a misspelt one (targte: → no target): report the spelling
+    extra = [i for i, err in enumerate(errors) if err["type"] == "extra_forbidden"]
+    near = [i for i in extra if errors[i]["loc"][:-1] == errors[0]["loc"][:-1]]
+    first = (near or extra or [0])[0] if errors[0]["type"] == "missing" else 0
+    err, loc = errors[first], locs[first]
+    msg = err["msg"].removeprefix("Value error, ") + _HINTS.get(err["type"], "")
+    if err["type"] == "extra_forbidden":
+        loc, msg = unknown_key(err["loc"], err["input"])
+    loc, msg = misplaced_keys(errors, set_keys) or (loc, msg)
+    others = {other for other in locs if other != loc and not loc.startswith(other)
+              and not other.startswith(f"{loc}.")}
+    more = f" (+{len(others)} more)" if others else ""
+    return f"{loc or 'recipe'}: {msg}{more}"
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    """A key path without pydantic's union-branch names (tags, 'list[…]', "literal['auto']")."""
+    tags = ("draft_model", "layer_skip", "ngram", "medusa", "eagle", "torch", "trtllm")
+    return ".".join(str(p) for p in parts if p not in tags and "[" not in str(p))
+
+
+_HINTS = {"missing": " (add it to the recipe)"}
 
 
 def main(argv: list[str] | None = None) -> int:

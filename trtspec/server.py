@@ -65,11 +65,12 @@ class IdTexts:
     """The toy backend: text is token ids separated by spaces; a chat is its turns' ids."""
 
     def encode(self, text: str) -> list[int]:
+        from trtspec.runtime.toy import parse_token_ids
+
         try:
-            return [int(t) for t in text.replace(",", " ").split()]
-        except ValueError:
-            raise ApiError(400, "the toy model reads token ids, e.g. '1 2 3'",
-                           param="prompt") from None
+            return parse_token_ids(text)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="prompt") from None
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         return [t for m in messages for t in self.encode(m["content"])]

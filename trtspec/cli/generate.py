@@ -17,7 +17,7 @@ from rich.table import Table
 from trtspec.executor import Completion, Delta, SpecExecutor
 from trtspec.metrics import SpecStats
 from trtspec.propose import make_proposer
-from trtspec.runtime.toy import MarkovLM, ToyRunner
+from trtspec.runtime.toy import MarkovLM, ToyRunner, parse_token_ids
 from trtspec.sampling import SamplingParams
 
 
@@ -105,10 +105,9 @@ def generate(backend: str, model: str, method: str, draft_len: int, draft_model:
 
 def _token_ids(text: str) -> list[int]:
     try:
-        return [int(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        raise click.BadParameter("toy prompts are token ids, e.g. '1 2 3'",
-                                 param_hint="--prompt") from None
+        return parse_token_ids(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--prompt") from None
 
 
 class TextStream:

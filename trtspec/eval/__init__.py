@@ -19,6 +19,7 @@ from trtspec.eval.folder import (
     Selection,
     arms_of,
     discard_if_empty,
+    meta_if_any,
     resumed_selection,
     start,
 )
@@ -98,7 +99,7 @@ def eval_recipe(eval_dir: str | Path) -> Recipe:
     if not (out / "recipe.yaml").is_file():
         raise RecipeError(f"{out} is not an eval folder (no recipe.yaml): pass "
                           "reports/<eval-id>")
-    meta = json.loads((out / "eval.json").read_text()) if (out / "eval.json").is_file() else {}
+    meta = meta_if_any(out)
     return load_recipe(out / "recipe.yaml", meta.get("overrides", []))
 
 

@@ -229,7 +229,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
     """Records for the endpoint (``spec``) and, if given, the baseline endpoint, turn by turn
     (c = 1: one request; else 4c requests from c closed-loop clients, or arriving at ``rate``)
     with alternating arm order; server counters per arm go to ``server_counters.json``."""
-    from trtspec.eval.run import Condition, _alternate, _batches, chunk_size
+    from trtspec.eval.run import _alternate, _batches, turn_size
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -254,8 +254,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
             key = f"endpoint/D0/c{c}"
             # an arm that never answered stops the eval after one batch (a dead endpoint)
             answered = {arm: any((key, arm, r.id) in done for r in requests) for arm in urls}
-            turn = chunk_size(Condition("", 0, c)) if rate is None else len(requests)
-            for i, batch in enumerate(_batches(requests, turn)):
+            for i, batch in enumerate(_batches(requests, turn_size(c, rate, len(requests)))):
                 for arm in _alternate(tuple(urls), i):
                     measured = {r.id for r in batch if (key, arm, r.id) in done}
                     if len(measured) == len(batch):

@@ -116,10 +116,15 @@ def stored_meta(out: Path) -> dict[str, Any]:
                           "is damaged") from None
 
 
+def meta_if_any(out: Path) -> dict[str, Any]:
+    """eval.json, or {} for a folder without one (written by hand, or by an older trtspec)."""
+    return stored_meta(out) if (out / EVAL_META).is_file() else {}
+
+
 def arms_of(out: Path) -> tuple[str, ...]:
     """The arms an eval measures: both in process; an endpoint eval has a baseline arm only
     with a baseline endpoint."""
-    meta = stored_meta(out) if (out / EVAL_META).is_file() else {}
+    meta = meta_if_any(out)
     return ("spec",) if "endpoint" in meta and not meta.get("baseline_endpoint") \
         else ("baseline", "spec")
 
@@ -128,8 +133,7 @@ def completeness(out: Path, records: Sequence[dict[str, Any]]) -> tuple[int, int
     """(requests measured in some arm of some condition, how many a complete eval has; None
     when eval.json does not say). A failed request counts as measured: it is reported as
     failed, and resume measures it again."""
-    meta = stored_meta(out) if (out / EVAL_META).is_file() else {}
-    expected = meta.get("expected_records")
+    expected = meta_if_any(out).get("expected_records")
     return len({(r["condition"], r["arm"], r["request_id"]) for r in records}), expected
 
 

@@ -125,7 +125,7 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
         for condition in inputs.conditions:
             executors = {arm: inputs.make_executor(condition, arm) for arm in ARMS}
             _warm_up(executors, inputs)
-            turn = chunk_size(condition) if inputs.request_rate is None else len(inputs.requests)
+            turn = turn_size(condition.concurrency, inputs.request_rate, len(inputs.requests))
             for i, batch in enumerate(_batches(inputs.requests, turn)):
                 for arm in _alternate(ARMS, i):
                     if all((condition.key, arm, r.id) in done for r in batch):
@@ -144,12 +144,14 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
     return path
 
 
-def chunk_size(condition: Condition) -> int:
+def turn_size(concurrency: int, rate: float | None, total: int) -> int:
     """Requests per turn of an arm with closed-loop clients: one at c = 1 (the arms alternate
     request by request); at c > 1, 4c, so that clients start requests as others finish (each
-    turn ends with a drain, as the last requests finish). Open-loop arrivals run the whole arm
-    as one turn."""
-    return 1 if condition.concurrency == 1 else 4 * condition.concurrency
+    turn ends with a drain, as the last requests finish). Open-loop arrivals (``rate``) run
+    the whole arm, ``total`` requests, as one turn."""
+    if rate is not None:
+        return total
+    return 1 if concurrency == 1 else 4 * concurrency
 
 
 def _batches(requests: Sequence[WorkloadRequest], size: int) -> Iterator[list[WorkloadRequest]]:

@@ -124,3 +124,11 @@ def _index(tokens: Sequence[int], order: int, vocab_size: int) -> int:
     for tok in _context(tokens, order):
         index = index * vocab_size + tok
     return index
+
+
+def parse_token_ids(text: str) -> list[int]:
+    """A toy prompt: token ids separated by spaces or commas ("1 2 3")."""
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise ValueError("toy prompts are token ids, e.g. '1 2 3'") from None
