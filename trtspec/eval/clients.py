@@ -38,7 +38,11 @@ class Sent:
     ticket: Ticket
     sent: float
     token_times: list[float] = field(default_factory=list)  # after ``sent``, per token
-    admitted: float | None = None
+
+    @property
+    def admitted(self) -> float | None:
+        """When it got a slot (perf_counter), as the scheduler recorded it."""
+        return self.ticket.admitted_at
 
 
 def run_clients(executor: SpecExecutor, prompts: Sequence[list[int]],
@@ -59,8 +63,6 @@ def run_clients(executor: SpecExecutor, prompts: Sequence[list[int]],
 
         def on_delta(delta: Delta) -> None:
             assert record is not None
-            if record.admitted is None:
-                record.admitted = record.ticket.admitted_at
             record.token_times += [time.perf_counter() - record.sent] * len(delta.token_ids)
 
         record = Sent(scheduler.submit(prompts[i], params[i], on_delta), now)
