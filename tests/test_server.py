@@ -56,6 +56,18 @@ def toy(method: str = "draft_model", slots: int = 8, draft_len: int = 4, **kw):
     return toy_engine(method, draft_len, slots, kw.get("max_waiting", 256), "toy")[0]
 
 
+def slow_down(engine) -> None:
+    """Make every target forward take 10 ms, so a long request outlives the test's next steps."""
+    target = engine.scheduler.executor.target
+    score = target.score
+
+    def slowly(tokens, last_only=False):
+        time.sleep(0.01)
+        return score(tokens, last_only)
+
+    target.score = slowly
+
+
 def alone(engine, prompt: list[int], **sampling) -> list[int]:
     """What the engine's executor gives this request alone (the reference)."""
     from trtspec.sampling import SamplingParams
@@ -183,14 +195,7 @@ def test_64_streaming_clients_on_8_slots_lose_nothing_and_metrics_add_up() -> No
 
 def test_clients_that_drop_mid_stream_free_their_slots() -> None:
     engine = toy(slots=4)
-    slow = engine.scheduler.executor.target
-    score = slow.score
-
-    def slowly(tokens, last_only=False):
-        time.sleep(0.01)
-        return score(tokens, last_only)
-
-    slow.score = slowly
+    slow_down(engine)
     with serving(engine) as url:
         body = {"model": "toy", "prompt": "1 2 3", "max_tokens": 4000, "ignore_eos": True,
                 "stream": True}
@@ -274,6 +279,7 @@ def bad_server():
 
 def test_a_full_queue_is_429_and_health_and_models_answer() -> None:
     engine = toy(slots=1, max_waiting=0)
+    slow_down(engine)  # the first request must still hold its slot when the second comes
     with serving(engine) as url:
         assert requests.get(url.removesuffix("/v1") + "/health").status_code == 200
         assert requests.get(url + "/models").json()["data"][0]["owned_by"] == "trtspec"
