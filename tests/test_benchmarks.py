@@ -21,8 +21,9 @@ def test_bench_verify_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("bench,needles", [
-    ("bench_cpu", ("| copy-heavy | trtspec ngram |", "| open-ended chat | HF assistant_model |",
-                   "× the floor", "| 17 |")),
+    ("bench_cpu", ("| copy-heavy | trtspec ngram D=4 |", "| repeated pattern | trtspec suffix "
+                   "adaptive |", "| open-ended chat | HF static cache + torch.compile |",
+                   "× the floor", "| 9 |")),
     ("bench_serve", ("| plain | 1 |", "| ngram | 8 |", "HF `generate`", "outside forwards")),
 ])
 def test_smollm2_benchmarks_quick(bench: str, needles: tuple[str, ...], tmp_path: Path,

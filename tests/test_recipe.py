@@ -77,6 +77,16 @@ BAD = {
                                      "pipeline parallelism is not supported in the pytorch"),
     "float32 engines": (variant(target__dtype="float32"), "built in bfloat16/float16/fp8"),
     "bad recipe name": (variant(name="my recipe!"), "name: String should match pattern"),
+    "adaptive misspelt": (variant(draft_lengths=[2, "adaptiv"]),
+                          "draft_lengths.1: 'adaptiv' is not a draft length: give an integer "
+                          "1..64 or adaptive"),
+    "draft lengths a word": (variant(draft_lengths="fast"),
+                             "draft_lengths: 'fast': write a list of draft lengths"),
+    "adaptive on TensorRT-LLM": (variant(draft_lengths=[4, "adaptive"]),
+                                 "draft_lengths: adaptive chooses D per round in trtspec's own "
+                                 "executor (backend.kind: torch)"),
+    "max_draft_len 0": (variant(max_draft_len=0),
+                        "max_draft_len: Input should be greater than or equal to 1"),
 }
 
 
@@ -201,3 +211,20 @@ def test_unknown_keys_in_the_file_get_suggestions_too(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match=r"sampling\.max_token: unknown key \(did you mean "
                                           r"sampling\.max_tokens\?\)$"):
         load_recipe(path)
+
+
+def test_adaptive_draft_lengths_alone_or_in_the_list() -> None:
+    alone = load_recipe(CPU, ["draft_lengths=adaptive"])
+    assert alone.draft_lengths == ["adaptive"] and alone.adaptive and alone.adaptive_cap == 8
+    assert alone.fixed_draft_lengths() == [] and alone.condition_draft_lengths([9]) == ["adaptive"]
+    mixed = load_recipe(CPU, ["draft_lengths=[2, 12, adaptive]"])
+    assert mixed.condition_draft_lengths([]) == [2, 12, "adaptive"]
+    assert mixed.fixed_draft_lengths() == [2, 12] and mixed.adaptive_cap == 12
+    assert load_recipe(CPU, ["draft_lengths=[2, adaptive]", "max_draft_len=5"]).adaptive_cap == 5
+    plain = load_recipe(CPU)
+    assert not plain.adaptive and plain.condition_draft_lengths([9]) == [2, 4]
+    auto = load_recipe(CPU, ["draft_lengths=auto"])
+    assert auto.condition_draft_lengths([2, 4, 10]) == [2, 4, 10] and auto.adaptive_cap == 8
+    # max_draft_len at its default leaves the digest as older trtspec versions recorded it
+    assert plain.digest() == load_recipe(CPU, ["max_draft_len=null"]).digest()
+    assert load_recipe(CPU, ["max_draft_len=8"]).digest() != plain.digest()

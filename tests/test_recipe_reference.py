@@ -58,7 +58,8 @@ def test_rows_carry_type_default_and_variant() -> None:
     torch = markdown.split("### `backend` with `kind: torch`", 1)[1].split("###", 1)[0]
     assert "| `backend.device` | str | `auto` |" in torch and "workflow" not in torch
     assert "| `target.model` | str | required |" in markdown
-    assert "| `draft_lengths` | list of int (≥ 1, ≤ 64) or `auto` | `auto` |" in markdown
+    assert "| `draft_lengths` | list of (int (≥ 1, ≤ 64) or `adaptive`) or `auto` | `auto` |" \
+        in markdown
     assert "| `eval.per_category` | int (≥ 1) or null | `null` | a seeded stratified" in markdown
 
 

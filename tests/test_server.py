@@ -433,6 +433,18 @@ def test_policy_from_a_decided_eval(tmp_path) -> None:
     assert policy_from_eval(tmp_path, "draft_model") == ("none", None)  # nothing GO
 
 
+def test_policy_from_a_decided_eval_with_an_adaptive_condition(tmp_path) -> None:
+    from trtspec.cli.serve import policy_from_eval
+
+    verdicts = [("ngram/D4/c1", "GO", 1.6), ("ngram/Dadaptive/c1", "GO", 1.5),
+                ("ngram/D2/c4", "GO", 1.1), ("ngram/Dadaptive/c4", "GO", 1.3),
+                ("ngram/Dadaptive/c8", "NO-GO", 0.9)]
+    (tmp_path / "decision.json").write_text(json.dumps({"verdicts": [
+        {"condition": c, "category": "all", "verdict": v, "speedup": s}
+        for c, v, s in verdicts]}))
+    assert policy_from_eval(tmp_path, None) == ("ngram", "1:4,4:adaptive,8:0")
+
+
 def test_a_build_folder_serves_without_its_recipe_file(tiny_dir, tmp_path) -> None:
     import yaml
 

@@ -93,6 +93,12 @@ def test_metric_names_on_a_hand_built_summary() -> None:
                        "spec/category_al/a": 3.0}
 
 
+def test_the_mean_chosen_draft_length_is_logged_once() -> None:
+    entry = {"baseline": {"draft_len_mean": 0.0}, "spec": {"draft_len_mean": 2.5,
+                                                          "draft_len_share": {"0": 0.5}}}
+    assert condition_metrics(entry, [], "ngram/Dadaptive/c1") == {"spec/draft_len_mean": 2.5}
+
+
 def _parents(client, experiment_id: str, eval_id: str) -> list:
     return client.search_runs([experiment_id],
                               filter_string=f"tags.`trtspec.eval_id` = '{eval_id}' and "

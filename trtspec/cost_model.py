@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.decide import paired_speedup, pairs, tpot
+from trtspec.metrics import condition_parts
 
 
 def leviathan(alpha: float, d: int, c: float) -> float:
@@ -70,31 +71,34 @@ def cost_model(records: Sequence[dict[str, Any]], condition: str, seed: int = 0
     steps, from time per round: a round with n drafts lasts 1 + n·c baseline steps, so
     c = (round / step − 1) / D̄ with D̄ the mean drafts per round. The prediction is
     :func:`expected_emitted` / (1 + D̄·c) (= Leviathan's formula when every round drafts D).
-    None when no pair can say.
+    An adaptive condition's ``draft_len`` is "adaptive" (its D̄ is ``mean_drafts``). None when
+    no pair can say.
     """
     from trtspec.metrics import SpecStats
 
     matched = pairs(records, condition)
-    d = int(condition.split("/")[1][1:])
+    d = condition_parts(condition)[1]  # "adaptive": D varied per round (records say which)
     spec = [s for _, s in matched if s["verification_rounds"]]
     rounds = sum(s["verification_rounds"] for s in spec)
     accepted = sum(s["accepted_draft_tokens"] for s in spec)
     rejected = [s.get("rejected_rounds") for s in spec]
+    positions: list[int] = []
+    for s in spec:
+        fixed = [s["verification_rounds"]] * d if isinstance(d, int) else []
+        for i, n in enumerate(s.get("proposed_per_position") or fixed):
+            positions += [0] * (i + 1 - len(positions))
+            positions[i] += n
     if spec and None not in rejected:
         alpha = SpecStats(accepted_draft_tokens=accepted, rejected_rounds=sum(rejected)).alpha
         alpha = 0.0 if alpha != alpha else alpha  # nothing tried
     else:
-        alpha = alpha_from_al((accepted + rounds) / rounds, d) if rounds else 0.0
+        longest = d if isinstance(d, int) else len(positions)
+        alpha = alpha_from_al((accepted + rounds) / rounds, longest) if rounds else 0.0
     both = [(b, s, tb, ts) for b, s in matched
             if s["verification_rounds"] and (tb := tpot(b)) is not None
             and (ts := tpot(s)) is not None]
     if not both:
         return None  # no paired request with speculation rounds and a TPOT
-    positions: list[int] = []
-    for s in spec:
-        for i, n in enumerate(s.get("proposed_per_position") or [s["verification_rounds"]] * d):
-            positions += [0] * (i + 1 - len(positions))
-            positions[i] += n
     mean_drafts = sum(positions) / rounds
     step = float(np.median([tb for *_, tb, _ in both]))
     round_time = float(np.median([(s["e2e_s"] - s["token_times_s"][0]) / s["verification_rounds"]

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.metrics import RequestTiming, failed, unanswered
+from trtspec.metrics import RequestTiming, condition_parts, failed, unanswered
 from trtspec.recipe import Decide
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
@@ -307,16 +307,18 @@ def decide(records: Sequence[dict[str, Any]], criteria: Decide, greedy: bool, se
 
 
 def apply_where(verdicts: Sequence[Verdict]) -> dict[str, dict[str, Any]]:
-    """Per method: the conditions that are GO, and per concurrency the best GO draft length."""
+    """Per method: the conditions that are GO, and per concurrency the best GO draft length
+    (an int, or "adaptive")."""
     table: dict[str, dict[str, Any]] = {}
     for v in verdicts:
         if v.category != "all":
             continue
-        method, d, c = v.condition.split("/")
+        method, d, _ = condition_parts(v.condition)  # d: an int or "adaptive"
+        c = v.condition.split("/")[2]
         entry = table.setdefault(method, {"go": [], "best_d": {}})
         if v.verdict == GO:
             entry["go"].append(v.condition)
             best = entry["best_d"].get(c)
             if best is None or v.speedup > best[1]:
-                entry["best_d"][c] = (int(d[1:]), v.speedup)
+                entry["best_d"][c] = (d, v.speedup)
     return table

@@ -11,6 +11,10 @@ One round for request b, whose last emitted token x₀ the target has not seen y
 The first output token is sampled from the prefill logits (it sets TTFT) and is in no counter.
 With no proposer, each round is a plain decoding step through the same verify() with D = 0:
 the baseline shares every line of sampling code with the speculative path.
+
+With an :class:`~trtspec.adaptive.AdaptiveDraft` (``draft_len`` "adaptive"), each request's D
+for each round comes from its own acceptance estimates and the cost curve (at most the
+executor's ``draft_len``, K); verification is unchanged, so the output distribution is too.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trtspec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState
 from trtspec.metrics import SpecStats
 from trtspec.propose import Draft, Proposer
 from trtspec.runtime import Runner
@@ -57,6 +62,7 @@ class Request:
     output: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: SpecStats = field(default_factory=SpecStats)
+    adaptive: AdaptiveState | None = None  # its acceptance estimates, under an adaptive D
 
     @property
     def remaining(self) -> int:
@@ -82,14 +88,18 @@ class SpecExecutor:
     ``clip_draft`` (default) never proposes more drafts than the remaining budget can emit
     (D ≤ remaining − 1). With ``clip_draft=False`` every round proposes D, as vLLM and
     TensorRT-LLM do; what lands past max_tokens is counted in ``discarded_tokens``.
+
+    With ``adaptive``, rounds choose D per request (see :mod:`trtspec.adaptive`), at most
+    ``draft_len``; a round given a fixed ``draft_len`` drafts that instead.
     """
 
     def __init__(self, target: Runner, proposer: Proposer | None = None, draft_len: int = 4,
-                 clip_draft: bool = True) -> None:
+                 clip_draft: bool = True, adaptive: AdaptiveDraft | None = None) -> None:
         if draft_len < 0:
             raise ValueError(f"draft_len must be ≥ 0, got {draft_len}")
         self.target, self.proposer, self.clip_draft = target, proposer, clip_draft
         self.draft_len = draft_len if proposer is not None else 0
+        self.adaptive = adaptive if proposer is not None else None
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -155,17 +165,28 @@ class SpecExecutor:
         return [Delta(b, r.commit([first_ids[i]]), r.finish_reason)
                 for i, (b, r) in enumerate(zip(rows, chosen, strict=True))]
 
-    def round(self, reqs: list[Request], live: list[int], draft_len: int | None = None
+    def round(self, reqs: list[Request], live: list[int], draft_len: int | str | None = None
               ) -> list[Delta]:
         """One verification round for the rows ``live`` of a batch (other rows are left alone),
-        proposing ``draft_len`` tokens each [default: the executor's], clipped to the budget."""
-        batch, want = len(reqs), self.draft_len if draft_len is None else draft_len
+        proposing ``draft_len`` tokens each [default: the executor's: adaptive when it has a
+        chooser], clipped to the budget; "adaptive": each row's own D (needs a chooser)."""
+        chooser = self.adaptive if draft_len in (None, ADAPTIVE) else None
+        if draft_len == ADAPTIVE and chooser is None and self.proposer is not None:
+            raise ValueError("draft_len adaptive needs an executor built with an AdaptiveDraft")
+        batch = len(reqs)
+        want = self.draft_len if draft_len in (None, ADAPTIVE) else int(draft_len)
         if self.proposer is None:
-            want = 0
+            want, chooser = 0, None
         draft_len = [0] * batch
         for i in live:
-            budget = reqs[i].remaining - 1 if self.clip_draft else want
-            draft_len[i] = max(0, min(want, budget))
+            d = want
+            if chooser is not None and want > 0:
+                r = reqs[i]
+                if r.adaptive is None:
+                    r.adaptive = chooser.start()
+                d = chooser.choose(r.adaptive, want)
+            budget = reqs[i].remaining - 1 if self.clip_draft else d
+            draft_len[i] = max(0, min(d, budget))
         draft = Draft.empty(batch)
         if self.proposer is not None and any(draft_len):
             draft = self.proposer.propose([r.prompt + r.output for r in reqs], draft_len,
@@ -187,8 +208,10 @@ class SpecExecutor:
         emitted, num_accepted = out.token_ids.tolist(), out.num_accepted.tolist()  # to host once
         for row, b in enumerate(live):
             r, a = reqs[b], num_accepted[row]
+            if chooser is not None and r.adaptive is not None:
+                chooser.update(r.adaptive, n_draft[b], a)
             kept = r.commit(emitted[row][: a + 1])
-            r.stats.record_round(n_draft[b], a, len(kept))
+            r.stats.record_round(n_draft[b], a, len(kept), draft_len[b])
             if r.finish_reason is None:
                 lengths[b] = len(r.prompt) + len(r.output) - 1  # all but the new last token
             else:

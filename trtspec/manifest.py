@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trtspec.cost_curve import CostCurve
 from trtspec.gpu import DetectedGpu
 
 MANIFEST = "manifest.json"
@@ -52,6 +53,16 @@ class Artifact(Strict):
     num_layers: int | None = None
 
 
+class RunnerInfo(Strict):
+    """How the torch backend runs the target (see trtspec.runtime.compiled)."""
+
+    kind: Literal["compiled", "eager", "transformers"]  # as built: after any fallback
+    requested: Literal["compiled", "eager", "transformers"] = "compiled"  # the recipe's
+    compile_seconds: float | None = None  # build's warm-up: compiling, or loading the cache
+    cache_dir: str | None = None  # inductor's cache, reused by eval and serve
+    note: str | None = None  # why it is not what was requested
+
+
 class Manifest(Strict):
     schema_version: Literal[1] = 1
     recipe: str
@@ -69,6 +80,9 @@ class Manifest(Strict):
     d0_derivation: str | None = None
     artifacts: list[Artifact]
     commands: list[str] = Field(default_factory=list)
+    # the adaptive draft length's costs (torch backend); None: built before it was measured
+    cost_curve: CostCurve | None = None
+    runner: RunnerInfo | None = None  # torch backend; None: built before runners were recorded
 
     def save(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,10 @@ The four counters describe what verification did; ``discarded_tokens`` is kept a
 * rejected_rounds       rounds in which a draft was rejected (fewer accepted than proposed); with
                         accepted_draft_tokens it gives the per-token acceptance probability
                         α̂ = accepted / (accepted + rejected_rounds) (see :attr:`alpha`)
+* draft_lens            per round, the draft length D asked of the proposer (fixed, or chosen by
+                        the adaptive draft length; clipped to the budget); ``proposed_lens``
+                        what it proposed (an n-gram with no match proposes fewer). Per request:
+                        :meth:`merge` keeps only ``rounds_per_draft_len``, their histogram
 
 so per round ``emitted + discarded == accepted + 1``. The first output token comes from prefill and
 is in no counter. AL is reported two ways and always named: pooled (Σ emitted / Σ rounds, vLLM's)
@@ -36,9 +40,18 @@ class SpecStats:
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: rounds accepting draft i
     request_al: list[float] = field(default_factory=list)  # one AL per request that had rounds
     rejected_rounds: int | None = 0  # None: not recorded (records older than this counter)
+    draft_lens: list[int] = field(default_factory=list)  # per round: D asked (per request)
+    proposed_lens: list[int] = field(default_factory=list)  # per round: drafts proposed
+    rounds_per_draft_len: list[int] = field(default_factory=list)  # [D]: rounds that asked D
 
-    def record_round(self, num_draft: int, num_accepted: int, num_kept: int) -> None:
-        """Count one verification round: num_accepted + 1 tokens verified, num_kept committed."""
+    def record_round(self, num_draft: int, num_accepted: int, num_kept: int,
+                     draft_len: int | None = None) -> None:
+        """Count one verification round: num_accepted + 1 tokens verified, num_kept committed;
+        ``draft_len`` is the D asked of the proposer (default: num_draft)."""
+        asked = num_draft if draft_len is None else draft_len
+        self.draft_lens.append(asked)
+        self.proposed_lens.append(num_draft)
+        _add_at(self.rounds_per_draft_len, asked)
         self.verification_rounds += 1
         if num_accepted < num_draft and self.rejected_rounds is not None:
             self.rejected_rounds += 1
@@ -83,6 +96,18 @@ class SpecStats:
         return float(np.mean(self.request_al)) if self.request_al else float("nan")
 
     @property
+    def draft_len_mean(self) -> float:
+        """Mean D asked per round (NaN when no round recorded it)."""
+        hist = self.rounds_per_draft_len
+        return _ratio(sum(d * n for d, n in enumerate(hist)), sum(hist))
+
+    @property
+    def draft_len_share(self) -> dict[int, float]:
+        """D → share of the rounds that asked it (the D that occurred, by increasing D)."""
+        total = sum(self.rounds_per_draft_len)
+        return {d: n / total for d, n in enumerate(self.rounds_per_draft_len) if n}
+
+    @property
     def acceptance_per_position(self) -> list[float]:
         """P(draft i accepted | draft i proposed), per position."""
         accepted = self.accepted_per_position
@@ -100,6 +125,7 @@ class SpecStats:
             total.discarded_tokens += s.discarded_tokens
             _add_lists(total.proposed_per_position, s.proposed_per_position)
             _add_lists(total.accepted_per_position, s.accepted_per_position)
+            _add_lists(total.rounds_per_draft_len, s.rounds_per_draft_len)
             total.request_al.extend(s.request_al)
             total.rejected_rounds = None if None in (total.rejected_rounds, s.rejected_rounds) \
                 else total.rejected_rounds + s.rejected_rounds
@@ -119,6 +145,7 @@ class SpecStats:
             "alpha": self.alpha,
             "al_pooled": self.al_pooled,
             "al_request_mean": self.al_request_mean,
+            "draft_len_mean": self.draft_len_mean,
         }
 
 
@@ -199,6 +226,13 @@ def on_eval_clock(rows: Sequence[dict]) -> bool:
     """Whether records carry start times on the eval clock (records written before it have
     ``start_s`` 0: their intervals cannot be placed, so no aggregate throughput)."""
     return bool(rows) and all((r.get("start_s") or 0) > 0 for r in rows)
+
+
+def condition_parts(key: str) -> tuple[str, int | str, int]:
+    """A condition key "method/D4/c2" → ("method", 4, 2); an adaptive draft length's key
+    "method/Dadaptive/c2" → ("method", "adaptive", 2)."""
+    method, d, c = key.split("/")
+    return method, int(d[1:]) if d[1:].isdigit() else d[1:], int(c[1:])
 
 
 def failed(record: dict) -> bool:
@@ -314,6 +348,21 @@ def _add_prefix(hist: list[int], n: int) -> None:
         hist.extend([0] * (n - len(hist)))
     for i in range(n):
         hist[i] += 1
+
+
+def histogram(values: Iterable[int]) -> list[int]:
+    """[v]: how many of ``values`` (non-negative ints) equal v."""
+    out: list[int] = []
+    for v in values:
+        _add_at(out, v)
+    return out
+
+
+def _add_at(hist: list[int], i: int) -> None:
+    """hist[i] += 1, growing hist as needed."""
+    if len(hist) <= i:
+        hist.extend([0] * (i + 1 - len(hist)))
+    hist[i] += 1
 
 
 def _add_lists(into: list[int], other: Sequence[int]) -> None:

@@ -171,13 +171,19 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def load(spec: str, device: str = "auto", dtype: str = "auto") -> LoadedModel:
     """Resolve a spec and load model + tokenizer (CPU float32 / CUDA bfloat16 by default)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     path = resolve(spec)
+    return LoadedModel(load_model(path, device, dtype), AutoTokenizer.from_pretrained(path),
+                       path, spec)
+
+
+def load_model(path: Path, device: str = "auto", dtype: str = "auto") -> Any:
+    """The transformers model alone (a checkpoint without a tokenizer loads too)."""
+    from transformers import AutoModelForCausalLM
+
     dev = pick_device(device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, dev)).to(dev)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return LoadedModel(model.eval(), tokenizer, path, spec)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, dev)).to(dev).eval()
 
 
 Prompt = str | list[dict[str, str]]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from trtspec.decide import Verdict, tpot
+from trtspec.metrics import condition_parts
 
 
 def plots(verdicts: list[Verdict], decision: dict[str, Any], records: list[dict[str, Any]],
@@ -19,18 +20,25 @@ def plots(verdicts: list[Verdict], decision: dict[str, Any], records: list[dict[
 
     out = []
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    series: dict[tuple[str, str], list[Verdict]] = {}
+    series: dict[tuple[str, str, bool], list[tuple[float, Verdict]]] = {}
+    chosen = decision.get("draft_lengths") or {}
     for v in verdicts:
         if v.category == "all" and v.speedup == v.speedup:
-            method, _, c = v.condition.split("/")
-            series.setdefault((method, c), []).append(v)
-    for (method, c), vs in sorted(series.items()):
-        vs.sort(key=lambda v: int(v.condition.split("/")[1][1:]))
-        xs = [int(v.condition.split("/")[1][1:]) for v in vs]
-        ys = [v.speedup for v in vs]
-        err = [[y - v.ci[0] for y, v in zip(ys, vs, strict=True)],
-               [v.ci[1] - y for y, v in zip(ys, vs, strict=True)]]
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=f"{method} {c}")
+            method, d, _ = condition_parts(v.condition)
+            c = v.condition.split("/")[2]
+            if isinstance(d, int):
+                series.setdefault((method, c, False), []).append((d, v))
+            elif v.condition in chosen:  # adaptive: a point at its mean chosen D
+                series.setdefault((method, c, True), []).append((chosen[v.condition]["mean"], v))
+    for (method, c, adaptive), points in sorted(series.items()):
+        points.sort(key=lambda p: p[0])
+        xs = [x for x, _ in points]
+        ys = [v.speedup for _, v in points]
+        err = [[y - v.ci[0] for y, (_, v) in zip(ys, points, strict=True)],
+               [v.ci[1] - y for y, (_, v) in zip(ys, points, strict=True)]]
+        ax.errorbar(xs, ys, yerr=err, marker="*" if adaptive else "o", capsize=4,
+                    markersize=11 if adaptive else 6, linestyle="none" if adaptive else "-",
+                    label=f"{method} {c}" + (" adaptive (at mean D)" if adaptive else ""))
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xlabel="D (draft length)", ylabel="speedup (baseline / spec)",
            title="Speedup vs D, 95 % CI")

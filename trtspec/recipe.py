@@ -14,8 +14,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from trtspec.adaptive import ADAPTIVE, DEFAULT_MAX_DRAFT_LEN
 from trtspec.sampling import SamplingParams
 
 
@@ -71,6 +80,21 @@ class Ngram(Strict):
         return self
 
 
+class Suffix(Strict):
+    method: Literal["suffix"] = Field(description="suffix decoding: drafts the most frequent "
+                                      "continuation of the longest matching suffix, from tries "
+                                      "over the request's text and earlier outputs (torch "
+                                      "backend)")
+    max_depth: int = Field(24, ge=2, le=256, description="longest substring the tries count: "
+                           "matches take up to max_depth − 1 tokens")
+    max_spec_factor: float = Field(1.0, gt=0, le=64, description="drafts at most ⌈factor × "
+                                   "match length⌉ tokens (at least 1; D caps it)")
+    min_token_prob: float = Field(0.1, ge=0, le=1, description="stop drafting where the "
+                                  "continuation's running frequency falls below this")
+    global_tokens: int = Field(65536, ge=0, description="tokens of finished outputs the global "
+                               "trie keeps, oldest evicted first; 0: no global trie")
+
+
 class Medusa(Strict):
     method: Literal["medusa"] = Field(description="Medusa heads on the target draft "
                                       "(TensorRT-LLM engine workflow)")
@@ -88,13 +112,19 @@ class Eagle(Strict):
                                           "expanded per tree layer")
 
 
-Method = Annotated[DraftModel | LayerSkip | Ngram | Medusa | Eagle, Field(discriminator="method")]
+Method = Annotated[DraftModel | LayerSkip | Ngram | Suffix | Medusa | Eagle,
+                   Field(discriminator="method")]
 
 
 class TorchBackend(Strict):
     kind: Literal["torch"] = Field(description="transformers in process, on any machine")
     device: str = Field("auto", description="auto (cuda when there is one, else cpu), cpu, "
                         "cuda, cuda:N or mps; checked by build and eval")
+    runner: Literal["compiled", "eager", "transformers"] = Field(
+        "compiled", description="compiled: trtspec's Llama-family decoder under torch.compile, "
+        "compiled by build and cached in the build folder; eager: the same decoder without "
+        "compiling; transformers: the model's own modules (any architecture; also what other "
+        "architectures fall back to)")
 
 
 class TrtllmBackend(Strict):
@@ -189,6 +219,22 @@ class Decide(Strict):
                                            description="GPU memory that must stay free at peak")
 
 
+def _draft_length(value: Any) -> int | str:
+    """One entry of draft_lengths: an integer 1..64, or adaptive."""
+    if value == ADAPTIVE:
+        return ADAPTIVE
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not a draft length: give an integer 1..64 or adaptive")
+    if not 1 <= value <= 64:
+        raise ValueError(f"Input should be {'greater' if value < 1 else 'less'} than or equal "
+                         f"to {1 if value < 1 else 64}")
+    return value
+
+
+DraftLength = Annotated[Annotated[int, Field(ge=1, le=64)] | Literal["adaptive"],
+                        PlainValidator(_draft_length)]
+
+
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$",
                       description="names the build folder and the eval ids")
@@ -197,9 +243,14 @@ class Recipe(Strict):
                            "baseline")
     methods: list[Method] = Field(min_length=1, description="the speculation methods to "
                                   "compare, each once")
-    draft_lengths: list[Annotated[int, Field(ge=1, le=64)]] | Literal["auto"] = Field(
+    draft_lengths: list[DraftLength] | Literal["auto"] = Field(
         "auto", description="the draft lengths D to sweep, each a condition; auto: 2, 4, "
-        "D₀/4, D₀/2 and D₀ = 128/G − 1 (G: query heads per KV head)")
+        "D₀/4, D₀/2 and D₀ = 128/G − 1 (G: query heads per KV head); adaptive (alone or in "
+        "the list, e.g. [2, 4, adaptive]): each request chooses D ∈ 0 … max_draft_len per "
+        "round from its acceptance and the cost curve (torch backend)")
+    max_draft_len: int | None = Field(None, ge=1, le=64, description="the cap K of an "
+                                      "adaptive draft length; null: the largest of "
+                                      f"{DEFAULT_MAX_DRAFT_LEN} and the fixed draft lengths")
     sampling: Sampling = Field(Sampling(), description="how every request samples, in both arms")
     limits: Limits = Field(Limits(), description="the sizes TensorRT-LLM engines and llm-api "
                            "configs allow (the torch backend ignores them)")
@@ -208,9 +259,49 @@ class Recipe(Strict):
     eval: Eval = Field(Eval(), description="what `trtspec eval` runs")
     decide: Decide = Field(Decide(), description="when `trtspec decide` says GO")
 
+    @field_validator("draft_lengths", mode="before")
+    @classmethod
+    def _alone(cls, value: Any) -> Any:
+        if isinstance(value, str) and value not in ("auto", ADAPTIVE):
+            raise ValueError(f"{value!r}: write a list of draft lengths (integers 1..64 or "
+                             "adaptive), adaptive or auto")
+        return [ADAPTIVE] if value == ADAPTIVE else value
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether draft_lengths has an adaptive condition."""
+        return self.draft_lengths != "auto" and ADAPTIVE in self.draft_lengths
+
+    @property
+    def adaptive_cap(self) -> int:
+        """K, the most an adaptive round drafts: max_draft_len, else the largest of 8 and
+        the fixed draft lengths."""
+        if self.max_draft_len is not None:
+            return self.max_draft_len
+        fixed = [] if self.draft_lengths == "auto" else self.fixed_draft_lengths()
+        return max([DEFAULT_MAX_DRAFT_LEN, *fixed])
+
+    def fixed_draft_lengths(self) -> list[int]:
+        """The integer draft lengths (none for auto: the build sweeps them)."""
+        if self.draft_lengths == "auto":
+            return []
+        return [d for d in self.draft_lengths if isinstance(d, int)]
+
+    def condition_draft_lengths(self, swept: Sequence[int]) -> list[int | str]:
+        """The D of each condition, in order: draft_lengths as written (adaptive included),
+        or ``swept`` (the build's) for auto."""
+        return list(swept) if self.draft_lengths == "auto" else list(self.draft_lengths)
+
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
         t, backend = self.target, self.backend
+        if self.adaptive and backend.kind != "torch":
+            raise ValueError("draft_lengths: adaptive chooses D per round in trtspec's own "
+                             "executor (backend.kind: torch); TensorRT-LLM builds D into its "
+                             "engines and configs: list fixed draft lengths")
+        if self.draft_lengths != "auto" and not self.draft_lengths:
+            raise ValueError("draft_lengths is empty: list at least one draft length, or write "
+                             "adaptive or auto")
         if t.tp_size * t.pp_size != self.gpu.count:
             raise ValueError(f"target.tp_size × target.pp_size = {t.tp_size * t.pp_size} but "
                              f"gpu.count = {self.gpu.count}: make them equal")
@@ -236,6 +327,9 @@ class Recipe(Strict):
                 if m.method == "layer_skip":
                     raise ValueError("layer_skip is a torch-backend method: TensorRT-LLM has no "
                                      "layer-skip drafting")
+                if m.method == "suffix":
+                    raise ValueError("suffix is a torch-backend method: TensorRT-LLM 1.2 has no "
+                                     "suffix drafting (use ngram, or backend.kind: torch)")
                 if m.method == "medusa" and backend.workflow == "pytorch":
                     raise ValueError("medusa runs only in the engine workflow in TensorRT-LLM "
                                      "1.2: set backend.workflow: engine")
@@ -269,12 +363,12 @@ class Recipe(Strict):
     def _added_at_default(self) -> list[tuple[str, str]]:
         data = self.model_dump(mode="json")
         return [(section, key) for section, key, default in _ADDED_LATER
-                if data[section].get(key) == default]
+                if (data[section] if section else data).get(key) == default]
 
     def _digest_without(self, keys: Sequence[tuple[str, str]]) -> str:
         data = self.model_dump(mode="json")
         for section, key in keys:
-            del data[section][key]
+            del (data[section] if section else data)[key]
         return _sha256(data)
 
     def build_inputs(self) -> dict[str, Any]:
@@ -298,17 +392,18 @@ class Recipe(Strict):
         of methods, and an eval of a subset of them uses it. TensorRT-LLM compiles every
         setting in (engine flags, llm-api YAML); the torch backend prepares only the draft
         checkpoint (draft_model: its model and dtype; layer_skip: the layers kept), so n-gram
-        sizes are chosen at run time."""
+        sizes and suffix settings are chosen at run time."""
         built = {"draft_model": ("method", "model", "dtype"), "layer_skip": ("method", "layers"),
-                 "ngram": ("method",)}
+                 "ngram": ("method",), "suffix": ("method",)}
         return {m.method: _sha256(m.model_dump(mode="json", include=set(built[m.method]))
                                   if self.backend.kind == "torch" else m.model_dump(mode="json"))
                 for m in self.methods}
 
 
 # Keys added after digests were first recorded: left out of Recipe.digest() while at their
-# default, so an eval started by an older trtspec can still be resumed.
-_ADDED_LATER = (("sampling", "ignore_eos", False), ("eval", "request_rate", None))
+# default, so an eval started by an older trtspec can still be resumed ("": top level).
+_ADDED_LATER = (("sampling", "ignore_eos", False), ("eval", "request_rate", None),
+                ("", "max_draft_len", None), ("backend", "runner", "compiled"))
 
 
 def _sha256(data: Any) -> str:

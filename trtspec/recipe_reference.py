@@ -143,6 +143,7 @@ def _type(tp: Any, metadata: Sequence[Any] = ()) -> str:
         return text + (" or null" if len(arms) < len(args) else "")
     if origin is list:
         item = _type(args[0])
+        item = f"({item})" if " or " in item else item  # list of (int or `adaptive`)
         return f"list of {'mappings' if item == 'mapping' else item}{_limits(metadata)}"
     if _is_model(tp):
         return "mapping"
@@ -332,7 +333,7 @@ def first_error(e: ValidationError, set_keys: list[str]) -> str:
 
 def _loc(parts: tuple[Any, ...]) -> str:
     """A key path without pydantic's union-branch names (tags, 'list[…]', "literal['auto']")."""
-    tags = ("draft_model", "layer_skip", "ngram", "medusa", "eagle", "torch", "trtllm")
+    tags = ("draft_model", "layer_skip", "ngram", "suffix", "medusa", "eagle", "torch", "trtllm")
     return ".".join(str(p) for p in parts if p not in tags and "[" not in str(p))
 
 

@@ -59,6 +59,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                 models[key] = model
     decision = {"criteria": recipe.decide.model_dump(), "greedy": greedy,
                 "throughput": arm_throughput(records),
+                "draft_lengths": chosen_draft_lengths(records),
                 "verdicts": [asdict(v) for v in verdicts], "apply_where": apply_where(verdicts),
                 "cost_model": models, "audit": audit,
                 "audit_applies": audit_applies, "unpaired_records": unpaired,
@@ -70,6 +71,25 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     write_atomic(out / "report.html", html(out.name, recipe, verdicts, decision, records,
                                            summary))
     return verdicts, decision
+
+
+def chosen_draft_lengths(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per adaptive condition: the D its spec rounds asked (mean, and share of rounds per D),
+    from the records' ``draft_lens``."""
+    from trtspec.metrics import SpecStats, condition_parts, histogram
+
+    out = {}
+    for key in sorted({r["condition"] for r in records}):
+        if isinstance(condition_parts(key)[1], int):
+            continue
+        rows = [r for r in records if r["condition"] == key and r["arm"] == "spec"
+                and not failed(r)]
+        stats = SpecStats(rounds_per_draft_len=histogram(d for r in rows
+                                                         for d in r.get("draft_lens") or ()))
+        if stats.draft_len_share:
+            out[key] = {"mean": stats.draft_len_mean, "rounds": sum(stats.rounds_per_draft_len),
+                        "share": {str(d): s for d, s in stats.draft_len_share.items()}}
+    return out
 
 
 def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: dict[str, Any]
@@ -144,6 +164,15 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
                          f"{m['predicted_speedup']:.2f}× | {m['measured_speedup']:.2f}× | "
                          f"{low:.2f}–{high:.2f}× | "
                          f"{'yes' if m.get('prediction_within_ci') else 'no'} | {best} |")
+    if decision.get("draft_lengths"):
+        lines += ["", "## Adaptive draft length", "",
+                  "D chosen per request and round from its acceptance estimates and the cost "
+                  "curve (D = 0: plain decoding, with periodic probes): the share of spec rounds "
+                  "at each D.", "", "| condition | rounds | mean D | share of rounds per D |",
+                  "|---|---:|---:|---|"]
+        for key, chosen in decision["draft_lengths"].items():
+            shares = ", ".join(f"D={d}: {100 * s:.0f} %" for d, s in chosen["share"].items())
+            lines.append(f"| {key} | {chosen['rounds']} | {chosen['mean']:.2f} | {shares} |")
     if not decision.get("throughput"):
         lines += ["", "## Throughput", "", "Not available: these records predate the eval "
                   "clock (their start times cannot be placed on one timeline)."]
@@ -227,7 +256,9 @@ def _what_would_change(v: Verdict, model: dict[str, Any] | None, threshold: floa
             return f" About {needed} paired requests would resolve it (the CI narrows as 1/√n)."
         return " The speedup sits at the threshold: more requests will not make it a clear GO."
     if model and v.speedup == v.speedup and v.speedup < threshold:
-        d, alpha = int(model["draft_len"]), model["alpha"]
+        d, alpha = model["draft_len"], model["alpha"]
+        if not isinstance(d, int):  # adaptive: the D its rounds drafted on average
+            d = max(1, round(model.get("mean_drafts") or 1))
         c_max = (leviathan(alpha, d, 0.0) / threshold - 1) / d if d else 0.0
         if c_max <= 0:
             return (f" At acceptance α = {alpha:.2f} even a free draft cannot reach "

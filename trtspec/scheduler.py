@@ -12,12 +12,14 @@ Terms:
                 ``max_waiting`` of them (beyond that, :class:`QueueFull`)
 * policy        the draft length D for the next round, from the number of running requests
                 (like TensorRT-LLM's ``draft_len_schedule``); D = 0 is plain decoding through
-                the same verify(), so a policy never changes the output distribution
+                the same verify(), so a policy never changes the output distribution; D may
+                be "adaptive": each request's own D (:mod:`trtspec.adaptive`)
 
 Exactness under batching: every request owns its generator (seeded from its params), and a
 round draws the same uniforms for a request whatever else runs: the first token one, each
 round ``num_draft + 1`` after the draft's own. With a fixed D, a seeded request's output is
-the one it gets alone, whenever it was admitted and beside whatever requests.
+the one it gets alone, whenever it was admitted and beside whatever requests (with an adaptive
+D it is another sample of the same distribution: D starts from what earlier requests taught).
 
 One thread owns the models and calls :meth:`Scheduler.step`; other threads talk to it through
 :meth:`submit` and :meth:`cancel` (thread-safe) and receive tokens in ``on_delta`` callbacks,
@@ -32,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from trtspec.adaptive import ADAPTIVE
 from trtspec.executor import Delta, Request, SpecExecutor
 from trtspec.metrics import SpecStats
 from trtspec.runtime import admit_row
@@ -46,28 +49,38 @@ class QueueFull(RuntimeError):
 class DraftPolicy:
     """D for the next round from the number of running requests: ``schedule`` is
     ((max_running, D), …) by increasing max_running; above the last entry D = 0. Without a
-    schedule every round proposes ``draft_len``."""
+    schedule every round proposes ``draft_len``. A D of "adaptive" lets each request choose
+    its own (the executor needs an AdaptiveDraft)."""
 
-    draft_len: int = 4
-    schedule: tuple[tuple[int, int], ...] = ()
+    draft_len: int | str = 4
+    schedule: tuple[tuple[int, int | str], ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> DraftPolicy:
-        """``"1:4,4:2,8:0"``: up to 1 running request D = 4, up to 4 D = 2, up to 8 D = 0."""
+        """``"1:4,4:2,8:0"``: up to 1 running request D = 4, up to 4 D = 2, up to 8 D = 0;
+        ``"1:adaptive,4:2"``: up to 1 running request an adaptive D."""
+        pairs: list[tuple[int, int | str]] = []
         try:
-            pairs = [tuple(int(x) for x in item.split(":")) for item in text.split(",")]
+            for item in text.split(","):
+                running, _, d = item.partition(":")
+                pairs.append((int(running), ADAPTIVE if d.strip() == ADAPTIVE else int(d)))
         except ValueError:
             pairs = []
-        if not pairs or any(len(p) != 2 or p[0] < 1 or p[1] < 0 for p in pairs):
+        if not pairs or any(n < 1 or (d != ADAPTIVE and int(d) < 0) for n, d in pairs):
             raise ValueError(f"draft length schedule {text!r}: write RUNNING:D pairs, e.g. "
-                             "1:4,4:2,8:0 (RUNNING ≥ 1, D ≥ 0)")
+                             "1:4,4:2,8:0 (RUNNING ≥ 1, D ≥ 0 or adaptive)")
         keys = [p[0] for p in pairs]
         if keys != sorted(set(keys)):
             raise ValueError(f"draft length schedule {text!r}: give each RUNNING once, in "
                              "increasing order")
         return cls(draft_len=pairs[0][1], schedule=tuple((a, b) for a, b in pairs))
 
-    def for_running(self, running: int) -> int:
+    @property
+    def adaptive(self) -> bool:
+        """Whether some round may use an adaptive D."""
+        return ADAPTIVE in (self.draft_len, *(d for _, d in self.schedule))
+
+    def for_running(self, running: int) -> int | str:
         if not self.schedule:
             return self.draft_len
         return next((d for limit, d in self.schedule if running <= limit), 0)
@@ -109,7 +122,8 @@ class Scheduler:
         if slots < 1:
             raise ValueError(f"slots must be ≥ 1, got {slots}")
         self.executor, self.slots, self.max_waiting = executor, slots, max_waiting
-        self.policy = policy or DraftPolicy(executor.draft_len)
+        self.policy = policy or DraftPolicy(ADAPTIVE if executor.adaptive is not None
+                                            else executor.draft_len)
         self._idle = [Request([0], SamplingParams(), frozenset(), make_generator(0),
                               finish_reason="idle") for _ in range(slots)]
         self._rows: list[Request] = list(self._idle)  # what verify sees in each row

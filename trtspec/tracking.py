@@ -234,12 +234,12 @@ def condition_metrics(entry: dict[str, Any], records: list[dict[str, Any]], key:
     for arm, prefix in (("spec", "perf"), ("baseline", "baseline")):
         for name, value in entry.get(arm, {}).items():
             if isinstance(value, int | float) and name.endswith(
-                    ("_mean", "_p50", "_p90", "_p99", "_per_s")):
+                    ("_mean", "_p50", "_p90", "_p99", "_per_s")) and name != "draft_len_mean":
                 out[f"{prefix}/{_metric_name(name)}"] = float(value)
     spec = entry.get("spec", {})
     for name in ("al_pooled", "al_request_mean", "acceptance_rate", "alpha", "proposed_tokens",
                  "accepted_draft_tokens", "emitted_tokens", "verification_rounds",
-                 "discarded_tokens", "rejected_rounds", "failed_requests"):
+                 "discarded_tokens", "rejected_rounds", "failed_requests", "draft_len_mean"):
         if isinstance(spec.get(name), int | float) and spec[name] == spec[name]:  # not NaN
             out[f"spec/{name}"] = float(spec[name])
     for i, rate in enumerate(spec.get("acceptance_per_position", [])):

@@ -38,6 +38,9 @@ def test_cpu_recipe_builds_then_is_a_no_op(tmp_path: Path, smollm2) -> None:
     assert target.config_digest and target.tokenizer_digest
     assert manifest.artifact("layer_skip-24").flags == {"layers": 24}
     assert manifest.versions["torch"] and manifest.versions["tensorrt_llm"] is None
+    curve = manifest.cost_curve  # the adaptive draft length's costs: T = 1 … K + 1 (K = 8)
+    assert sorted(curve.target) == list(range(1, 10)) and set(curve.draft) == {"layer_skip"}
+    assert min(curve.target.values()) > 0 and curve.device == "cpu"
     created = manifest.created
 
     messages: list[str] = []

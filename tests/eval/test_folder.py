@@ -204,6 +204,7 @@ def test_an_eval_folder_from_an_older_trtspec_resumes_as_it_ran(tmp_path: Path,
     digest = load_recipe(RECIPE, overrides).digest()
     assert digest == _older_digest(overrides)
     full = load_recipe(RECIPE, overrides).model_dump(mode="json")  # recorded with ignore_eos
+    del full["max_draft_len"]  # … before max_draft_len existed
     import hashlib
     assert hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest() in \
         load_recipe(RECIPE, overrides).digests()
@@ -219,12 +220,12 @@ def test_an_eval_folder_from_an_older_trtspec_resumes_as_it_ran(tmp_path: Path,
 
 
 def _older_digest(overrides: list[str]) -> str:
-    """Recipe.digest() as trtspec computed it before sampling.ignore_eos and
-    eval.request_rate existed."""
+    """Recipe.digest() as trtspec computed it before sampling.ignore_eos,
+    eval.request_rate and max_draft_len existed."""
     import hashlib
 
     data = load_recipe(RECIPE, overrides).model_dump(mode="json")
-    del data["sampling"]["ignore_eos"], data["eval"]["request_rate"]
+    del data["sampling"]["ignore_eos"], data["eval"]["request_rate"], data["max_draft_len"]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

@@ -173,3 +173,78 @@ def test_a_batch_cut_short_is_measured_again_whole(tmp_path: Path) -> None:
     assert len(sent) == 4  # the whole turn (4 requests at c = 2) again, not r1 alone
     keys = Counter((r["condition"], r["arm"], r["request_id"]) for r in again)
     assert len(again) == len(records) and set(keys.values()) == {1}
+
+
+def test_an_eval_with_an_adaptive_condition_end_to_end(tmp_path: Path) -> None:
+    """A toy eval with a fixed and an adaptive condition: records carry the D of each round,
+    the summary its distribution; decide, the report and serve --policy handle the adaptive
+    condition."""
+    import dataclasses
+    import shutil
+
+    from trtspec.adaptive import ADAPTIVE
+    from trtspec.cli.serve import policy_from_eval
+    from trtspec.cost_curve import chooser
+    from trtspec.eval.run import Condition
+    from trtspec.executor import SpecExecutor
+    from trtspec.metrics import condition_parts
+    from trtspec.recipe import load_recipe
+    from trtspec.report import make_decision
+
+    inputs = toy_inputs(n_requests=6)
+    make = inputs.make_executor
+
+    def make_adaptive(condition: Condition, arm: str) -> SpecExecutor:
+        if condition.draft_len != ADAPTIVE:
+            return make(condition, arm)
+        executor = make(dataclasses.replace(condition, draft_len=4), arm)
+        if arm == "spec":
+            executor.adaptive = chooser("draft_model", 4)  # toy: the fallback curve
+        return executor
+
+    conditions = [Condition("draft_model", d, 1) for d in (2, ADAPTIVE)]
+    assert conditions[1].key == "draft_model/Dadaptive/c1"
+    assert condition_parts(conditions[1].key) == ("draft_model", ADAPTIVE, 1)
+    out = tmp_path / "e"
+    run_eval(out, dataclasses.replace(inputs, conditions=conditions,
+                                      make_executor=make_adaptive))
+    records = read_records(out)
+    spec = [r for r in records if r["condition"] == conditions[1].key and r["arm"] == "spec"]
+    assert all(len(r["draft_lens"]) == r["verification_rounds"] for r in spec)
+    assert all(set(r["draft_lens"]) <= {0} for r in records if r["arm"] == "baseline")
+    summary = summarize(records)[conditions[1].key]["spec"]
+    share = summary["draft_len_share"]
+    assert sum(share.values()) == pytest.approx(1.0) and len(share) > 1
+    assert 0 < summary["draft_len_mean"] <= 4
+    assert summarize(records)["draft_model/D2/c1"]["spec"]["draft_len_share"]["2"] > 0.5
+    # decide and the report: an adaptive condition is GO, reported with the D it chose
+    timed = []  # toy timings are noise: spec at 10 ms per token, baseline 20, 4× the pairs
+    for i in range(4):
+        for r in records:
+            step = (0.010 if r["arm"] == "spec" else 0.020) * (1 + 0.01 * i)
+            times = [0.05 + k * step for k in range(32)]
+            timed.append(dict(r, request_id=f"{r['request_id']}-{i}", token_times_s=times,
+                              ttft_s=times[0], e2e_s=times[-1], output_tokens=32))
+    records = timed
+    shutil.copyfile(Path(__file__).parents[2] / "recipes" / "cpu-smollm2.yaml",
+                    out / "recipe.yaml")
+    recipe = load_recipe(out / "recipe.yaml", ["sampling.temperature=1.0",
+                                               "decide.require_audit=false"])
+    verdicts, decision = make_decision(out, recipe, records)
+    adaptive = next(v for v in verdicts if v.condition == conditions[1].key
+                    and v.category == "all")
+    assert adaptive.verdict == "GO", adaptive
+    assert decision["apply_where"]["draft_model"]["best_d"]["c1"][0] in (2, ADAPTIVE)
+    assert decision["cost_model"][conditions[1].key]["draft_len"] == ADAPTIVE
+    assert decision["draft_lengths"][conditions[1].key]["mean"] == pytest.approx(
+        summary["draft_len_mean"])
+    report = (out / "report.md").read_text()
+    section = report.split("## Adaptive draft length")[1].split("##")[0]
+    assert f"| {conditions[1].key} |" in section and "D=0:" in section
+    assert "draft_model/D2/c1" not in section
+    # serve --policy: a GO adaptive condition serves with an adaptive D
+    for v in decision["verdicts"]:
+        if v["condition"] == "draft_model/D2/c1":
+            v["verdict"] = "NO-GO"
+    (out / "decision.json").write_text(json.dumps(decision))
+    assert policy_from_eval(out, None) == ("draft_model", "1:adaptive")

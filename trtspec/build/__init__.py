@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trtspec import gpu as gpus
 from trtspec.build.plan import Plan, make_plan
@@ -50,7 +51,7 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
                               "or list draft_lengths")
         lengths = gpus.sweep_around(d0)
     else:
-        lengths = sorted(set(recipe.draft_lengths))
+        lengths = sorted(set(recipe.fixed_draft_lengths()))  # adaptive is no length to build
     slug = profile.slug if profile else "cpu"
     out_dir, as_written = build_dir(recipe, recipe_path, slug, engines_root)
     if as_written is not None:
@@ -62,7 +63,8 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
     except ValueError as e:
         raise RecipeError(f"{recipe_path}: {e}") from None
     if d0 is not None:
-        say(f"D₀ = {d0}  ({derivation}); sweeping D ∈ {lengths}")
+        say(f"D₀ = {d0}  ({derivation}); sweeping D ∈ {lengths}"
+            + (f" and adaptive (D ≤ {recipe.adaptive_cap})" if recipe.adaptive else ""))
     if dry_run:
         return BuildResult(plan, None, None)
 
@@ -76,10 +78,13 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
         say(f"replacing {existing}: it {problem}")
 
     commands: list[str] = []
+    curve = runner = None
     if recipe.backend.kind == "torch":
-        from trtspec.build.torch import prepare
+        from trtspec.build.torch import prepare, target_runner
 
         artifacts = prepare(recipe)
+        target, model, runner = target_runner(recipe, artifacts, out_dir, say)
+        curve = _cost_curve(recipe, artifacts, target, model, say)
     else:
         from trtspec.build.trtllm import execute
 
@@ -101,7 +106,8 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
                         methods=recipe.method_digests(), backend=recipe.backend.kind,
                         workflow=plan.workflow, versions=versions(),
                         gpu=info, draft_lengths=lengths, d0=d0, d0_derivation=derivation,
-                        artifacts=artifacts, commands=commands)
+                        artifacts=artifacts, commands=commands, cost_curve=curve,
+                        runner=runner)
     path = manifest.save(out_dir)
     _save_recipe(recipe, out_dir)
     say(f"wrote {path}")
@@ -109,6 +115,20 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
 
 
 BUILT_RECIPE = "recipe.yaml"
+
+
+def _cost_curve(recipe: Recipe, artifacts: list[Artifact], target: Any, model: Any,
+                say: Callable[[str], None]) -> Any:
+    """The torch backend's cost curve for the adaptive draft length: t(T) for T = 1 … K + 1
+    (K: the recipe's adaptive cap) and each draft's one step, measured once per build."""
+    from trtspec.cost_curve import measure_build
+
+    curve = measure_build(recipe, artifacts, recipe.adaptive_cap + 1, target, model)
+    base = curve.target[1]
+    steps = "".join(f"; {m} step {ms / base:.2f}" for m, ms in curve.draft.items())
+    say(f"cost curve: t(1) = {base:.1f} ms; t(T)/t(1) for T = 1 … {len(curve.target)}: "
+        + " ".join(f"{curve.target[t] / base:.2f}" for t in sorted(curve.target)) + steps)
+    return curve
 
 
 def _save_recipe(recipe: Recipe, out_dir: Path) -> None:

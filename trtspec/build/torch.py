@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from trtspec.manifest import Artifact, file_digest
+from trtspec.manifest import Artifact, RunnerInfo, file_digest
 from trtspec.models import resolve
 from trtspec.recipe import DraftModel, LayerSkip, Recipe
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+INDUCTOR = "inductor"  # inductor's cache, in the build folder
 
 
 def describe(name: str, role: str, spec: str, path: Path) -> Artifact:
@@ -60,3 +63,32 @@ def head_counts(model_spec: str) -> tuple[int, int] | None:
         return None
     heads = config.get("num_attention_heads")
     return (heads, config.get("num_key_value_heads", heads)) if heads else None
+
+
+def target_runner(recipe: Recipe, artifacts: list[Artifact], out_dir: Path,
+                  say: Callable[[str], None]) -> tuple[Any, Any, RunnerInfo]:
+    """The target's runner as eval and serve make it, with its graphs compiled now (or loaded
+    from the build folder's inductor cache): for one row, and for several when the recipe
+    allows batches. Returns (runner, loaded model, what the manifest records)."""
+    from trtspec.models import load_model
+    from trtspec.runtime.compiled import make_runner, runner_kind
+
+    target = next(a for a in artifacts if a.name == "target")
+    model = load_model(Path(target.path), recipe.backend.device, recipe.target.dtype)
+    notes: list[str] = []
+    cache = out_dir / INDUCTOR
+    runner = make_runner(model, recipe.backend.runner, cache_dir=cache,
+                         capacity=recipe.limits.max_seq_len, warn=notes.append)
+    seconds = None
+    if runner_kind(runner) == "compiled":
+        say(f"compiling the target's decoder layer (torch.compile; cache: {cache}/) …")
+        seconds = runner.warm_up((1, 2) if recipe.limits.max_batch_size > 1 else (1,))
+        if runner_kind(runner) == "compiled":
+            say(f"compiled in {seconds:.0f} s")
+    for line in notes:
+        say(line)
+    kind = runner_kind(runner)
+    return runner, model, RunnerInfo(kind=kind, requested=recipe.backend.runner,
+                                  compile_seconds=seconds,
+                                  cache_dir=str(cache) if kind == "compiled" else None,
+                                  note=notes[0] if notes else None)

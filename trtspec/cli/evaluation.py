@@ -188,7 +188,7 @@ def print_summary(out: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     table = Table(title=f"eval {out.name}")
     for column in ("condition", "requests", "TPOT p50 base→spec ms", "speedup TPOT p50",
-                   "AL pooled", "AL per-request", "acceptance rate", "α", "failed"):
+                   "AL pooled", "AL per-request", "acceptance rate", "α", "mean D", "failed"):
         table.add_column(column, justify="left" if column == "condition" else "right")
     unpaired = 0
     for key, entry in summary.items():
@@ -200,6 +200,7 @@ def print_summary(out: Path) -> None:
                       _num(entry.get("speedup_tpot_p50"), ".2f", "×"),
                       _num(spec.get("al_pooled")), _num(spec.get("al_request_mean")),
                       _num(spec.get("acceptance_rate")), _num(spec.get("alpha")),
+                      _num(spec.get("draft_len_mean")),  # the D asked; adaptive: chosen
                       str(spec.get("failed_requests", 0) + base.get("failed_requests", 0)))
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # logs: no truncation
     if unpaired:

@@ -14,6 +14,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from trtspec.adaptive import ADAPTIVE
+from trtspec.cli.serve import DraftLen
 from trtspec.executor import Completion, Delta, SpecExecutor
 from trtspec.metrics import SpecStats
 from trtspec.propose import make_proposer
@@ -26,9 +28,12 @@ from trtspec.sampling import SamplingParams
               help="torch = a real model via transformers; toy = exact Markov-chain models")
 @click.option("--model", "-m", default="smollm2-135m-instruct", show_default=True,
               help="built-in name, .gguf file, local HF directory or cached hub id (torch)")
-@click.option("--method", type=click.Choice(["none", "ngram", "layer_skip", "draft_model"]),
-              default="ngram", show_default=True, help="none = plain decoding (the baseline)")
-@click.option("--draft-len", "-D", type=click.IntRange(0, 64), default=4, show_default=True)
+@click.option("--method", type=click.Choice(["none", "ngram", "suffix", "layer_skip",
+                                            "draft_model"]),
+              default="ngram", show_default=True, help="none = plain decoding (the baseline); "
+              "suffix uses the recipe defaults (max_depth 24, …)")
+@click.option("--draft-len", "-D", type=DraftLen(), default=4, show_default=True,
+              help="D per round, or adaptive: each request chooses D ≤ 8 per round")
 @click.option("--draft-model", default=None, help="the draft for --method draft_model (torch)")
 @click.option("--draft-layers", type=click.IntRange(1), default=None,
               help="layer_skip: target layers the draft keeps [default: half]")
@@ -56,17 +61,23 @@ from trtspec.sampling import SamplingParams
 @click.option("--divergence", type=click.FloatRange(0, 1), default=0.3, show_default=True,
               help="toy draft: 0 = the target itself, 1 = unrelated")
 @click.option("--eos-id", type=int, default=None, help="toy EOS token id (default: none)")
+@click.option("--runner", "runner_kind", type=click.Choice(["eager", "compiled", "transformers"]),
+              default="eager", show_default=True,
+              help="torch: trtspec's decoder (eager, or compiled: slower start, no build "
+              "cache here) or the model's own transformers modules")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
-def generate(backend: str, model: str, method: str, draft_len: int, draft_model: str | None,
+def generate(backend: str, model: str, method: str, draft_len: int | str,
+             draft_model: str | None,
              draft_layers: int | None, ngram_min: int, ngram_max: int, prompt: str | None,
              chat: bool, num_requests: int, max_tokens: int, temperature: float, top_k: int,
              top_p: float, seed: int, device: str, dtype: str, vocab_size: int, order: int,
-             divergence: float, eos_id: int | None, as_json: bool) -> None:
+             divergence: float, eos_id: int | None, runner_kind: str, as_json: bool) -> None:
     """Generate with exact speculative sampling: the text to stdout, the speculation stats to
     stderr (--json: one object to stdout)."""
     params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed + i,
                              max_tokens=max_tokens) for i in range(num_requests)]
-    knobs = {"draft_len": draft_len, "draft_layers": draft_layers, "ngram_min": ngram_min,
+    knobs = {"draft_len": 8 if draft_len == ADAPTIVE else draft_len,
+             "draft_layers": draft_layers, "ngram_min": ngram_min,
              "ngram_max": ngram_max}
     tokenizer = None
     if backend == "toy":
@@ -80,7 +91,7 @@ def generate(backend: str, model: str, method: str, draft_len: int, draft_model:
         proposer = make_proposer(method, draft=draft, **knobs)
     else:
         from trtspec.models import check_device, encode, load
-        from trtspec.runtime.hf import HFRunner
+        from trtspec.runtime.compiled import make_runner
 
         if method == "draft_model" and not draft_model:  # before loading any weights
             raise click.UsageError("--method draft_model needs a draft model: pass "
@@ -93,14 +104,29 @@ def generate(backend: str, model: str, method: str, draft_len: int, draft_model:
         tokenizer = lm.tokenizer
         ids = encode(tokenizer, prompt or "Write a haiku about speculative decoding.", chat)
         draft = load(draft_model, device, dtype) if draft_model else None
-        runner = HFRunner(lm.model, eos_token_id=tokenizer.eos_token_id)
-        proposer = make_proposer(method, lm, draft=draft, **knobs)
-    executor = SpecExecutor(runner, proposer, draft_len)
+        runner = make_runner(lm.model, runner_kind, eos_token_id=tokenizer.eos_token_id)
+        proposer = make_proposer(method, lm, draft=draft, target_runner=runner, **knobs)
+    executor = _executor(runner, proposer, method, draft_len, measure=tokenizer is not None)
     stream = None if as_json or num_requests > 1 or tokenizer is None else TextStream(tokenizer)
     started = time.perf_counter()
     completions = executor.generate([ids] * num_requests, params, on_step=stream)
     elapsed = time.perf_counter() - started
     _print_completions(completions, as_json, tokenizer, elapsed, show_tokens=stream is None)
+
+
+def _executor(runner: Any, proposer: Any, method: str, draft_len: int | str,
+              measure: bool) -> SpecExecutor:
+    """A fixed D, or an adaptive one up to 8 (a real model's costs timed now, toy models'
+    assumed)."""
+    if draft_len != ADAPTIVE:
+        return SpecExecutor(runner, proposer, int(draft_len))
+    from trtspec.adaptive import DEFAULT_MAX_DRAFT_LEN as K
+    from trtspec.cost_curve import chooser
+
+    adaptive = None if proposer is None else chooser(
+        method, K, None, runner if measure else None, getattr(proposer, "runner", None),
+        say=lambda text: click.echo(text, err=True))
+    return SpecExecutor(runner, proposer, K, adaptive=adaptive)
 
 
 def _token_ids(text: str) -> list[int]:

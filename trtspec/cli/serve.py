@@ -10,7 +10,25 @@ from typing import Any
 
 import click
 
+from trtspec.adaptive import ADAPTIVE, DEFAULT_MAX_DRAFT_LEN
 from trtspec.cli.evaluation import ENGINES_HELP, engines_root, explain_engines
+
+
+class DraftLen(click.ParamType):
+    """A draft length 0 … 64, or adaptive."""
+
+    name = "D|adaptive"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | str:
+        if value == ADAPTIVE or isinstance(value, int):
+            return value
+        try:
+            d = int(value)
+        except ValueError:
+            d = -1
+        if not 0 <= d <= 64:
+            self.fail(f"{value!r} is not a draft length: give 0 … 64 or adaptive", param, ctx)
+        return d
 
 
 @click.command()
@@ -22,10 +40,12 @@ from trtspec.cli.evaluation import ENGINES_HELP, engines_root, explain_engines
 @click.option("--api-key", default=None, help="require Bearer KEY [default: $TRTSPEC_API_KEY]")
 @click.option("--method", default=None,
               help="speculation method of the recipe, or none [default: the recipe's first]")
-@click.option("--draft-len", "-D", type=click.IntRange(0, 64), default=None,
-              help="D for every round [default: the recipe's first draft length]")
+@click.option("--draft-len", "-D", type=DraftLen(), default=None,
+              help="D for every round, or adaptive: each request chooses D ≤ the recipe's "
+                   "max_draft_len per round [default: the recipe's first draft length]")
 @click.option("--draft-len-schedule", default=None, metavar="RUNNING:D,…",
-              help="D by number of running requests, e.g. 1:4,4:2,8:0 (0 beyond the last)")
+              help="D by number of running requests, e.g. 1:4,4:2,8:0 (0 beyond the last; "
+                   "a D may be adaptive)")
 @click.option("--policy", "policy_dir", type=click.Path(exists=True, file_okay=False),
               default=None, help="a decided eval folder: its GO conditions set method and D "
                                  "per concurrency; plain decoding where none is GO")
@@ -37,7 +57,7 @@ from trtspec.cli.evaluation import ENGINES_HELP, engines_root, explain_engines
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE")
 @click.option("--engines", default=None, type=click.Path(), help=ENGINES_HELP)
 def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str | None,
-          method: str | None, draft_len: int | None, draft_len_schedule: str | None,
+          method: str | None, draft_len: int | str | None, draft_len_schedule: str | None,
           policy_dir: str | None, slots: int | None, max_waiting: int,
           served_model_name: str | None, overrides: tuple[str, ...], engines: str | None
           ) -> None:
@@ -56,6 +76,11 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
         method, schedule = policy_from_eval(Path(policy_dir), method)
     else:
         schedule = draft_len_schedule
+    try:  # a schedule with an adaptive D needs an executor that can choose it
+        if schedule and DraftPolicy.parse(schedule).adaptive:
+            draft_len = ADAPTIVE
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--draft-len-schedule") from None
     if backend == "toy":
         engine, label = toy_engine(method or "draft_model", draft_len, slots or 8,
                                    max_waiting, served_model_name or "toy")
@@ -94,8 +119,10 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
 def policy_from_eval(folder: Path, method: str | None) -> tuple[str, str | None]:
     """(method, draft length schedule) from a decided eval: the method with the most GO
     conditions (or ``method``); for every concurrency the eval measured, its fastest GO draft
-    length, or 0 (plain decoding) where no D was GO; plain decoding everywhere ("none") when
-    nothing is GO."""
+    length (adaptive when that is an adaptive condition), or 0 (plain decoding) where no D was
+    GO; plain decoding everywhere ("none") when nothing is GO."""
+    from trtspec.metrics import condition_parts
+
     path = folder / "decision.json"
     if not path.is_file():
         raise click.UsageError(f"--policy {folder}: no decision.json (run `trtspec decide "
@@ -104,15 +131,15 @@ def policy_from_eval(folder: Path, method: str | None) -> tuple[str, str | None]
     if any(v["condition"].startswith("endpoint/") for v in overall):
         raise click.UsageError(f"--policy {folder}: an endpoint eval measured a server's own "
                                "policy, not trtspec's methods: use an in-process eval")
-    levels = sorted({int(v["condition"].split("/")[2][1:]) for v in overall})
-    go: dict[str, dict[int, tuple[float, int]]] = {}
+    levels = sorted({condition_parts(v["condition"])[2] for v in overall})
+    go: dict[str, dict[int, tuple[float, int | str]]] = {}
     for v in overall:
         if v["verdict"] != "GO":
             continue
-        name, d, c = v["condition"].split("/")
-        best = go.setdefault(name, {}).get(int(c[1:]))
+        name, d, c = condition_parts(v["condition"])  # d: an int or "adaptive"
+        best = go.setdefault(name, {}).get(c)
         if best is None or v["speedup"] > best[0]:
-            go[name][int(c[1:])] = (v["speedup"], int(d[1:]))
+            go[name][c] = (v["speedup"], d)
     if method is None:
         method = max(go, key=lambda m: len(go[m]), default="none")
     if method not in go:
@@ -121,7 +148,7 @@ def policy_from_eval(folder: Path, method: str | None) -> tuple[str, str | None]
 
 
 def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
-                  method: str | None, draft_len: int | None, slots: int | None,
+                  method: str | None, draft_len: int | str | None, slots: int | None,
                   max_waiting: int, name: str | None) -> tuple[Any, str]:
     from trtspec.build import check_backend_device
     from trtspec.eval import _executor_factory, _loaded_models
@@ -160,8 +187,8 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     method = method or methods[0]
     if method not in (*methods, "none"):
         raise RecipeError(f"--method {method}: the recipe has {', '.join(methods)} (or none)")
-    lengths = recipe.draft_lengths if recipe.draft_lengths != "auto" else manifest.draft_lengths
-    d = lengths[0] if draft_len is None else draft_len
+    lengths = recipe.condition_draft_lengths(manifest.draft_lengths)
+    d = lengths[0] if draft_len is None else draft_len  # an int, or adaptive
     models = _loaded_models(manifest, recipe)
     make = _executor_factory(recipe, manifest, models)
     executor = make(Condition(method, d, 1), "baseline" if method == "none" or d == 0 else "spec")
@@ -169,12 +196,13 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
                           max_waiting=max_waiting)
     limits = Limits(max_input_len=recipe.limits.max_input_len,
                     max_seq_len=recipe.limits.max_seq_len)
-    label = "plain decoding" if executor.proposer is None else f"{method}, D = {d}"
+    label = "plain decoding" if executor.proposer is None else f"{method}, " + (
+        f"adaptive D ≤ {executor.draft_len}" if executor.adaptive else f"D = {d}")
     return Engine(scheduler, TokenizerTexts(models().tokenizer), name or recipe.target.model,
                   limits), label
 
 
-def toy_engine(method: str, draft_len: int | None, slots: int, max_waiting: int,
+def toy_engine(method: str, draft_len: int | str | None, slots: int, max_waiting: int,
                name: str) -> tuple[Any, str]:
     """The toy models `trtspec generate --backend toy` uses by default (vocab 32, order 2,
     seed 0; the draft diverged 0.3 with seed 1), so their outputs can be compared."""
@@ -184,14 +212,21 @@ def toy_engine(method: str, draft_len: int | None, slots: int, max_waiting: int,
     from trtspec.scheduler import Scheduler
     from trtspec.server import Engine, IdTexts, Limits
 
-    if method not in ("none", "draft_model", "ngram"):
-        raise click.BadParameter("the toy backend runs none, draft_model or ngram",
+    if method not in ("none", "draft_model", "ngram", "suffix"):
+        raise click.BadParameter("the toy backend runs none, draft_model, ngram or suffix",
                                  param_hint="--method")
     target = MarkovLM(32, 2, seed=0)
     d = 4 if draft_len is None else draft_len
     proposer = make_proposer(method, draft=ToyRunner(target.diverged(0.3, seed=1)),
-                             draft_len=d)
-    executor = SpecExecutor(ToyRunner(target), proposer, d)
-    label = "plain decoding" if proposer is None or d == 0 else f"{method}, D = {d}"
+                             draft_len=DEFAULT_MAX_DRAFT_LEN if d == ADAPTIVE else int(d))
+    if d == ADAPTIVE:  # toy models are not timed: the fallback cost curve, said once
+        from trtspec.cost_curve import chooser
+
+        executor = SpecExecutor(ToyRunner(target), proposer, DEFAULT_MAX_DRAFT_LEN,
+                                adaptive=chooser(method, DEFAULT_MAX_DRAFT_LEN, say=click.echo))
+    else:
+        executor = SpecExecutor(ToyRunner(target), proposer, int(d))
+    label = "plain decoding" if proposer is None or d == 0 else f"{method}, " + (
+        f"adaptive D ≤ {DEFAULT_MAX_DRAFT_LEN}" if d == ADAPTIVE else f"D = {d}")
     return Engine(Scheduler(executor, slots, max_waiting=max_waiting), IdTexts(), name,
                   Limits()), label

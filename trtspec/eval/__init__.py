@@ -24,7 +24,7 @@ from trtspec.eval.folder import (
     start,
 )
 from trtspec.files import write_atomic
-from trtspec.recipe import DraftModel, LayerSkip, Ngram, Recipe, RecipeError, load_recipe
+from trtspec.recipe import DraftModel, LayerSkip, Ngram, Recipe, RecipeError, Suffix, load_recipe
 
 __all__ = ["Interrupted", "Selection", "eval_recipe", "evaluate", "evaluate_endpoint"]
 
@@ -51,7 +51,7 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
     check_backend_device(recipe, recipe_path)
 
     # the torch backend bakes no draft length into its build: the recipe's list is used as is
-    lengths = recipe.draft_lengths if recipe.draft_lengths != "auto" else manifest.draft_lengths
+    lengths = recipe.condition_draft_lengths(manifest.draft_lengths)  # adaptive is one too
     conditions = list(dict.fromkeys(Condition(m.method, d, c) for m in recipe.methods
                                     for d in lengths for c in recipe.eval.concurrency))
     out, recipe, requests, selection, created = start(
@@ -208,29 +208,55 @@ def _margin(models: Callable[..., Any]) -> Callable[[list[int], int, int], tuple
 
 
 def _executor_factory(recipe: Recipe, manifest: Any, models: Callable[..., Any]):
+    from trtspec.adaptive import is_adaptive
+    from trtspec.cost_curve import chooser
     from trtspec.executor import SpecExecutor
     from trtspec.propose import make_proposer
-    from trtspec.runtime.hf import HFRunner
 
     methods = {m.method: m for m in recipe.methods}
+    made: list[Any] = []  # one target runner per process: the compiled one copies weights
 
     def make(condition: Any, arm: str) -> SpecExecutor:
         target = models()
-        runner = HFRunner(target.model, eos_token_id=target.tokenizer.eos_token_id)
+        if not made:
+            made.append(target_runner(recipe, manifest, target))
+        runner = made[0]
         if arm == "baseline":
             return SpecExecutor(runner)
         m = methods[condition.method]
         knobs: dict[str, Any] = {}
         if isinstance(m, Ngram):
             knobs = {"ngram_min": m.min_n, "ngram_max": m.max_n}
+        elif isinstance(m, Suffix):
+            knobs = {f"suffix_{k}": v for k, v in m.model_dump(exclude={"method"}).items()}
         elif isinstance(m, LayerSkip):
             knobs = {"draft_layers": m.layers}
         elif isinstance(m, DraftModel):
             knobs = {"draft": models(manifest.artifact("draft").path)}
-        proposer = make_proposer(m.method, target, draft_len=condition.draft_len, **knobs)
-        return SpecExecutor(runner, proposer, condition.draft_len)
+        adaptive = is_adaptive(condition.draft_len)  # D per request and round, ≤ the cap
+        d = recipe.adaptive_cap if adaptive else condition.draft_len
+        proposer = make_proposer(m.method, target, draft_len=d, target_runner=runner, **knobs)
+        return SpecExecutor(runner, proposer, d, adaptive=chooser(
+            m.method, d, manifest.cost_curve, runner, getattr(proposer, "runner", None))
+            if adaptive else None)
 
     return make
+
+
+def target_runner(recipe: Recipe, manifest: Any, target: Any) -> Any:
+    """The target's Runner as built: the manifest's runner kind (the recipe's for a build that
+    recorded none) with the build folder's inductor cache; graphs are loaded (or compiled) now,
+    so no request waits for a compiler."""
+    from trtspec.runtime.compiled import make_runner, runner_kind
+
+    built = getattr(manifest, "runner", None)
+    kind = built.kind if built is not None else getattr(recipe.backend, "runner", "transformers")
+    runner = make_runner(target.model, kind, eos_token_id=target.tokenizer.eos_token_id,
+                         cache_dir=built.cache_dir if built is not None else None,
+                         capacity=recipe.limits.max_seq_len)
+    if runner_kind(runner) == "compiled":
+        runner.warm_up((1, 2) if recipe.limits.max_batch_size > 1 else (1,))
+    return runner
 
 
 def _encoder(models: Callable[..., Any]):

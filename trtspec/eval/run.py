@@ -1,9 +1,10 @@
 """Baseline vs speculative, under identical conditions, one JSON record per finished request.
 
-A condition is method × D × concurrency. For each condition the two arms, ``baseline`` (plain
-decoding) and ``spec``, run the same requests with the same seeds, sampling, output limits and
-warm-up, in the order A B for even batches and B A for odd ones, so that drift on a shared
-machine hits both alike.
+A condition is method × D × concurrency (D: a draft length, or "adaptive": each request
+chooses its own per round, and records keep each round's D in ``draft_lens``). For each
+condition the two arms, ``baseline`` (plain decoding) and ``spec``, run the same requests with
+the same seeds, sampling, output limits and warm-up, in the order A B for even batches and B A
+for odd ones, so that drift on a shared machine hits both alike.
 Context length is a property of each request (``context_tokens``), so any bucketing is a split
 of the records, not another run.
 
@@ -43,8 +44,11 @@ def eval_clock() -> float:
 
 @dataclass(frozen=True)
 class Condition:
+    """One method × D × concurrency; D is an int or "adaptive" (each request chooses its own
+    per round: the key reads method/Dadaptive/cN)."""
+
     method: str
-    draft_len: int
+    draft_len: int | str
     concurrency: int
 
     @property
@@ -225,6 +229,7 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
             "rejected_rounds": stats.rejected_rounds,
             "accepted_per_position": stats.accepted_per_position,
             "proposed_per_position": stats.proposed_per_position,
+            "draft_lens": stats.draft_lens, "proposed_lens": stats.proposed_lens,
             "wall_clock": time.time(), **memory,
         })
     return records
@@ -369,7 +374,8 @@ def _arm_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     stats = SpecStats.merge(_stats(r) for r in rows)
     out = {**latency_summary([RequestTiming.from_record(r) for r in rows]), **stats.summary(),
-           "acceptance_per_position": stats.acceptance_per_position}
+           "acceptance_per_position": stats.acceptance_per_position,
+           "draft_len_share": {str(d): share for d, share in stats.draft_len_share.items()}}
     if not on_eval_clock(rows):
         out.pop("output_tokens_per_s", None)
     out |= distribution([r["prefill_s"] for r in rows if r.get("prefill_s") is not None],
@@ -385,12 +391,13 @@ def _arm_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _stats(record: dict[str, Any]):
-    from trtspec.metrics import SpecStats
+    from trtspec.metrics import SpecStats, histogram
 
     s = SpecStats(record["proposed_tokens"], record["accepted_draft_tokens"],
                   record["emitted_tokens"], record["verification_rounds"],
                   record["discarded_tokens"], list(record["proposed_per_position"]),
                   list(record["accepted_per_position"]),
                   rejected_rounds=record.get("rejected_rounds"))
+    s.rounds_per_draft_len = histogram(record.get("draft_lens") or ())  # none in old records
     s.close_request()
     return s

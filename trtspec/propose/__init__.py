@@ -1,7 +1,8 @@
 """Proposers: where draft tokens come from.
 
-Implementations: ``draft_model`` (a second Runner) now; ``ngram``, ``layer_skip``, ``medusa`` and
-``eagle`` with the real-model backends.
+Implementations: ``draft_model`` (a second Runner), ``ngram`` (prompt lookup), ``suffix`` (suffix
+tries over the request and earlier outputs), ``layer_skip``; ``medusa`` and ``eagle`` with the
+real-model backends.
 """
 
 from __future__ import annotations
@@ -60,9 +61,14 @@ class Proposer(Protocol):
 
 def make_proposer(method: str, target: Any = None, *, draft_len: int = 4,
                   draft: Any = None, draft_layers: int | None = None, ngram_min: int = 1,
-                  ngram_max: int = 3) -> Proposer | None:
+                  ngram_max: int = 3, suffix_max_depth: int = 24,
+                  suffix_max_spec_factor: float = 1.0, suffix_min_token_prob: float = 0.1,
+                  suffix_global_tokens: int = 65536, target_runner: Any = None
+                  ) -> Proposer | None:
     """The proposer for a method name. ``target``/``draft`` are loaded models (trtspec.models)
-    for the torch backend, or Runners for the toy backend."""
+    for the torch backend, or Runners for the toy backend; ``suffix_*`` are the fields of
+    recipe.Suffix. A layer-skip draft is a view of ``target_runner`` when that runner has one
+    (the compiled runner), else of the transformers model."""
     from trtspec.propose.draft_model import DraftModelProposer, check_vocab
     from trtspec.propose.ngram import NgramProposer
 
@@ -71,11 +77,18 @@ def make_proposer(method: str, target: Any = None, *, draft_len: int = 4,
             return None
         case "ngram":
             return NgramProposer(ngram_min, ngram_max)
+        case "suffix":
+            from trtspec.propose.suffix import SuffixProposer
+
+            return SuffixProposer(suffix_max_depth, suffix_max_spec_factor,
+                                  suffix_min_token_prob, suffix_global_tokens)
         case "layer_skip":
             from trtspec.runtime.hf import HFRunner, layer_skip_view
 
             model = target.model
             layers = draft_layers or max(1, len(model.get_decoder().layers) // 2)
+            if hasattr(target_runner, "view"):  # a CompiledRunner: share weights and graphs
+                return DraftModelProposer(target_runner.view(layers))
             return DraftModelProposer(HFRunner(layer_skip_view(model, layers),
                                                eos_token_id=target.tokenizer.eos_token_id))
         case "draft_model":
@@ -90,5 +103,5 @@ def make_proposer(method: str, target: Any = None, *, draft_len: int = 4,
                                           fallback_id=draft.tokenizer.unk_token_id)
             return DraftModelProposer(draft)
         case _:
-            raise ValueError(f"unknown method '{method}': use none, draft_model, layer_skip "
-                             "or ngram")
+            raise ValueError(f"unknown method '{method}': use none, draft_model, layer_skip, "
+                             "ngram or suffix")

@@ -1,0 +1,136 @@
+"""CompiledRunner: the same logits as transformers (eager and compiled), greedy identity on the
+demo model, exact rollback and admission, one warning and no crash when compiling fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_llama
+
+from trtspec.executor import SpecExecutor
+from trtspec.propose.draft_model import DraftModelProposer
+from trtspec.propose.ngram import NgramProposer
+from trtspec.runtime import admit_row
+from trtspec.runtime.compiled import CompiledRunner, make_runner
+from trtspec.runtime.hf import HFRunner, layer_skip_view
+from trtspec.sampling import SamplingParams
+
+pytestmark = pytest.mark.compile
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("inductor")
+
+
+def full_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a - b).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("kind", ["eager", "compiled"])
+def test_ragged_rows_score_like_full_forwards(kind: str, cache_dir) -> None:
+    model = tiny_llama(vocab=64)
+    runner = make_runner(model, kind, cache_dir=cache_dir)
+    assert isinstance(runner, CompiledRunner) and runner.compiled == (kind == "compiled")
+    prompts = [[1, 2, 3, 4, 5], [6], [7, 8, 9]]
+    first = runner.prefill(prompts)
+    for b, p in enumerate(prompts):
+        assert close(first[b], full_logits(model, p)[-1])
+    new = [[10, 11, 12], [], [13]]
+    logits = runner.score(new)
+    assert logits.shape == (3, 3, 64) and runner.lengths() == [8, 1, 4]
+    assert close(logits[0], full_logits(model, prompts[0] + new[0])[-3:])
+    assert close(logits[2, 0], full_logits(model, prompts[2] + new[2])[-1])
+    runner.rollback([6, 1, 4])  # keep one of row 0's three
+    again = runner.score([[20, 21], [22], []])
+    assert close(again[0, :2], full_logits(model, [1, 2, 3, 4, 5, 10, 20, 21])[-2:])
+    assert close(again[1, 0], full_logits(model, [6, 22])[-1])
+    fresh = admit_row(runner, 2, [30, 31, 32])  # a new request in row 2, the others untouched
+    assert close(fresh, full_logits(model, [30, 31, 32])[-1])
+    assert runner.lengths() == [8, 2, 3]
+    if kind == "compiled":
+        assert runner.shapes  # widths ≤ 16 went through the compiled graph
+    with pytest.raises(ValueError, match="cannot roll forward"):
+        runner.rollback([100, 0, 0])
+
+
+def test_qwen2_biases_and_a_growing_cache(cache_dir) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        use_sliding_window=False)).eval()
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    runner = CompiledRunner(model, compile=False, capacity=8)
+    seq = [1, 2, 3]
+    runner.prefill([seq])
+    for i in range(600):  # past the first capacity (512)
+        runner.score([[i % 48]])
+        seq.append(i % 48)
+    assert close(runner.score([[5]])[0, 0], full_logits(model, [*seq, 5])[-1])
+
+
+def test_greedy_speculation_is_identical_to_the_transformers_runner(cache_dir) -> None:
+    """ngram and a layer-skip draft (a view sharing the compiled graph) on a tiny model."""
+    model = tiny_llama(vocab=64, layers=3, seed=3, logit_scale=4.0)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7, 8], [9, 9, 9]]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    reference = SpecExecutor(HFRunner(model)).generate(prompts, params)
+    compiled = make_runner(model, "compiled", cache_dir=cache_dir)
+    for proposer in (NgramProposer(1, 3), DraftModelProposer(compiled.view(2))):
+        got = SpecExecutor(compiled, proposer, draft_len=3).generate(prompts, params)
+        assert [c.token_ids for c in got] == [c.token_ids for c in reference]
+    hf_draft = HFRunner(layer_skip_view(model, 2))
+    assert close(compiled.view(2).prefill([[1, 2]]), hf_draft.prefill([[1, 2]]))
+
+
+def test_compiled_greedy_equals_transformers_on_smollm2(smollm2, cache_dir) -> None:
+    prompt = smollm2.tokenizer("The three primary colours are")["input_ids"]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    want = SpecExecutor(HFRunner(smollm2.model)).generate([prompt], params)[0].token_ids
+    runner = make_runner(smollm2.model, "compiled", cache_dir=cache_dir)
+    got = SpecExecutor(runner).generate([prompt], params)[0].token_ids
+    assert got == want and (1, 1) in runner.shapes
+    spec = SpecExecutor(runner, NgramProposer(1, 3), draft_len=4).generate([prompt], params)
+    assert spec[0].token_ids == want
+
+
+def test_a_compiler_failure_warns_once_and_runs_eagerly(monkeypatch) -> None:
+    def broken(fn, **kw):
+        def call(*a, **k):
+            raise RuntimeError("no C++ compiler\nmore detail")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    lines: list[str] = []
+    model = tiny_llama(vocab=64)
+    runner = CompiledRunner(model, warn=lines.append)
+    first = runner.prefill([[1, 2, 3]])
+    runner.score([[4]])
+    runner.score([[5, 6]])
+    assert len(lines) == 1 and "torch.compile failed (RuntimeError: no C++ compiler)" in lines[0]
+    assert not runner.compiled and close(first[0], full_logits(model, [1, 2, 3])[-1])
+    assert runner.lengths() == [6]
+
+
+def test_make_runner_falls_back_for_other_architectures_and_obeys_trtspec_compile(
+        monkeypatch) -> None:
+    model = tiny_llama(vocab=64)
+    monkeypatch.setattr(model.config, "model_type", "gpt_neox")
+    lines: list[str] = []
+    runner = make_runner(model, "compiled", warn=lines.append)
+    assert isinstance(runner, HFRunner)
+    assert lines == ["warning: the compiled runner does not support model type 'gpt_neox' "
+                     "(compiled: llama, mistral, qwen2); running the transformers runner"]
+    monkeypatch.setattr(model.config, "model_type", "llama")
+    monkeypatch.setenv("TRTSPEC_COMPILE", "0")
+    eager = make_runner(model, "compiled")
+    assert isinstance(eager, CompiledRunner) and not eager.compiled
+    assert isinstance(make_runner(model, "transformers"), HFRunner)

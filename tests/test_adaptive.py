@@ -1,0 +1,295 @@
+"""The adaptive draft length: the chooser on hand-computed cases, probes and back-off, costs
+from a curve; exactness with D varying per round (with a power check); rounds, stats, the
+scheduler and serve under an adaptive D; the cost curve in the manifest. (An eval with an
+adaptive condition, through decide, the report and serve --policy: tests/eval/test_run.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from broken_verifiers import naive_resample_verify
+from test_executor import ALPHA, PROMPT, continuation_pvalue
+
+import trtspec.executor
+from trtspec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState, relative_costs
+from trtspec.cost_curve import CostCurve, chooser, fallback, measure
+from trtspec.cost_model import recommend_d
+from trtspec.executor import SpecExecutor
+from trtspec.metrics import SpecStats
+from trtspec.propose.draft_model import DraftModelProposer
+from trtspec.propose.ngram import NgramProposer
+from trtspec.runtime.toy import MarkovLM, ToyRunner
+from trtspec.sampling import SamplingParams
+from trtspec.scheduler import DraftPolicy, Scheduler
+
+FLAT = [1.0] * 9  # t(T) = t(1): scoring more tokens is free
+
+
+def state(*accept: float) -> AdaptiveState:
+    return AdaptiveState(list(accept), known=len(accept))
+
+
+# ---- the chooser, by hand ------------------------------------------------------------------
+
+def test_high_acceptance_and_a_flat_cost_draft_the_cap() -> None:
+    chooser_ = AdaptiveDraft(4, FLAT)
+    # E[emitted | D] = 1 + 0.9 + 0.81 + …: 1.9, 2.71, 3.439, 4.0951 over time 1
+    assert chooser_.rates(state(0.9, 0.9, 0.9, 0.9), 4) == pytest.approx(
+        [1.0, 1.9, 2.71, 3.439, 4.0951])
+    assert chooser_.choose(state(0.9, 0.9, 0.9, 0.9), 4) == 4
+    assert chooser_.choose(state(0.9, 0.9, 0.9, 0.9), 2) == 2  # a cap from the schedule
+
+
+def test_low_acceptance_decodes_plainly() -> None:
+    # t(T) = 1 + 0.05 (T − 1): D = 1 gives 1.01 / 1.05 = 0.96 < 1.02
+    chooser_ = AdaptiveDraft(4, [1 + 0.05 * t for t in range(5)])
+    assert chooser_.rates(state(0.01), 1)[1] == pytest.approx(1.01 / 1.05)
+    assert chooser_.choose(state(0.01, 0.01, 0.01, 0.01), 4) == 0
+
+
+def test_a_draft_step_s_cost_gives_leviathan_s_best_d() -> None:
+    """a = 0.9 everywhere, t_draft = 0.5: (1.9/1.5, 2.71/2, 3.439/2.5, 4.0951/3) → D = 3, as
+    Leviathan's formula says at α = 0.9, c = 0.5; and so for other α, c."""
+    assert AdaptiveDraft(6, FLAT, 0.5).rates(state(*[0.9] * 4), 4)[1:] == pytest.approx(
+        [1.9 / 1.5, 2.71 / 2, 3.439 / 2.5, 4.0951 / 3])
+    for alpha in (0.3, 0.6, 0.8, 0.95):
+        for c in (0.05, 0.2, 0.5):
+            got = AdaptiveDraft(16, [1.0] * 17, c, min_gain=1.0).choose(state(*[alpha] * 16), 16)
+            assert got == recommend_d(alpha, c), (alpha, c)
+
+
+def test_a_step_in_the_cost_curve_stops_d_below_it() -> None:
+    """Scoring 5 tokens costs twice 4 (a new tile, say): D = 3 (3.439 / 1) beats D = 4
+    (4.0951 / 2), although acceptance is high."""
+    curve = CostCurve(target={1: 10.0, 2: 10.0, 3: 10.0, 4: 10.0, 5: 20.0, 6: 20.0})
+    costs, step = curve.relative("ngram")
+    assert step == 0.0 and costs == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
+    assert AdaptiveDraft(5, costs, step).choose(state(*[0.9] * 5), 5) == 3
+
+
+def test_probes_fire_back_off_and_reset_when_one_pays() -> None:
+    chooser_ = AdaptiveDraft(4, [1 + 0.05 * t for t in range(5)], probe_after=3, max_wait=12)
+    s = state(0.01)
+    assert [chooser_.choose(s, 4) for _ in range(4)] == [0, 0, 0, 1]  # 3 plain, then a probe
+    chooser_.update(s, 1, 0)  # rejected: the probe did not pay
+    assert [chooser_.choose(s, 4) for _ in range(7)] == [0] * 6 + [1] and chooser_.wait == 6
+    chooser_.update(s, 1, 0)
+    other = state(0.01)  # the back-off is process-wide: another request waits as long
+    assert [chooser_.choose(other, 4) for _ in range(13)] == [0] * 12 + [1]
+    chooser_.update(other, 1, 0)
+    assert chooser_.wait == 12  # capped at max_wait
+    assert [chooser_.choose(s, 4) for _ in range(13)] == [0] * 12 + [1]
+    chooser_.update(s, 1, 1)  # accepted: a₁ = 0.3 + 0.7·a₁ ≈ 0.30, so D = 2 pays:
+    # (1 + 0.30 + 0.30²) / 1.10 ≈ 1.27 (position 2 is unobserved: it follows position 1)
+    assert chooser_.wait == 3 and chooser_.choose(s, 4) == 2
+    for _ in range(5):  # acceptance collapses (a₁ ≈ 0.05): plain again, a probe after 3
+        chooser_.update(s, 2, 0)
+    assert [chooser_.choose(s, 4) for _ in range(4)] == [0, 0, 0, 1]
+
+
+def test_the_ema_learns_only_what_a_round_observed() -> None:
+    chooser_ = AdaptiveDraft(4, FLAT, rate=0.5)
+    s = state(0.5, 0.5, 0.5, 0.5)
+    chooser_.update(s, 3, 1)  # proposed 3, accepted 1: position 1 accepted, 2 rejected
+    assert s.accept == [0.75, 0.25, 0.5, 0.5]
+    chooser_.update(s, 2, 2)  # both accepted: nothing known about position 3
+    assert s.accept == [0.875, 0.625, 0.5, 0.5]
+    chooser_.update(s, 0, 0)  # asked 4, the n-gram found nothing: no observation
+    chooser_.update(s, 1, 1)  # asked 4, proposed 1: only position 1 observed (accepted)
+    assert s.accept == [0.9375, 0.625, 0.5, 0.5]
+
+
+def test_new_requests_start_from_the_prior_and_unseen_positions_follow() -> None:
+    chooser_ = AdaptiveDraft(4, [1.0, 1.01, 1.02, 1.03, 1.04], initial=0.6)
+    assert chooser_.start().accept == [0.6]  # nothing observed: the initial guess everywhere
+    first = chooser_.start()
+    for _ in range(200):
+        chooser_.update(first, 4, 1)  # position 1 always accepted, position 2 never
+    assert first.known == 2 and first.accept[0] == pytest.approx(1.0)
+    assert first.accept[1] == pytest.approx(0.0, abs=1e-6)
+    fresh = chooser_.start()  # the process-wide prior learnt it too
+    assert fresh.known == 2 and fresh.accept == pytest.approx([1.0, 0.0], abs=1e-3)
+    assert chooser_.choose(fresh, 4) == 1
+    late = AdaptiveDraft(4, FLAT, initial=0.6)
+    one = late.start()
+    late.update(one, 2, 2)  # positions 1, 2 accepted once: 3 and 4 follow position 2
+    assert one.known == 2 and late.rates(one, 4) == pytest.approx(
+        [1, 1.72, 1.72 + 0.72 ** 2, 1.72 + 0.72 ** 2 + 0.72 ** 3,
+         1.72 + 0.72 ** 2 + 0.72 ** 3 + 0.72 ** 4])
+
+
+def test_relative_costs_are_normalised_monotone_and_extended() -> None:
+    assert relative_costs([20.0, 22.0, 21.0, 26.0], 6) == pytest.approx(
+        [1.0, 1.1, 1.1, 1.3, 1.5, 1.7])
+    assert relative_costs([5.0], 3) == pytest.approx([1.0, 1.02, 1.04])
+    assert fallback(3, "ngram") == ([1.0, 1.02, 1.04], 0.0)
+    assert fallback(2, "draft_model")[1] == 0.1
+
+
+# ---- the executor: exact, with D varying per request and round -----------------------------
+
+def adaptive_executor(target: MarkovLM, draft: MarkovLM, clip: bool = False, **knobs
+                      ) -> SpecExecutor:
+    """D ∈ 0 … 4 with a dear draft step (0.35 t(1)): a rejection sends a request's a₁ below
+    what pays, acceptances bring D back up, so D varies with each request's own past."""
+    knobs = {"initial": 0.7, "rate": 0.6, "probe_after": 1} | knobs
+    return SpecExecutor(ToyRunner(target), DraftModelProposer(ToyRunner(draft)), 4,
+                        clip_draft=clip, adaptive=AdaptiveDraft(4, FLAT, 0.35, **knobs))
+
+
+def test_continuations_with_an_adaptive_d_match_the_target_exactly() -> None:
+    target = MarkovLM(vocab_size=8, order=2, seed=41)
+    executor = adaptive_executor(target, target.diverged(0.6, seed=42))
+    assert continuation_pvalue(executor, target, 3, 20_000) > ALPHA
+    # the chooser really varied D, per request, from round to round (a fresh prior)
+    executor = adaptive_executor(target, target.diverged(0.6, seed=42))
+    outs = executor.generate([PROMPT] * 200, [SamplingParams(max_tokens=4, seed=i)
+                                              for i in range(200)])
+    lens = [c.stats.draft_lens for c in outs]
+    assert {d for ls in lens for d in ls} >= {0, 1, 2}
+    assert sum(len(set(ls)) > 1 for ls in lens) > 50
+
+
+def test_power_adaptive_d_with_a_broken_verifier_fails(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
+    target = MarkovLM(vocab_size=8, order=2, seed=41)
+    executor = adaptive_executor(target, target.diverged(0.6, seed=42))
+    assert continuation_pvalue(executor, target, 3, 20_000) < ALPHA
+
+
+@pytest.mark.parametrize("divergence", [0.0, 0.5, 1.0])
+def test_greedy_output_with_an_adaptive_d_is_plain_decoding_s(divergence: float) -> None:
+    target = MarkovLM(vocab_size=16, order=2, seed=5, eos_token_id=15)
+    prompts = [[1], [2, 3], [4, 5, 6], [7, 8, 9, 10], [11, 12]]
+    params = SamplingParams(temperature=0, max_tokens=40)
+    plain = [c.token_ids for c in SpecExecutor(ToyRunner(target)).generate(prompts, params)]
+    for clip in (True, False):
+        ex = adaptive_executor(target, target.diverged(divergence, seed=6), clip)
+        assert [c.token_ids for c in ex.generate(prompts, params)] == plain
+
+
+def test_rounds_record_the_d_asked_and_what_was_proposed() -> None:
+    """Prompt lookup on a prompt with no repeats proposes nothing when asked: the round's D
+    is recorded, the proposer's 0 too, and nothing is learnt from it."""
+    target = MarkovLM(vocab_size=16, order=2, seed=5)
+    ex = SpecExecutor(ToyRunner(target), NgramProposer(3, 3), 4,
+                      adaptive=AdaptiveDraft(4, FLAT, initial=0.9))
+    out = ex.generate([[1, 2, 3, 4, 5]], SamplingParams(temperature=0, max_tokens=4))[0]
+    stats = out.stats
+    assert stats.draft_lens[0] == 2  # the first round: D = 4, clipped to the budget (2)
+    assert len(stats.draft_lens) == len(stats.proposed_lens) == stats.verification_rounds
+    assert sum(stats.proposed_lens) == stats.proposed_tokens
+    assert all(p <= d for p, d in zip(stats.proposed_lens, stats.draft_lens, strict=True))
+    assert sum(stats.rounds_per_draft_len) == stats.verification_rounds
+    fixed = SpecExecutor(ToyRunner(target), NgramProposer(), 3)  # fixed D: recorded as well
+    assert fixed.generate([[1, 2]], SamplingParams(max_tokens=9, ignore_eos=True)
+                          )[0].stats.draft_lens[0] == 3
+
+
+def test_stats_merge_keeps_the_histogram_and_summarise_the_d_chosen() -> None:
+    a, b = SpecStats(), SpecStats()
+    for d in (0, 0, 4, 2):
+        a.record_round(d, 0, 1, d)
+    b.record_round(1, 1, 2, 4)  # asked 4, proposed 1
+    total = SpecStats.merge([a, b])
+    assert total.rounds_per_draft_len == [2, 0, 1, 0, 2] and total.draft_lens == []
+    assert total.draft_len_share == {0: 0.4, 2: 0.2, 4: 0.4}
+    assert total.draft_len_mean == pytest.approx(2.0) == total.summary()["draft_len_mean"]
+    assert b.draft_lens == [4] and b.proposed_lens == [1]
+
+
+# ---- the scheduler and serve ----------------------------------------------------------------
+
+def test_policies_and_the_scheduler_run_an_adaptive_d() -> None:
+    policy = DraftPolicy.parse("1:adaptive,4:2,8:0")
+    assert [policy.for_running(n) for n in (1, 3, 8, 9)] == [ADAPTIVE, 2, 0, 0]
+    assert policy.adaptive and not DraftPolicy.parse("1:4").adaptive
+    with pytest.raises(ValueError, match="draft length schedule"):
+        DraftPolicy.parse("1:adaptiv")
+    target = MarkovLM(vocab_size=16, order=2, seed=5, eos_token_id=15)
+    params = SamplingParams(temperature=0, max_tokens=30)
+    prompts = [[1, 2], [3], [4, 5, 6]]
+    plain = [c.token_ids for c in SpecExecutor(ToyRunner(target)).generate(prompts, params)]
+    scheduler = Scheduler(adaptive_executor(target, target.diverged(0.2, seed=6)), slots=2)
+    assert scheduler.policy.draft_len == ADAPTIVE  # an executor with a chooser: adaptive
+    tickets = [scheduler.submit(p, params) for p in prompts]
+    scheduler.run_until_idle()
+    assert [t.token_ids for t in tickets] == plain
+    assert sum(scheduler.totals.rounds_per_draft_len[1:]) > 0
+    fixed = Scheduler(adaptive_executor(target, target.diverged(0.2, seed=6)), slots=2,
+                      policy=DraftPolicy.parse("8:3"))  # a fixed D from the policy wins
+    ticket = fixed.submit([1, 2], params.model_copy(update={"ignore_eos": True}))
+    fixed.run_until_idle()
+    assert set(ticket.stats.draft_lens[:-2]) == {3}
+    with pytest.raises(ValueError, match="needs an executor built with an AdaptiveDraft"):
+        SpecExecutor(ToyRunner(target), NgramProposer(), 4).round(
+            [dataclasses.replace(tickets[0].request, finish_reason=None)], [0], ADAPTIVE)
+
+
+def test_serve_toy_backend_with_an_adaptive_d(capsys) -> None:
+    import click
+
+    from trtspec.cli.serve import DraftLen, toy_engine
+
+    assert DraftLen().convert("adaptive", None, None) == ADAPTIVE
+    assert DraftLen().convert("3", None, None) == 3
+    with pytest.raises(click.BadParameter, match="0 … 64 or adaptive"):
+        DraftLen().convert("65", None, None)
+    engine, label = toy_engine("draft_model", ADAPTIVE, 2, 8, "toy")
+    assert label == "draft_model, adaptive D ≤ 8" and engine.scheduler.policy.adaptive
+    ticket = engine.scheduler.submit([1, 2, 3], SamplingParams(max_tokens=20, seed=1))
+    engine.scheduler.run_until_idle()
+    assert ticket.finish_reason is not None and ticket.stats.draft_lens
+    toy_engine("ngram", ADAPTIVE, 2, 8, "toy")  # the fallback is said once per process
+    said = capsys.readouterr().out
+    assert said.count("no cost curve for these models") <= 1
+
+
+# ---- the cost curve -------------------------------------------------------------------------
+
+def test_the_cost_curve_is_measured_on_a_runner_and_round_trips_in_a_manifest(tmp_path: Path
+                                                                             ) -> None:
+    from trtspec.manifest import Artifact, Manifest, load_manifest
+
+    target = MarkovLM(vocab_size=16, order=2, seed=1)
+    curve = measure(ToyRunner(target), 5, {"draft_model": ToyRunner(target)}, context=8)
+    assert sorted(curve.target) == [1, 2, 3, 4, 5] and min(curve.target.values()) > 0
+    assert set(curve.draft) == {"draft_model"}
+    costs, step = curve.relative("draft_model")
+    assert costs[0] == 1.0 and step == curve.draft["draft_model"] / curve.target[1]
+    assert curve.relative("layer_skip")[1] is None  # not measured
+    manifest = Manifest(recipe="r", recipe_digest="d", backend="torch", versions={},
+                        draft_lengths=[2], artifacts=[Artifact(name="target", role="target",
+                                                               source="s", path="p")],
+                        cost_curve=curve)
+    manifest.save(tmp_path / "new")
+    again = load_manifest(tmp_path / "new")
+    assert again.cost_curve == curve and isinstance(next(iter(again.cost_curve.target)), int)
+    old = json.loads((tmp_path / "new" / "manifest.json").read_text())
+    del old["cost_curve"]  # written before the cost curve existed
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(old))
+    assert load_manifest(tmp_path / "old").cost_curve is None
+
+
+def test_the_chooser_takes_the_manifest_s_curve_else_measures_else_falls_back() -> None:
+    said: list[str] = []
+    curve = CostCurve(target={1: 10.0, 2: 11.0}, draft={"layer_skip": 4.0})
+    from_manifest = chooser("layer_skip", 4, curve, say=said.append)
+    assert from_manifest.cost[:3] == pytest.approx([1.0, 1.1, 1.2])
+    assert from_manifest.draft_cost == pytest.approx(0.4) and not said
+    target = MarkovLM(vocab_size=16, order=2, seed=1)
+    runner = ToyRunner(target)
+    measured = chooser("draft_model", 3, None, runner, ToyRunner(target), say=said.append)
+    assert len(measured.cost) == 4 and measured.draft_cost > 0
+    chooser("draft_model", 3, None, runner, say=said.append)  # once per process and model
+    assert sum("timing the models now" in s for s in said) <= 1
+    fallback_ = chooser("suffix", 3, None, say=lambda _: None)
+    assert fallback_.cost == pytest.approx([1.0, 1.02, 1.04, 1.06])
+    assert fallback_.draft_cost == 0.0
+    assert torch.tensor(measured.cost).diff().min() >= 0

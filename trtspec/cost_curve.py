@@ -1,0 +1,159 @@
+"""The cost curve: what scoring T new tokens per row costs a Runner, and a draft's one step.
+
+``trtspec build`` (torch backend) measures it once and keeps it in the manifest
+(``cost_curve``); the adaptive draft length (:mod:`trtspec.adaptive`) reads it as
+t(T) / t(1) for T = 1 … K + 1 and t_draft / t(1). A build without one (older trtspec) is
+measured when eval or serve starts; models that are not timed honestly (the toy backend) use
+:func:`fallback`: t(T) = 1 + 2 % per extra token, t_draft 0.1 for a draft model.
+
+Measuring: one row is prefilled with a prompt of ``context`` tokens, then ``score`` calls of T
+tokens, each rolled back so every call sees the same context, round-robin over T (and the
+drafts): one warm-up round, five timed; the fastest is kept (ms). Another process sharing
+the machine only ever adds time, so the minimum is the estimate it disturbs least (a median
+measured on a busy 2-core machine swung t(5)/t(1) between 2 and 6).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trtspec.adaptive import AdaptiveDraft
+
+MODEL_FREE = ("ngram", "suffix")  # proposers that run no model: t_draft = 0
+FALLBACK_SLOPE, FALLBACK_DRAFT = 0.02, 0.1
+
+
+class CostCurve(BaseModel):
+    """As the manifest keeps it: milliseconds per call, measured on one device."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: dict[int, float] = Field(description="T → fastest ms of scoring T new tokens in one "
+                                     "row of the target")
+    draft: dict[str, float] = Field(default_factory=dict, description="method → fastest ms of "
+                                    "one draft step (draft_model, layer_skip)")
+    device: str = ""
+    context: int = 0  # tokens in the row when measured
+
+    def relative(self, method: str) -> tuple[list[float], float | None]:
+        """(t(T)/t(1) for the measured T, t_draft/t(1)); t_draft is None when the method
+        drafts with a model whose step was not measured."""
+        ms = [self.target[t] for t in sorted(self.target)]
+        ts = [t / ms[0] for t in ms]
+        if method in MODEL_FREE:
+            return ts, 0.0
+        draft = self.draft.get(method)
+        return ts, None if draft is None else draft / ms[0]
+
+
+def fallback(max_tokens: int, method: str) -> tuple[list[float], float]:
+    """t(T) = 1 + 2 % per extra token; t_draft 0 for model-free methods, else 0.1."""
+    return ([1 + FALLBACK_SLOPE * (t - 1) for t in range(1, max_tokens + 1)],
+            0.0 if method in MODEL_FREE else FALLBACK_DRAFT)
+
+
+def time_score(runners: dict[str, Any], lengths: dict[str, list[int]], context: int = 64,
+               warmup: int = 1, repeats: int = 5) -> dict[str, dict[int, float]]:
+    """name → T → fastest ms of ``runner.score`` of T new tokens (T in ``lengths[name]``) in a
+    live row of ``context`` tokens, each call rolled back. The calls go round-robin over every
+    (runner, T), ``warmup`` rounds untimed then ``repeats`` timed, so a machine that slows down
+    meanwhile slows every T alike."""
+    times: dict[str, dict[int, list[float]]] = {n: {t: [] for t in lengths[n]} for n in runners}
+    for runner in runners.values():
+        vocab = runner.vocab_size
+        runner.prefill([[(7 * i + 3) % vocab for i in range(context)]])
+    for i in range(warmup + repeats):
+        for name, runner in runners.items():
+            for t in lengths[name]:
+                feed = [[(11 * j + 5) % runner.vocab_size for j in range(t)]]
+                start = time.perf_counter()
+                _sync(runner.score(feed))
+                if i >= warmup:
+                    times[name][t].append((time.perf_counter() - start) * 1e3)
+                runner.rollback([context])
+    return {n: {t: min(v) for t, v in per.items()} for n, per in times.items()}
+
+
+def _sync(logits: Any) -> None:
+    if getattr(logits, "is_cuda", False):
+        import torch
+
+        torch.cuda.synchronize(logits.device)
+
+
+def measure(target: Any, max_tokens: int, drafts: dict[str, Any] | None = None,
+            context: int = 64) -> CostCurve:
+    """The curve of a target Runner for T = 1 … max_tokens and of each draft Runner's one
+    step (``drafts``: method → Runner)."""
+    drafts = drafts or {}
+    runners = {"": target, **drafts}
+    lengths = {"": list(range(1, max_tokens + 1)), **{m: [1] for m in drafts}}
+    ms = time_score(runners, lengths, context)
+    return CostCurve(target=ms[""], draft={m: ms[m][1] for m in drafts},
+                     device=str(getattr(target, "device", "")), context=context)
+
+
+def measure_build(recipe: Any, artifacts: list[Any], max_tokens: int, target: Any,
+                  model: Any) -> CostCurve:
+    """``trtspec build`` (torch): time the target Runner eval will use (and the drafts, made
+    the way eval makes them); ``model`` is the target's loaded transformers model."""
+    from pathlib import Path
+
+    from trtspec.models import load_model
+    from trtspec.recipe import DraftModel, LayerSkip
+    from trtspec.runtime.compiled import make_runner, runner_kind
+    from trtspec.runtime.hf import HFRunner, layer_skip_view
+
+    drafts: dict[str, Any] = {}
+    for m in recipe.methods:
+        if isinstance(m, LayerSkip):
+            drafts[m.method] = target.view(m.layers) if hasattr(target, "view") else HFRunner(
+                layer_skip_view(model, m.layers))
+        elif isinstance(m, DraftModel):
+            draft = load_model(Path(_path(artifacts, "draft")), recipe.backend.device, m.dtype)
+            drafts[m.method] = make_runner(draft, runner_kind(target),
+                                           cache_dir=getattr(target, "cache_dir", None))
+    return measure(target, max_tokens, drafts)
+
+
+def _path(artifacts: list[Any], name: str) -> str:
+    return next(a.path for a in artifacts if a.name == name)
+
+
+_MEASURED: dict[tuple[int, str, int], tuple[list[float], float]] = {}
+_SAID: set[str] = set()
+
+
+def chooser(method: str, max_draft_len: int, curve: CostCurve | None = None,
+            target: Any = None, draft: Any = None, say: Callable[[str], None] = print,
+            **knobs: Any) -> AdaptiveDraft:
+    """An :class:`AdaptiveDraft` for ``method`` with cap K = ``max_draft_len``. Costs come
+    from ``curve`` (the manifest's); without one, from timing the ``target`` Runner (and the
+    ``draft`` Runner of a draft model or layer skip) now, once per process and model; with
+    neither, from :func:`fallback`. The last two are said once."""
+    costs, step = curve.relative(method) if curve is not None else (None, None)
+    if costs is not None and step is not None:
+        return AdaptiveDraft(max_draft_len, costs, step, **knobs)
+    if target is None:
+        _say_once(say, "no cost curve for these models: the adaptive draft length assumes "
+                  f"t(T) = 1 + {FALLBACK_SLOPE:g}·(T − 1) and a draft step of "
+                  f"{FALLBACK_DRAFT:g} t(1) (0 for {', '.join(MODEL_FREE)})")
+        return AdaptiveDraft(max_draft_len, *fallback(max_draft_len + 1, method), **knobs)
+    key = (id(getattr(target, "model", target)), method, max_draft_len)
+    if key not in _MEASURED:
+        _say_once(say, "no cost curve from a build (one built by an older trtspec has none): "
+                  "timing the models now for the adaptive draft length")
+        costs, step = measure(target, max_draft_len + 1,
+                              {method: draft} if draft is not None else None).relative(method)
+        _MEASURED[key] = (costs, FALLBACK_DRAFT if step is None else step)
+    return AdaptiveDraft(max_draft_len, *_MEASURED[key], **knobs)
+
+
+def _say_once(say: Callable[[str], None], text: str) -> None:
+    if text not in _SAID:
+        _SAID.add(text)
+        say(text)

@@ -1,0 +1,328 @@
+"""CompiledRunner: a Llama-family decoder run as ``torch.compile`` graphs.
+
+Why: eager transformers spends a CPU decode step in module calls and unfused small ops, and reads
+its projection matrices in the slow orientation for a skinny ``x @ Wᵀ``. This decoder fuses q|k|v
+and gate|up into transposed [in, out] matrices (copies: the model is left as it was) and inductor
+fuses norm, rotary, SiLU·mul and the cache write.
+
+One decoder layer is compiled, not the whole model: every layer has the same shapes, so its
+weights are graph *inputs* and one graph serves all layers (and a layer-skip draft of the same
+model). Its dimensions are dynamic — the contiguous range of rows that take part (Bb), the new
+tokens per row (Tb) and the key/value slots attended (W) — so a growing context or another draft
+length never recompiles: at most four graphs, as size-1 dimensions specialise (Bb = 1 or more,
+Tb = 1 or more). On a GPU this means inductor's kernels without CUDA graphs: a graph replay
+would copy every layer's weights, which are inputs here, into its static buffers.
+
+Ragged rows are padded to Tb. Padding is harmless by construction (the RowCache rule): a padded
+query writes its key at a slot ≥ the row's committed length, which the mask hides and the next
+real write overwrites.
+Inductor's on-disk cache lives under the build folder, so a second process reuses the kernels.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SPAN_STEP = 32
+MIN_CAPACITY = 512
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def unsupported(model: nn.Module) -> str | None:
+    """Why ``model`` cannot run on this runner, or None when it can."""
+    config = model.config
+    if config.model_type not in ("llama", "mistral", "qwen2"):
+        return f"model type {config.model_type!r} (compiled: llama, mistral, qwen2)"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}"
+    layer = model.get_decoder().layers[0]
+    extra = {n for n, _ in layer.self_attn.named_children()} - {"q_proj", "k_proj", "v_proj",
+                                                                 "o_proj"}
+    if extra:
+        return f"attention with {sorted(extra)}"
+    if any(getattr(m, "bias", None) is not None for m in layer.mlp.children()):
+        return "MLP biases"
+    return None
+
+
+def pow2(n: int, floor: int = 1) -> int:
+    return max(floor, 1 << max(0, n - 1).bit_length())
+
+
+class CompiledRunner:
+    """A :class:`~trtspec.runtime.Runner` over a Llama-family ``*ForCausalLM`` (or a layer-skip
+    view of one). ``compile=False`` runs the same functions eagerly (the reference)."""
+
+    def __init__(self, model: nn.Module, eos_token_id: int | None = None,
+                 vocab_size: int | None = None, *, compile: bool = True,
+                 cache_dir: Path | None = None, capacity: int = 512,
+                 warn: Callable[[str], None] = _stderr) -> None:
+        reason = unsupported(model)
+        if reason:
+            raise ValueError(f"the compiled runner does not support {reason}")
+        self.model = model.eval()
+        config = model.config
+        decoder = model.get_decoder()
+        self._embed, self._norm = decoder.embed_tokens, decoder.norm
+        self._rotary = decoder.rotary_emb
+        self._head = model.get_output_embeddings()
+        self._head_t = self._head.weight.t().contiguous()  # [hidden, V]: see _layer_weights
+        self._hq = config.num_attention_heads
+        self._hkv = getattr(config, "num_key_value_heads", None) or self._hq
+        self._d = getattr(config, "head_dim", None) or config.hidden_size // self._hq
+        self._eps = float(config.rms_norm_eps)
+        self._weights = [_layer_weights(layer) for layer in decoder.layers]
+        self._vocab = vocab_size or self._head.weight.shape[0]
+        eos = config.eos_token_id if eos_token_id is None else eos_token_id
+        self._eos = eos[0] if isinstance(eos, list) else eos
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self._capacity = pow2(capacity, MIN_CAPACITY)
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._lengths: list[int] = []
+        self.compiled, self.warn, self.cache_dir = compile, warn, cache_dir
+        self._eager = _layer_fn(self._hq, self._hkv, self._d, self._eps)
+        self._graph: Callable[..., torch.Tensor] = self._eager
+        self.shapes: set[tuple[int, int]] = set()  # (Bb, Tb) run compiled so far
+        if compile:
+            if cache_dir is not None:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+            dynamo = torch._dynamo.config
+            for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                         "accumulated_cache_size_limit"):
+                if hasattr(dynamo, knob):
+                    setattr(dynamo, knob, max(getattr(dynamo, knob), 256))
+            self._graph = torch.compile(self._eager, dynamic=False, fullgraph=True)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._eos
+
+    def view(self, num_layers: int) -> CompiledRunner:
+        """A layer-skip draft: this model's first ``num_layers`` layers, final norm and head,
+        sharing every weight and compiled graph, with a KV cache of its own."""
+        if not 1 <= num_layers < len(self._weights):
+            raise ValueError(f"layer_skip needs 1 ≤ draft layers < {len(self._weights)}, got "
+                             f"{num_layers}")
+        draft = copy.copy(self)
+        draft._weights = self._weights[:num_layers]
+        draft.keys, draft.values, draft._lengths = [], [], []
+        return draft
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        self._allocate(len(prompts), max(len(p) for p in prompts) + 16)
+        return self.score(prompts, last_only=True)[:, 0]
+
+    @torch.inference_mode()
+    def score(self, tokens: Sequence[Sequence[int]], last_only: bool = False) -> torch.Tensor:
+        self._require(len(tokens))
+        counts = [len(t) for t in tokens]
+        width = max(counts, default=0)
+        batch = len(tokens)
+        logits = torch.zeros((batch, 1 if last_only else width, self._vocab),
+                             dtype=torch.float32, device=self.device)
+        live = [b for b, n in enumerate(counts) if n]
+        if not live:
+            return logits
+        compiled, tb = self.compiled, width
+        rows = range(live[0], live[-1] + 1)  # contiguous: views of the cache, no copies
+        nb = len(rows)
+        start = torch.tensor([self._lengths[b] for b in rows])  # [Bb]
+        span = -(-(int(start.max()) + tb) // SPAN_STEP) * SPAN_STEP  # slots attended
+        if span > self._capacity:
+            self._grow(span)
+        ids = torch.zeros((nb, tb), dtype=torch.long)
+        for i, b in enumerate(rows):
+            ids[i, : counts[b]] = torch.as_tensor(list(tokens[b]), dtype=torch.long)
+        slots = (start[:, None] + torch.arange(tb)).to(self.device)  # [Bb, Tb]
+        mask = (torch.arange(span, device=self.device)[None, None, :]
+                <= slots[:, :, None])[:, None]  # [Bb, 1, Tb, W]
+        x = self._embed(ids.to(self.device))  # [Bb, Tb, hidden]
+        cos, sin = self._rotary(x, slots)
+        if compiled:
+            try:
+                x = self._layers(self._graph, x, cos, sin, mask, slots, rows, span)
+                self.shapes.add((nb, tb))
+            except Exception as e:  # any compiler failure: the same math, eagerly
+                self._give_up(e)
+                compiled = False
+                x = self._embed(ids.to(self.device))  # writes went to uncommitted slots only
+        if not compiled:
+            x = self._layers(self._eager, x, cos, sin, mask, slots, rows, span)
+        n = torch.tensor([counts[b] for b in rows], device=self.device)  # [Bb]
+        if last_only:
+            x = x[torch.arange(nb, device=self.device), (n - 1).clamp(min=0)][:, None]
+        else:
+            x = x[:, :width]
+        logits[rows.start: rows.stop] = (self._norm(x) @ self._head_t).float()[..., : self._vocab]
+        for b in live:
+            self._lengths[b] += counts[b]
+        return logits
+
+    def _layers(self, layer: Callable[..., torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, rows: range,
+                span: int) -> torch.Tensor:
+        sl = slice(rows.start, rows.stop)
+        dynamic = layer is self._graph
+        for w, k, v in zip(self._weights, self.keys, self.values, strict=True):
+            k, v = k[sl, :, :span], v[sl, :, :span]
+            if dynamic:  # one graph whatever the rows, width and span (size-1 dims specialise)
+                for t, dims in ((x, (0, 1)), (cos, (0, 1)), (sin, (0, 1)), (slots, (0, 1)),
+                                (mask, (0, 2, 3)), (k, (0, 2)), (v, (0, 2))):
+                    for dim in dims:
+                        if t.shape[dim] > 1:
+                            torch._dynamo.mark_dynamic(t, dim)
+            x = layer(x, cos, sin, mask, slots, k, v, *w)
+        return x
+
+    def _give_up(self, error: Exception) -> None:
+        first = (str(error).strip().splitlines() or [""])[0][:160]
+        self.warn(f"warning: torch.compile failed ({type(error).__name__}: {first}); running "
+                  "the same decoder eagerly from now on")
+        self.compiled = False
+
+    def rollback(self, lengths: Sequence[int]) -> None:
+        self._require(len(lengths))
+        if any(n > have for n, have in zip(lengths, self._lengths, strict=True)):
+            raise ValueError("cannot roll forward: a row holds fewer tokens than asked")
+        self._lengths = list(lengths)
+
+    def lengths(self) -> list[int]:
+        return list(self._lengths)
+
+    def warm_up(self, rows: Sequence[int] = (1,), widths: Sequence[int] = (1, 2)) -> float:
+        """Compile (or load from inductor's cache) the graphs for these batch sizes and widths,
+        then drop the rows; returns seconds. (1, 2) × (1, 2) covers every graph (see above)."""
+        began = time.perf_counter()
+        for batch in rows:
+            self.prefill([[0]] * batch)
+            for t in widths:
+                self.score([[0] * t] * batch)
+                self.rollback([1] * batch)
+        self.keys, self.values, self._lengths = [], [], []
+        return time.perf_counter() - began
+
+    def _allocate(self, batch: int, tokens: int) -> None:
+        self._capacity = max(self._capacity, pow2(tokens, MIN_CAPACITY))
+        shape = (batch, self._hkv, self._capacity, self._d)
+        self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                     for _ in self._weights]
+        self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                       for _ in self._weights]
+        self._lengths = [0] * batch
+
+    def _grow(self, span: int) -> None:
+        self._capacity = pow2(span, MIN_CAPACITY)
+
+        def grown(t: torch.Tensor) -> torch.Tensor:
+            pad = t.new_zeros((*t.shape[:2], self._capacity - t.shape[2], t.shape[3]))
+            return torch.cat([t, pad], dim=2)
+
+        self.keys = [grown(k) for k in self.keys]
+        self.values = [grown(v) for v in self.values]
+
+    def _require(self, rows: int) -> None:
+        if not self.keys:
+            raise RuntimeError("call prefill() before score() or rollback()")
+        if rows != len(self._lengths):
+            raise ValueError(f"got {rows} rows for a batch of {len(self._lengths)}")
+
+
+def _layer_weights(layer: nn.Module) -> tuple[torch.Tensor | None, ...]:
+    """The layer's weights as the compiled layer takes them. Wide projections (q|k|v fused, and
+    gate|up fused) are stored transposed, [in, out]: on CPU a skinny ``x @ W`` reads such a
+    matrix about 1.5× faster than ``F.linear`` reads [out, in]. These are copies: the model
+    itself is left as it was, for the eager runner and for transformers."""
+    a, m = layer.self_attn, layer.mlp
+    qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).t().contiguous()
+    biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+    bias = None if biases[0] is None else torch.cat(biases)
+    gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight]).t().contiguous()
+    return (layer.input_layernorm.weight, qkv, bias, a.o_proj.weight,
+            layer.post_attention_layernorm.weight, gate_up, m.down_proj.weight)
+
+
+def _layer_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., torch.Tensor]:
+    """One decoder layer as a pure function of its inputs (shapes next to tensors)."""
+
+    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+    def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+              slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              w_in: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
+              w_o: torch.Tensor, w_post: torch.Tensor, w_gate_up: torch.Tensor,
+              w_down: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape  # x [B, T, hidden]; cos/sin [B, T, d]; mask [B, 1, T, W]
+        qkv = norm(x, w_in) @ w_qkv  # [B, T, (Hq + 2 Hkv) d]
+        if b_qkv is not None:
+            qkv = qkv + b_qkv
+        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+        q = q.reshape(b, t, hq, d).transpose(1, 2)  # [B, Hq, T, d]
+        k = k.reshape(b, t, hkv, d).transpose(1, 2)  # [B, Hkv, T, d]
+        v = v.reshape(b, t, hkv, d).transpose(1, 2)
+        q, k = rope(q, cos[:, None], sin[:, None]), rope(k, cos[:, None], sin[:, None])
+        index = slots[:, None, :, None].expand(b, hkv, t, d)  # [B, Hkv, T, d]
+        k_cache.scatter_(2, index, k)  # k_cache/v_cache [B, Hkv, W, d]
+        v_cache.scatter_(2, index, v)
+        out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
+                                             enable_gqa=hq != hkv)  # [B, Hq, T, d]
+        x = x + F.linear(out.transpose(1, 2).reshape(b, t, hq * d), w_o)
+        gate, up = (norm(x, w_post) @ w_gate_up).chunk(2, dim=-1)  # [B, T, I] each
+        return x + F.linear(F.silu(gate) * up, w_down)
+
+    return layer
+
+
+def make_runner(model: nn.Module, kind: str = "compiled", *, eos_token_id: int | None = None,
+                vocab_size: int | None = None, cache_dir: Path | None = None,
+                capacity: int = 512, warn: Callable[[str], None] = _stderr) -> Any:
+    """The Runner of a backend.runner kind: ``compiled`` (this decoder under torch.compile),
+    ``eager`` (the same decoder, eager) or ``transformers`` (the model's own modules, eager: any
+    architecture). A model this decoder does not cover runs on ``transformers``, with one
+    warning; ``TRTSPEC_COMPILE=0`` turns ``compiled`` into ``eager``."""
+    from trtspec.runtime.hf import HFRunner
+
+    if kind == "compiled" and os.environ.get("TRTSPEC_COMPILE", "1") == "0":
+        kind = "eager"
+    if kind != "transformers" and (reason := unsupported(model)):
+        warn(f"warning: the {kind} runner does not support {reason}; running the transformers "
+             "runner")
+        kind = "transformers"
+    if kind == "transformers":
+        return HFRunner(model, eos_token_id=eos_token_id, vocab_size=vocab_size)
+    return CompiledRunner(model, eos_token_id, vocab_size, compile=kind == "compiled",
+                          cache_dir=cache_dir, capacity=capacity, warn=warn)
+
+
+def runner_kind(runner: Any) -> str:
+    """compiled, eager or transformers: what ``runner`` runs now (after any fallback)."""
+    if isinstance(runner, CompiledRunner):
+        return "compiled" if runner.compiled else "eager"
+    return "transformers"
