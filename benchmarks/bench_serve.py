@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-from bench_cpu import TimedRunner  # same folder: one forward-timing runner
 
 from trtspec.eval.clients import run_clients
 from trtspec.eval.workloads import builtin, per_category
@@ -26,9 +25,24 @@ from trtspec.executor import SpecExecutor
 from trtspec.metrics import SpecStats
 from trtspec.models import encode, load
 from trtspec.propose.ngram import NgramProposer
+from trtspec.runtime.hf import HFRunner
 from trtspec.sampling import SamplingParams
 
 SLOTS = 8
+
+
+class TimedRunner(HFRunner):
+    """HFRunner that adds up the time spent in model forwards (to isolate executor overhead)."""
+
+    forward_seconds = 0.0
+
+    def score(self, tokens, last_only=False):
+        t0 = time.perf_counter()
+        try:
+            return super().score(tokens, last_only)
+        finally:
+            TimedRunner.forward_seconds += time.perf_counter() - t0
+
 
 
 def percentile(values: list[float], q: float) -> float:

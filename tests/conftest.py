@@ -19,6 +19,12 @@ def _eager_unless_marked(monkeypatch: pytest.MonkeyPatch, request: pytest.Fixtur
     compiling costs about a minute per model on 2 cores. Tests marked ``compile`` compile."""
     if request.node.get_closest_marker("compile") is None:
         monkeypatch.setenv("TRTSPEC_COMPILE", "0")
+    import os  # a compiled runner points inductor at its cache: put it back after the test
+
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", cache or "-")  # recorded: restored after
+    if cache is None:
+        monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
 
 
 @pytest.fixture(scope="session")

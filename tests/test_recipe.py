@@ -191,7 +191,7 @@ def test_an_unknown_key_suggests_the_nearest_key_path(key: str, suggestion: str)
 
 @pytest.mark.parametrize(("key", "takes"), [
     ("limits.foo", "(limits takes max_batch_size, max_input_len, max_seq_len, max_num_tokens)"),
-    ("backend.zzz", "(backend with kind torch takes kind, device)"),
+    ("backend.zzz", "(backend with kind torch takes kind, device, runner)"),
     ("qqq", "(a recipe takes name, description, target, methods, draft_lengths"),
 ])
 def test_no_suggestion_when_nothing_is_close(key: str, takes: str) -> None:

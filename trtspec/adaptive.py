@@ -126,8 +126,8 @@ class AdaptiveDraft:
             # as its EMA
             self.observed[j] += 1
             self.prior[j] += max(self.prior_rate, 1 / (self.observed[j] + 1)) * (x - self.prior[j])
-        if state.probing:  # did the probe pay (bring speculation back)? else wait longer
-            state.probing = False
+        if state.probing and seen:  # did the probe pay (bring speculation back)? else wait
+            state.probing = False  # longer. One that proposed nothing (no match) tells nothing
             rates = self.rates(state, self.max_draft_len)
             self.wait = self.probe_after if max(rates[1:]) >= self.min_gain else min(
                 2 * self.wait, self.max_wait)

@@ -105,7 +105,6 @@ def measure_build(recipe: Any, artifacts: list[Any], max_tokens: int, target: An
 
     from trtspec.models import load_model
     from trtspec.recipe import DraftModel, LayerSkip
-    from trtspec.runtime.compiled import make_runner, runner_kind
     from trtspec.runtime.hf import HFRunner, layer_skip_view
 
     drafts: dict[str, Any] = {}
@@ -115,8 +114,7 @@ def measure_build(recipe: Any, artifacts: list[Any], max_tokens: int, target: An
                 layer_skip_view(model, m.layers))
         elif isinstance(m, DraftModel):
             draft = load_model(Path(_path(artifacts, "draft")), recipe.backend.device, m.dtype)
-            drafts[m.method] = make_runner(draft, runner_kind(target),
-                                           cache_dir=getattr(target, "cache_dir", None))
+            drafts[m.method] = HFRunner(draft)  # as make_proposer runs a draft model
     return measure(target, max_tokens, drafts)
 
 

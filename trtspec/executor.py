@@ -179,14 +179,13 @@ class SpecExecutor:
             want, chooser = 0, None
         draft_len = [0] * batch
         for i in live:
-            d = want
-            if chooser is not None and want > 0:
-                r = reqs[i]
+            cap = min(want, reqs[i].remaining - 1) if self.clip_draft else want
+            if chooser is not None and cap > 0:  # choose within the budget: a probe that
+                r = reqs[i]  # could draft nothing would teach nothing
                 if r.adaptive is None:
                     r.adaptive = chooser.start()
-                d = chooser.choose(r.adaptive, want)
-            budget = reqs[i].remaining - 1 if self.clip_draft else d
-            draft_len[i] = max(0, min(d, budget))
+                cap = chooser.choose(r.adaptive, cap)
+            draft_len[i] = max(0, cap)
         draft = Draft.empty(batch)
         if self.proposer is not None and any(draft_len):
             draft = self.proposer.propose([r.prompt + r.output for r in reqs], draft_len,

@@ -201,3 +201,42 @@ def test_set_builds_coexist_and_eval_finds_each(tmp_path: Path, monkeypatch, cap
     assert exit_info.value.code == 2 and "Traceback" not in err
     assert f"no build in {engines / 'tiny'}/cpu-" in err and "target.dtype: built float32, " \
         "recipe float16" in err
+
+
+@pytest.mark.compile
+def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path: Path,
+                                                                        capsys) -> None:
+    """The default runner: build compiles into the build folder's inductor cache and says how
+    long it took; eval's runner is that kind, reading that cache, with transformers' logits."""
+    import os
+    from types import SimpleNamespace
+
+    import torch
+    from conftest import tiny_llama
+
+    from trtspec.eval import target_runner
+    from trtspec.recipe import load_recipe
+    from trtspec.runtime.compiled import runner_kind
+
+    model = tmp_path / "tiny-llama"
+    tiny = tiny_llama()
+    tiny.save_pretrained(model)
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(TINY_RECIPE.format(model=model))
+    main(["build", str(recipe), "--engines", str(tmp_path / "engines")])
+    assert "compiled in" in capsys.readouterr().out
+    built = load_manifest(tmp_path / "engines" / "tiny" / "cpu")
+    assert built.runner is not None and built.runner.kind == "compiled"
+    assert built.runner.compile_seconds > 0 and built.runner.note is None
+    cache = Path(built.runner.cache_dir)
+    assert cache == (tmp_path / "engines" / "tiny" / "cpu" / "inductor").resolve()
+    assert any(cache.rglob("*")), "nothing cached"
+    assert built.cost_curve is not None and "layer_skip" in built.cost_curve.draft
+
+    runner = target_runner(load_recipe(recipe), built, SimpleNamespace(
+        model=tiny, tokenizer=SimpleNamespace(eos_token_id=None)))
+    assert runner_kind(runner) == "compiled"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
+    with torch.inference_mode():
+        want = tiny(torch.tensor([[1, 2, 3]])).logits[0, -1]
+    assert (runner.prefill([[1, 2, 3]])[0] - want).abs().max() < 1e-4

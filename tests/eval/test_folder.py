@@ -204,7 +204,7 @@ def test_an_eval_folder_from_an_older_trtspec_resumes_as_it_ran(tmp_path: Path,
     digest = load_recipe(RECIPE, overrides).digest()
     assert digest == _older_digest(overrides)
     full = load_recipe(RECIPE, overrides).model_dump(mode="json")  # recorded with ignore_eos
-    del full["max_draft_len"]  # … before max_draft_len existed
+    del full["max_draft_len"], full["backend"]["runner"]  # … before those existed
     import hashlib
     assert hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest() in \
         load_recipe(RECIPE, overrides).digests()
@@ -221,11 +221,12 @@ def test_an_eval_folder_from_an_older_trtspec_resumes_as_it_ran(tmp_path: Path,
 
 def _older_digest(overrides: list[str]) -> str:
     """Recipe.digest() as trtspec computed it before sampling.ignore_eos,
-    eval.request_rate and max_draft_len existed."""
+    eval.request_rate, max_draft_len and backend.runner existed."""
     import hashlib
 
     data = load_recipe(RECIPE, overrides).model_dump(mode="json")
     del data["sampling"]["ignore_eos"], data["eval"]["request_rate"], data["max_draft_len"]
+    del data["backend"]["runner"]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

@@ -147,10 +147,14 @@ def _torch_steps(plan: Plan, recipe: Recipe) -> None:
             plan.steps.append(Step(f"layer_skip-{m.layers}", "prepare",
                                    note=f"check the target has more than {m.layers} layers "
                                         "(the draft shares its weights)"))
+    if recipe.backend.runner == "compiled":
+        plan.steps.append(Step("compile target", "prepare",
+                               note="torch.compile one decoder layer of the target (for one row "
+                                    "and for several), kernels cached in inductor/ here"))
     plan.steps.append(Step("cost curve", "prepare",
                            note=f"time the target scoring T = 1 … {recipe.adaptive_cap + 1} new "
-                                "tokens in a row, and each draft's one step (medians, into the "
-                                "manifest): the costs of the adaptive draft length"))
+                                "tokens in a row, and each draft's one step (fastest of five, "
+                                "into the manifest): the costs of the adaptive draft length"))
 
 
 def _dtype(recipe: Recipe, gpu: GpuProfile | None) -> str:

@@ -67,28 +67,30 @@ def head_counts(model_spec: str) -> tuple[int, int] | None:
 
 def target_runner(recipe: Recipe, artifacts: list[Artifact], out_dir: Path,
                   say: Callable[[str], None]) -> tuple[Any, Any, RunnerInfo]:
-    """The target's runner as eval and serve make it, with its graphs compiled now (or loaded
-    from the build folder's inductor cache): for one row, and for several when the recipe
-    allows batches. Returns (runner, loaded model, what the manifest records)."""
+    """The target's runner as eval and serve make it, its graphs compiled now into the build
+    folder's inductor cache. Returns (runner, transformers model, what the manifest records)."""
+    import time
+
     from trtspec.models import load_model
-    from trtspec.runtime.compiled import make_runner, runner_kind
+    from trtspec.runtime.compiled import built_runner, runner_kind
 
     target = next(a for a in artifacts if a.name == "target")
     model = load_model(Path(target.path), recipe.backend.device, recipe.target.dtype)
     notes: list[str] = []
-    cache = out_dir / INDUCTOR
-    runner = make_runner(model, recipe.backend.runner, cache_dir=cache,
-                         capacity=recipe.limits.max_seq_len, warn=notes.append)
-    seconds = None
-    if runner_kind(runner) == "compiled":
+    cache = (out_dir / INDUCTOR).resolve()
+    if recipe.backend.runner == "compiled":
         say(f"compiling the target's decoder layer (torch.compile; cache: {cache}/) …")
-        seconds = runner.warm_up((1, 2) if recipe.limits.max_batch_size > 1 else (1,))
-        if runner_kind(runner) == "compiled":
-            say(f"compiled in {seconds:.0f} s")
+        cache.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    runner = built_runner(model, recipe.backend.runner, rows=recipe.limits.max_batch_size,
+                          cache_dir=cache, say=notes.append)
+    kind = runner_kind(runner)
+    seconds = time.perf_counter() - began if kind == "compiled" else None
+    if seconds is not None:
+        say(f"compiled in {seconds:.0f} s")
     for line in notes:
         say(line)
-    kind = runner_kind(runner)
     return runner, model, RunnerInfo(kind=kind, requested=recipe.backend.runner,
-                                  compile_seconds=seconds,
-                                  cache_dir=str(cache) if kind == "compiled" else None,
-                                  note=notes[0] if notes else None)
+                                     compile_seconds=seconds,
+                                     cache_dir=str(cache) if kind == "compiled" else None,
+                                     note=notes[0] if notes else None)

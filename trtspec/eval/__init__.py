@@ -245,18 +245,20 @@ def _executor_factory(recipe: Recipe, manifest: Any, models: Callable[..., Any])
 
 def target_runner(recipe: Recipe, manifest: Any, target: Any) -> Any:
     """The target's Runner as built: the manifest's runner kind (the recipe's for a build that
-    recorded none) with the build folder's inductor cache; graphs are loaded (or compiled) now,
-    so no request waits for a compiler."""
-    from trtspec.runtime.compiled import make_runner, runner_kind
+    recorded none) with the build folder's inductor cache."""
+    import sys
+
+    from trtspec.runtime.compiled import built_runner
 
     built = getattr(manifest, "runner", None)
     kind = built.kind if built is not None else getattr(recipe.backend, "runner", "transformers")
-    runner = make_runner(target.model, kind, eos_token_id=target.tokenizer.eos_token_id,
-                         cache_dir=built.cache_dir if built is not None else None,
-                         capacity=recipe.limits.max_seq_len)
-    if runner_kind(runner) == "compiled":
-        runner.warm_up((1, 2) if recipe.limits.max_batch_size > 1 else (1,))
-    return runner
+    if built is None and kind == "compiled":
+        print("this build recorded no runner (an older trtspec): compiling now, uncached; "
+              "`trtspec build --force` caches it", file=sys.stderr)
+    return built_runner(target.model, kind, rows=recipe.limits.max_batch_size,
+                        cache_dir=built.cache_dir if built is not None else None,
+                        eos_token_id=target.tokenizer.eos_token_id,
+                        say=lambda line: print(line, file=sys.stderr))
 
 
 def _encoder(models: Callable[..., Any]):

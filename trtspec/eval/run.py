@@ -176,6 +176,9 @@ def _warm_up(executors: dict[str, SpecExecutor], inputs: EvalInputs) -> None:
     params = inputs.sampling.model_copy(update={"max_tokens": 8})
     for executor in executors.values():
         executor.generate([inputs.encode(r) for r in warm], params)
+        forget = getattr(executor.proposer, "forget", None)
+        if forget is not None:  # suffix: warm-up outputs are not there to be drafted from
+            forget()
 
 
 def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalInputs,

@@ -233,6 +233,13 @@ class SuffixProposer:
             self.global_trie.add(old, -1)
             self.global_size -= len(old)
 
+    def forget(self) -> None:
+        """Drop every row and every finished output: what a warm-up generated must not be
+        drafted from in what is measured after it."""
+        self.global_trie = SuffixTrie(self.max_depth)
+        self.finished.clear()
+        self.global_size, self.rows = 0, []
+
     def propose(self, tokens: Sequence[Sequence[int]], draft_len: Sequence[int],
                 params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> Draft:
         found = [self._draft(b, list(t), n) if n else []

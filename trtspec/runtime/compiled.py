@@ -57,6 +57,8 @@ def unsupported(model: nn.Module) -> str | None:
         return f"attention with {sorted(extra)}"
     if any(getattr(m, "bias", None) is not None for m in layer.mlp.children()):
         return "MLP biases"
+    if getattr(layer.self_attn.o_proj, "bias", None) is not None:
+        return "an attention output bias"
     return None
 
 
@@ -183,12 +185,12 @@ class CompiledRunner:
                 sin: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, rows: range,
                 span: int) -> torch.Tensor:
         sl = slice(rows.start, rows.stop)
-        dynamic = layer is self._graph
+        dynamic = layer is not self._eager
         for w, k, v in zip(self._weights, self.keys, self.values, strict=True):
-            k, v = k[sl, :, :span], v[sl, :, :span]
+            k, v = k[:span, sl], v[:span, sl]  # [W, Bb, Hkv, d]: strides free of capacity
             if dynamic:  # one graph whatever the rows, width and span (size-1 dims specialise)
                 for t, dims in ((x, (0, 1)), (cos, (0, 1)), (sin, (0, 1)), (slots, (0, 1)),
-                                (mask, (0, 2, 3)), (k, (0, 2)), (v, (0, 2))):
+                                (mask, (0, 2, 3)), (k, (0, 1)), (v, (0, 1))):
                     for dim in dims:
                         if t.shape[dim] > 1:
                             torch._dynamo.mark_dynamic(t, dim)
@@ -224,7 +226,7 @@ class CompiledRunner:
 
     def _allocate(self, batch: int, tokens: int) -> None:
         self._capacity = max(self._capacity, pow2(tokens, MIN_CAPACITY))
-        shape = (batch, self._hkv, self._capacity, self._d)
+        shape = (self._capacity, batch, self._hkv, self._d)  # slot-major: see _layer_fn
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device)
                      for _ in self._weights]
         self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -235,8 +237,7 @@ class CompiledRunner:
         self._capacity = pow2(span, MIN_CAPACITY)
 
         def grown(t: torch.Tensor) -> torch.Tensor:
-            pad = t.new_zeros((*t.shape[:2], self._capacity - t.shape[2], t.shape[3]))
-            return torch.cat([t, pad], dim=2)
+            return torch.cat([t, t.new_zeros((self._capacity - t.shape[0], *t.shape[1:]))])
 
         self.keys = [grown(k) for k in self.keys]
         self.values = [grown(v) for v in self.values]
@@ -288,11 +289,14 @@ def _layer_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., torch.Tens
         k = k.reshape(b, t, hkv, d).transpose(1, 2)  # [B, Hkv, T, d]
         v = v.reshape(b, t, hkv, d).transpose(1, 2)
         q, k = rope(q, cos[:, None], sin[:, None]), rope(k, cos[:, None], sin[:, None])
-        index = slots[:, None, :, None].expand(b, hkv, t, d)  # [B, Hkv, T, d]
-        k_cache.scatter_(2, index, k)  # k_cache/v_cache [B, Hkv, W, d]
-        v_cache.scatter_(2, index, v)
-        out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
-                                             enable_gqa=hq != hkv)  # [B, Hq, T, d]
+        # k_cache/v_cache [W, B, Hkv, d], slot-major so that growing the capacity never
+        # changes a view's strides (no recompile); row b's token t goes to slot slots[b, t]
+        rows = torch.arange(b, device=slots.device)[:, None].expand(b, t)  # [B, T]
+        k_cache.index_put_((slots, rows), k.transpose(1, 2))  # k [B, Hkv, T, d]
+        v_cache.index_put_((slots, rows), v.transpose(1, 2))
+        out = F.scaled_dot_product_attention(
+            q, k_cache.permute(1, 2, 0, 3), v_cache.permute(1, 2, 0, 3), attn_mask=mask,
+            enable_gqa=hq != hkv)  # [B, Hq, T, d]
         x = x + F.linear(out.transpose(1, 2).reshape(b, t, hq * d), w_o)
         gate, up = (norm(x, w_post) @ w_gate_up).chunk(2, dim=-1)  # [B, T, I] each
         return x + F.linear(F.silu(gate) * up, w_down)
@@ -326,3 +330,16 @@ def runner_kind(runner: Any) -> str:
     if isinstance(runner, CompiledRunner):
         return "compiled" if runner.compiled else "eager"
     return "transformers"
+
+
+def built_runner(model: nn.Module, kind: str, *, rows: int, cache_dir: Path | None,
+                 eos_token_id: int | None = None, say: Callable[[str], None] = _stderr) -> Any:
+    """The target's Runner as ``trtspec build`` makes it and eval and serve remake it: with
+    ``compiled``, its graphs are compiled (or loaded from ``cache_dir``) now, for one row and,
+    when ``rows`` > 1, for several, so no request waits for a compiler."""
+    if kind == "compiled" and cache_dir is not None and not Path(cache_dir).is_dir():
+        say(f"no inductor cache at {cache_dir}: compiling now (a minute or two)")
+    runner = make_runner(model, kind, eos_token_id=eos_token_id, cache_dir=cache_dir, warn=say)
+    if runner_kind(runner) == "compiled":
+        runner.warm_up((1, 2) if rows > 1 else (1,))
+    return runner

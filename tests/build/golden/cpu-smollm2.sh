@@ -5,14 +5,17 @@
 # D₀: G = num_attention_heads / num_key_value_heads = 9 / 3 = 3; D₀ = 128/G − 1 = 42 − 1 = 41
 set -euo pipefail
 
-# [1/3] target
+# [1/4] target
 # resolve smollm2-135m-instruct (a GGUF is converted once to safetensors and cached); record config/tokenizer digests
 
-# [2/3] layer_skip-24
+# [2/4] layer_skip-24
 # check the target has more than 24 layers (the draft shares its weights)
 
-# [3/3] cost curve
-# time the target scoring T = 1 … 9 new tokens in a row, and each draft's one step (medians, into the manifest): the costs of the adaptive draft length
+# [3/4] compile target
+# torch.compile one decoder layer of the target (for one row and for several), kernels cached in inductor/ here
+
+# [4/4] cost curve
+# time the target scoring T = 1 … 9 new tokens in a row, and each draft's one step (fastest of five, into the manifest): the costs of the adaptive draft length
 
 # next: run what this plan built (not run by this script)
 # baseline vs speculative on these models, in-process; it prints reports/<eval-id>

@@ -1,0 +1,79 @@
+"""The speculation methods a recipe can name (a discriminated union on ``method``), and the
+strict base every recipe model shares. Re-exported by :mod:`trtspec.recipe`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16", "fp8"]
+
+
+class DraftModel(Strict):
+    method: Literal["draft_model"] = Field(description="a smaller model drafts")
+    model: str = Field(description="the draft checkpoint (same tokenizer as the target)")
+    dtype: Dtype = Field("auto", description="the draft's dtype, as target.dtype")
+
+
+class LayerSkip(Strict):
+    method: Literal["layer_skip"] = Field(
+        description="the target's first layers draft (self-speculation; torch backend)")
+    layers: int = Field(ge=1, description="target layers the draft keeps")
+
+
+class Ngram(Strict):
+    method: Literal["ngram"] = Field(description="prompt lookup: drafts the tokens that "
+                                     "followed an earlier occurrence of the latest n-gram")
+    min_n: int = Field(1, ge=1, description="shortest n-gram matched (torch backend)")
+    max_n: int = Field(3, ge=1, description="longest n-gram matched, tried first "
+                       "(TensorRT-LLM max_matching_ngram_size)")
+
+    @model_validator(mode="after")
+    def _order(self) -> Ngram:
+        if self.min_n > self.max_n:
+            raise ValueError(f"min_n ({self.min_n}) must be ≤ max_n ({self.max_n})")
+        return self
+
+
+class Suffix(Strict):
+    method: Literal["suffix"] = Field(description="suffix decoding: drafts the most frequent "
+                                      "continuation of the longest matching suffix, from tries "
+                                      "over the request's text and earlier outputs (torch "
+                                      "backend)")
+    max_depth: int = Field(24, ge=2, le=256, description="longest substring the tries count: "
+                           "matches take up to max_depth − 1 tokens")
+    max_spec_factor: float = Field(1.0, gt=0, le=64, description="drafts at most ⌈factor × "
+                                   "match length⌉ tokens (at least 1; D caps it)")
+    min_token_prob: float = Field(0.1, ge=0, le=1, description="stop drafting where the "
+                                  "continuation's running frequency falls below this")
+    global_tokens: int = Field(65536, ge=0, description="tokens of finished outputs the global "
+                               "trie keeps, oldest evicted first; 0: no global trie")
+
+
+class Medusa(Strict):
+    method: Literal["medusa"] = Field(description="Medusa heads on the target draft "
+                                      "(TensorRT-LLM engine workflow)")
+    heads: str = Field(description="directory of the trained Medusa heads")
+    num_heads: int = Field(4, ge=1, le=8, description="Medusa heads used (`--num_medusa_heads`)")
+
+
+class Eagle(Strict):
+    method: Literal["eagle"] = Field(description="EAGLE draft heads (TensorRT-LLM)")
+    model: str = Field(description="the EAGLE draft (heads / EAGLE-3 model directory)")
+    version: Literal[1, 2, 3] = Field(3, description="EAGLE-1, 2 or 3 (EAGLE-3: pytorch "
+                                      "workflow only)")
+    num_layers: int = Field(4, ge=1, description="EAGLE-1/2 engine tree depth (num_eagle_layers)")
+    max_non_leaves_per_layer: int = Field(10, ge=1, description="EAGLE-1/2 engine: nodes "
+                                          "expanded per tree layer")
+
+
+Method = Annotated[DraftModel | LayerSkip | Ngram | Suffix | Medusa | Eagle,
+                   Field(discriminator="method")]
+
+
