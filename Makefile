@@ -47,7 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_verify.py
 	$(BIN)/python benchmarks/bench_cpu.py
 
-# build the CPU recipe, eval it on the built-in workload (~9 min on 2 cores), audit, decide
+# build the CPU recipe, eval it on the built-in workload (about 13 min on 2 cores from a fresh clone), audit, decide
 demo: $(STAMP)
 	$(BIN)/trtspec build recipes/cpu-smollm2.yaml
 	$(BIN)/trtspec eval recipes/cpu-smollm2.yaml --eval-id $(DEMO_ID)
