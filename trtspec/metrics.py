@@ -95,6 +95,17 @@ class SpecStats:
         """Acceptance length, mean over requests of each request's AL."""
         return float(np.mean(self.request_al)) if self.request_al else float("nan")
 
+    @classmethod
+    def from_record(cls, r: dict) -> SpecStats:
+        """One finished request's counters from its eval record (records written before
+        rejected_rounds or draft_lens existed lack them)."""
+        s = cls(r["proposed_tokens"], r["accepted_draft_tokens"], r["emitted_tokens"],
+                r["verification_rounds"], r["discarded_tokens"], list(r["proposed_per_position"]),
+                list(r["accepted_per_position"]), rejected_rounds=r.get("rejected_rounds"))
+        s.rounds_per_draft_len = histogram(r.get("draft_lens") or ())
+        s.close_request()
+        return s
+
     @property
     def draft_len_mean(self) -> float:
         """Mean D asked per round (NaN when no round recorded it)."""

@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     Field,
-    PlainValidator,
     ValidationError,
     field_validator,
     model_validator,
@@ -24,6 +23,7 @@ from pydantic import (
 
 from trtspec.adaptive import ADAPTIVE, DEFAULT_MAX_DRAFT_LEN
 from trtspec.recipe_methods import (  # noqa: F401 — re-exported: trtspec.recipe.Ngram etc.
+    DraftLength,
     DraftModel,
     Dtype,
     Eagle,
@@ -159,22 +159,6 @@ class Decide(Strict):
                                            description="GPU memory that must stay free at peak")
 
 
-def _draft_length(value: Any) -> int | str:
-    """One entry of draft_lengths: an integer 1..64, or adaptive."""
-    if value == ADAPTIVE:
-        return ADAPTIVE
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{value!r} is not a draft length: give an integer 1..64 or adaptive")
-    if not 1 <= value <= 64:
-        raise ValueError(f"Input should be {'greater' if value < 1 else 'less'} than or equal "
-                         f"to {1 if value < 1 else 64}")
-    return value
-
-
-DraftLength = Annotated[Annotated[int, Field(ge=1, le=64)] | Literal["adaptive"],
-                        PlainValidator(_draft_length)]
-
-
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$",
                       description="names the build folder and the eval ids")
@@ -219,8 +203,7 @@ class Recipe(Strict):
         the fixed draft lengths."""
         if self.max_draft_len is not None:
             return self.max_draft_len
-        fixed = [] if self.draft_lengths == "auto" else self.fixed_draft_lengths()
-        return max([DEFAULT_MAX_DRAFT_LEN, *fixed])
+        return max([DEFAULT_MAX_DRAFT_LEN, *self.fixed_draft_lengths()])
 
     def fixed_draft_lengths(self) -> list[int]:
         """The integer draft lengths (none for auto: the build sweeps them)."""

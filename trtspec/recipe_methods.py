@@ -1,11 +1,14 @@
-"""The speculation methods a recipe can name (a discriminated union on ``method``), and the
-strict base every recipe model shares. Re-exported by :mod:`trtspec.recipe`."""
+"""The speculation methods a recipe can name (a discriminated union on ``method``), the strict
+base every recipe model shares and the field types of dtypes and draft lengths. Re-exported by
+:mod:`trtspec.recipe`."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
+
+from trtspec.adaptive import ADAPTIVE
 
 
 class Strict(BaseModel):
@@ -77,3 +80,17 @@ Method = Annotated[DraftModel | LayerSkip | Ngram | Suffix | Medusa | Eagle,
                    Field(discriminator="method")]
 
 
+def _draft_length(value: Any) -> int | str:
+    """One entry of draft_lengths: an integer 1..64, or adaptive."""
+    if value == ADAPTIVE:
+        return ADAPTIVE
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not a draft length: give an integer 1..64 or adaptive")
+    if not 1 <= value <= 64:
+        raise ValueError(f"Input should be {'greater' if value < 1 else 'less'} than or equal "
+                         f"to {1 if value < 1 else 64}")
+    return value
+
+
+DraftLength = Annotated[Annotated[int, Field(ge=1, le=64)] | Literal["adaptive"],
+                        PlainValidator(_draft_length)]

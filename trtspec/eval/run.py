@@ -375,7 +375,7 @@ def _arm_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Latency distributions, prefill/decode split, memory and speculation stats of records."""
     from trtspec.metrics import RequestTiming, SpecStats, distribution, latency_summary
 
-    stats = SpecStats.merge(_stats(r) for r in rows)
+    stats = SpecStats.merge(SpecStats.from_record(r) for r in rows)
     out = {**latency_summary([RequestTiming.from_record(r) for r in rows]), **stats.summary(),
            "acceptance_per_position": stats.acceptance_per_position,
            "draft_len_share": {str(d): share for d, share in stats.draft_len_share.items()}}
@@ -392,15 +392,3 @@ def _arm_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             out[key] = max(values)
     return out
 
-
-def _stats(record: dict[str, Any]):
-    from trtspec.metrics import SpecStats, histogram
-
-    s = SpecStats(record["proposed_tokens"], record["accepted_draft_tokens"],
-                  record["emitted_tokens"], record["verification_rounds"],
-                  record["discarded_tokens"], list(record["proposed_per_position"]),
-                  list(record["accepted_per_position"]),
-                  rejected_rounds=record.get("rejected_rounds"))
-    s.rounds_per_draft_len = histogram(record.get("draft_lens") or ())  # none in old records
-    s.close_request()
-    return s
