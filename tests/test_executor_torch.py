@@ -16,6 +16,7 @@ from trtspec.metrics import chi_square_gof
 from trtspec.models import encode
 from trtspec.propose.draft_model import DraftModelProposer
 from trtspec.propose.ngram import NgramProposer
+from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner, layer_skip_view
 from trtspec.sampling import SamplingParams, logits_to_probs
 
@@ -83,10 +84,17 @@ def exact_two_token_probs(model, prompt: list[int], params: SamplingParams) -> t
 
 
 def two_token_pvalue(target, draft_layers: int, params: SamplingParams, trials: int,
-                     d: int = 3) -> float:
+                     d: int = 3, shared: bool = False) -> float:
+    """With ``shared``, the target runs on trtspec's decoder (eager) and the draft is its
+    layer-skip view over the target's own KV cache."""
     prompt = [3, 1, 4, 1, 5]
-    proposer = DraftModelProposer(HFRunner(layer_skip_view(target, draft_layers)))
-    executor = SpecExecutor(HFRunner(target), proposer, d, clip_draft=False)
+    if shared:
+        runner = CompiledRunner(target, compile=False)
+        proposer = DraftModelProposer(runner.view(draft_layers, share_cache=True), follows=runner)
+    else:
+        runner = HFRunner(target)
+        proposer = DraftModelProposer(HFRunner(layer_skip_view(target, draft_layers)))
+    executor = SpecExecutor(runner, proposer, d, clip_draft=False)
     reqs = [params.model_copy(update={"seed": i, "max_tokens": 2}) for i in range(trials)]
     outs = executor.generate([prompt] * trials, reqs)
     vocab = target.config.vocab_size
@@ -102,6 +110,18 @@ SAMPLINGS = [SamplingParams(), SamplingParams(temperature=0.7, top_k=12, top_p=0
 def test_layer_skip_sampling_is_exact_through_transformers(params: SamplingParams) -> None:
     target = tiny_llama(vocab=32, layers=2, seed=1, logit_scale=6.0)
     assert two_token_pvalue(target, 1, params, trials=30_000) > 1e-3
+
+
+def test_layer_skip_on_the_target_s_own_cache_is_exact() -> None:
+    target = tiny_llama(vocab=32, layers=2, seed=1, logit_scale=6.0)
+    assert two_token_pvalue(target, 1, SamplingParams(), trials=30_000, shared=True) > 1e-3
+
+
+def test_power_broken_verifier_fails_on_the_shared_cache(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
+    target = tiny_llama(vocab=32, layers=2, seed=1, logit_scale=6.0)
+    assert two_token_pvalue(target, 1, SamplingParams(), trials=30_000, shared=True) < 1e-3
 
 
 def test_power_broken_verifier_fails_through_transformers(monkeypatch: pytest.MonkeyPatch

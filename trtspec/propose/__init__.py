@@ -87,8 +87,9 @@ def make_proposer(method: str, target: Any = None, *, draft_len: int = 4,
 
             model = target.model
             layers = draft_layers or max(1, len(model.get_decoder().layers) // 2)
-            if hasattr(target_runner, "view"):  # a CompiledRunner: share weights and graphs
-                return DraftModelProposer(target_runner.view(layers))
+            if hasattr(target_runner, "view"):  # a CompiledRunner: weights, graphs, KV cache
+                return DraftModelProposer(target_runner.view(layers, share_cache=True),
+                                          follows=target_runner)
             return DraftModelProposer(HFRunner(layer_skip_view(model, layers),
                                                eos_token_id=target.tokenizer.eos_token_id))
         case "draft_model":

@@ -18,11 +18,15 @@ class DraftModelProposer:
     Per round: feed the committed tokens the draft has not seen (at least the last emitted token),
     then D single-token steps; the last draft is never fed (nothing would read its logits).
     ``observe`` rolls the cache back to the committed prefix plus the accepted drafts.
+
+    With ``follows`` (the target's runner, whose cache ``runner`` shares: a layer-skip view) the
+    committed tokens are in the cache already, written by the target: the draft feeds only the
+    last emitted token, so a round after plain steps costs no catch-up.
     """
 
     def __init__(self, runner: Runner, target_vocab: int | None = None,
-                 fallback_id: int | None = None) -> None:
-        self.runner = runner
+                 fallback_id: int | None = None, follows: Runner | None = None) -> None:
+        self.runner, self.follows = runner, follows
         self.target_vocab = target_vocab or runner.vocab_size  # q is over the target's ids
         # Committed tokens come from the target and may hold ids the draft lacks (a prefix
         # vocabulary): they would index past its embedding table, so the draft reads them as
@@ -34,6 +38,10 @@ class DraftModelProposer:
         self._after_propose: list[tuple[int, int]] = []  # per row: (committed len, cache len)
 
     def start(self, prompts: Sequence[Sequence[int]]) -> None:
+        if self.follows is not None:  # the target prefills the shared cache
+            self._valid, self._after_propose = [0] * len(prompts), []
+            self.runner.follow(self._valid)
+            return
         self.runner.prefill([self._inputs(p) for p in prompts])
         self._valid = [len(p) for p in prompts]
         self._after_propose = []
@@ -41,6 +49,9 @@ class DraftModelProposer:
     def admit(self, row: int, prompt: Sequence[int]) -> None:
         from trtspec.runtime import admit_row
 
+        if self.follows is not None:  # the target admitted it into the shared cache
+            self._valid[row] = 0
+            return
         admit_row(self.runner, row, self._inputs(prompt))
         self._valid[row] = len(prompt)
 
@@ -55,6 +66,9 @@ class DraftModelProposer:
         batch, steps = len(tokens), max(draft_len, default=0)
         if steps == 0:
             return Draft.empty(batch)
+        if self.follows is not None:  # all but each row's last token are in the shared cache
+            self._valid = self.follows.lengths()
+            self.runner.follow(self._valid)
         feed = [self._inputs(t[v:]) if n else [] for t, v, n in zip(tokens, self._valid,
                                                                     draft_len, strict=True)]
         ids, probs = [], []
