@@ -84,11 +84,64 @@ def test_greedy_speculation_is_identical_to_the_transformers_runner(cache_dir) -
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     reference = SpecExecutor(HFRunner(model)).generate(prompts, params)
     compiled = make_runner(model, "compiled", cache_dir=cache_dir)
-    for proposer in (NgramProposer(1, 3), DraftModelProposer(compiled.view(2))):
+    shared = DraftModelProposer(compiled.view(2, share_cache=True), follows=compiled)
+    for proposer in (NgramProposer(1, 3), DraftModelProposer(compiled.view(2)), shared):
         got = SpecExecutor(compiled, proposer, draft_len=3).generate(prompts, params)
         assert [c.token_ids for c in got] == [c.token_ids for c in reference]
     hf_draft = HFRunner(layer_skip_view(model, 2))
     assert close(compiled.view(2).prefill([[1, 2]]), hf_draft.prefill([[1, 2]]))
+
+
+def test_a_shared_cache_view_reads_what_the_target_wrote() -> None:
+    """The layer-skip view with share_cache scores from the target's keys and values, writes
+    only past the target's committed length, and grows the target's cache."""
+    model = tiny_llama(vocab=64, layers=3, seed=5)
+    target = CompiledRunner(model, compile=False, capacity=8)
+    target.prefill([[1, 2, 3], [4, 5]])
+    target.score([[6, 7], [8]])  # lengths [5, 3]
+    view = target.view(2, share_cache=True)
+    view.follow(target.lengths())
+    got = view.score([[9, 10], [11]])
+    skip = layer_skip_view(model, 2)
+    assert close(got[0], full_logits(skip, [1, 2, 3, 6, 7, 9, 10])[-2:])
+    assert close(got[1, 0], full_logits(skip, [4, 5, 8, 11])[-1])
+    after = target.score([[12], [13]])  # over the slots the view wrote
+    assert close(after[0, 0], full_logits(model, [1, 2, 3, 6, 7, 12])[-1])
+    assert close(after[1, 0], full_logits(model, [4, 5, 8, 13])[-1])
+    view.follow(target.lengths())
+    long = list(range(20, 60)) * 15  # 600 tokens: past the target's first capacity (512)
+    view.score([long, []])
+    assert target.keys[0].shape[0] >= 1024
+    with pytest.raises(RuntimeError, match="owner does"):
+        view.prefill([[1]])
+    with pytest.raises(RuntimeError, match="share_cache"):
+        target.view(2).follow([0, 0])
+
+
+def test_a_layer_skip_draft_on_the_shared_cache_never_catches_up() -> None:
+    """After plain steps, a probe feeds the draft one token per row (the last emitted one), and
+    its q equals that of a draft with a cache of its own, which must first feed the backlog."""
+    model = tiny_llama(vocab=64, layers=3, seed=5)
+    target = CompiledRunner(model, compile=False)
+    target.prefill([[1, 2, 3]])
+    shared = DraftModelProposer(target.view(2, share_cache=True), follows=target)
+    own = DraftModelProposer(target.view(2))
+    widths: dict[int, list[int]] = {id(shared): [], id(own): []}
+    for proposer in (shared, own):
+        proposer.start([[1, 2, 3]])
+        score, log = proposer.runner.score, widths[id(proposer)]
+        proposer.runner.score = lambda t, last_only=False, s=score, log=log: (
+            log.append(max(map(len, t))) or s(t, last_only))
+    tokens = [1, 2, 3, 7]
+    for t in (7, 8, 9):  # three plain steps on the target alone
+        target.score([[t]])
+        tokens.append(t + 1)
+    params, drafts = [SamplingParams(temperature=0.0)], []
+    for proposer in (shared, own):
+        drafts.append(proposer.propose([tokens], [2], params, [torch.Generator()]))
+    assert widths[id(shared)] == [1, 1] and widths[id(own)] == [4, 1]
+    assert close(drafts[0].probs, drafts[1].probs)
+    assert drafts[0].token_ids.tolist() == drafts[1].token_ids.tolist()
 
 
 def test_compiled_greedy_equals_transformers_on_smollm2(smollm2, cache_dir) -> None:
@@ -134,3 +187,21 @@ def test_make_runner_falls_back_for_other_architectures_and_obeys_trtspec_compil
     eager = make_runner(model, "compiled")
     assert isinstance(eager, CompiledRunner) and not eager.compiled
     assert isinstance(make_runner(model, "transformers"), HFRunner)
+
+
+def test_warm_up_compiles_every_graph_a_batch_can_need(cache_dir) -> None:
+    """After warm_up(8), any rows × width of a batch of 8 (ragged, whole or part) runs on
+    graphs already compiled: no request waits for the compiler."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_llama(vocab=64, layers=2, seed=9)
+    runner = make_runner(model, "compiled", cache_dir=cache_dir)
+    runner.warm_up(8)
+    compiled = counters["stats"]["unique_graphs"]
+    runner.prefill([[1, 2, 3]] * 8)
+    for feed in ([[4]] * 8, [[5, 6, 7]] + [[]] * 7, [[1] * 9, [2] * 4] + [[3]] * 6,
+                 [[]] * 3 + [[4, 5]] * 5, [[6] * 17] + [[]] * 7, [[7]] * 3 + [[]] * 5):
+        runner.score(feed)
+    runner.prefill([[1] * 40, [2] * 7] * 4)
+    assert counters["stats"]["unique_graphs"] == compiled
+    assert runner.compiled

@@ -128,7 +128,7 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
     with path.open("a") as sink:
         for condition in inputs.conditions:
             executors = {arm: inputs.make_executor(condition, arm) for arm in ARMS}
-            _warm_up(executors, inputs)
+            _warm_up(executors, inputs, inputs.slots or condition.concurrency)
             turn = turn_size(condition.concurrency, inputs.request_rate, len(inputs.requests))
             for i, batch in enumerate(_batches(inputs.requests, turn)):
                 for arm in _alternate(ARMS, i):
@@ -169,7 +169,13 @@ def _alternate(arms: tuple[str, ...], batch_index: int) -> tuple[str, ...]:
     return arms if batch_index % 2 == 0 else arms[::-1]
 
 
-def _warm_up(executors: dict[str, SpecExecutor], inputs: EvalInputs) -> None:
+def _warm_up(executors: dict[str, SpecExecutor], inputs: EvalInputs, slots: int) -> None:
+    """Compiled graphs for the scheduler's batch of ``slots`` rows, then ``inputs.warmup``
+    requests per arm, untimed."""
+    for executor in executors.values():
+        compile_now = getattr(executor.target, "warm_up", None)
+        if compile_now is not None and getattr(executor.target, "compiled", False):
+            compile_now(slots)
     if not inputs.warmup:
         return
     warm = list(inputs.requests[: inputs.warmup])
