@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import click
+import pytest
 
 from trtspec.cli import cli
 
@@ -69,3 +70,28 @@ def test_nothing_users_get_points_outside_the_repository() -> None:
         for needle in ("../" + "shared", "DESIGN" + ".md", "REFERENCE" + ".md",
                        "REFERENCE" + " §", "seed-" + "speculative"):
             assert needle not in text, f"{path.relative_to(ROOT)} refers to {needle}"
+
+
+def test_a_fresh_clone_has_engines_and_reports_with_only_their_readmes_tracked() -> None:
+    """engines/ and reports/ exist in a clone (their READMEs and committed benchmark tables);
+    what build and eval generate there is ignored by git."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+    assert git("ls-files", "engines").stdout.split() == ["engines/README.md"]
+    assert all(re.fullmatch(r"reports/bench-[a-z]+\.md", f)
+               for f in git("ls-files", "reports").stdout.split())
+    generated = ["engines/demo/cpu/manifest.json", "engines/demo/cpu/inductor/x",
+                 "engines/demo/h200-1a2b3c4d/engines/target/rank0.engine",
+                 "reports/demo-20261130-120000/records.jsonl"]
+    ignored = git("check-ignore", *generated).stdout.split()
+    assert ignored == generated
+    tree = (ROOT / "engines" / "README.md").read_text()
+    for written in ("manifest.json", "recipe.yaml", "inductor/", "checkpoints/", "llmapi/"):
+        assert written in tree, f"engines/README.md does not say build writes {written}"

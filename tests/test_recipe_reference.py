@@ -81,6 +81,12 @@ def test_the_names_table_names_keys_of_the_reference() -> None:
             if tag:
                 variant = (key.rsplit(".", 1)[-1], tag)
             assert (key, variant) in valid or (key, None) in valid, f"{token!r} in {row}"
+    known = " ".join(row.split(" | ")[0] for row in rows)
+    for name in ("vLLM `speculative_config.num_speculative_tokens`", "vLLM `prompt_lookup_min`",
+                 "`prompt_lookup_max`", "TensorRT-LLM `max_draft_len`",
+                 "TensorRT-LLM `max_matching_ngram_size`", "TensorRT-LLM `speculative_model_dir`",
+                 "transformers `prompt_lookup_num_tokens`", "transformers `assistant_model`"):
+        assert name in known, f"the names table lacks {name}"
 
 
 def test_write_rewrites_only_the_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -138,6 +138,16 @@ def test_the_waiting_queue_is_bounded_and_bad_prompts_take_no_slot() -> None:
     scheduler.submit(prompt, params)  # room again
 
 
+def test_waiting_requests_are_admitted_first_come_first_served() -> None:
+    scheduler = Scheduler(toy_executor("draft_model"), slots=2)
+    work = requests(7)
+    tickets = [scheduler.submit(p, s) for p, s in work]
+    scheduler.run_until_idle()
+    admitted = [t.admitted_at for t in tickets]
+    assert None not in admitted and admitted == sorted(admitted)
+    assert len(set(admitted)) == len(admitted)
+
+
 def test_draft_length_policy_follows_the_running_count() -> None:
     policy = DraftPolicy.parse("1:4,4:2,8:0")
     assert [policy.for_running(n) for n in (1, 2, 4, 5, 8, 9)] == [4, 2, 2, 0, 0, 0]
@@ -154,11 +164,22 @@ def test_a_schedule_that_turns_speculation_off_keeps_greedy_output() -> None:
     work[-1] = (work[-1][0], work[-1][1].model_copy(update={"max_tokens": 40,
                                                              "ignore_eos": True}))
     plain = [toy_executor("none").generate([p], s)[0].token_ids for p, s in work]
-    scheduler = Scheduler(toy_executor("draft_model"), slots=3,
-                          policy=DraftPolicy.parse("1:4,2:0"))
+    executor = toy_executor("draft_model")
+    scheduler = Scheduler(executor, slots=3, policy=DraftPolicy.parse("1:4,2:0"))
+    rounds: list[tuple[int, int]] = []  # (running, D asked) per round
+    real_round = executor.round
+
+    def round_(rows, live, draft_len):
+        rounds.append((len(live), draft_len))
+        return real_round(rows, live, draft_len)
+
+    executor.round = round_
     tickets = [scheduler.submit(p, s) for p, s in work]
     scheduler.run_until_idle()
     assert [t.token_ids for t in tickets] == plain
+    assert {d for n, d in rounds if n >= 2} == {0} and {d for n, d in rounds if n == 1} == {4}
+    alone = sum(1 for n, _ in rounds if n == 1)
+    assert scheduler.totals.verification_rounds >= alone > 0
     assert scheduler.totals.proposed_tokens > 0  # the last request ran alone, at D = 4
 
 

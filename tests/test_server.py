@@ -189,8 +189,17 @@ def test_64_streaming_clients_on_8_slots_lose_nothing_and_metrics_add_up() -> No
                              "accepted_draft_tokens"),
                             ("trtspec:spec_decode_num_drafts_total", "drafts")):
             assert metric(url, name) == sum(spec[field] for _, spec in got) > 0
+        accepted = sum(spec["accepted_draft_tokens"] for _, spec in got)
+        assert metric(url, "trtspec:spec_decode_num_accepted_tokens_per_pos_total") == accepted
+        assert metric(url, 'trtspec:spec_decode_num_accepted_tokens_per_pos_total'
+                           '{position="0"}') > 0
         assert metric(url, "trtspec:request_success_total") == 64
+        for name in ("time_to_first_token_seconds", "time_per_output_token_seconds",
+                     "e2e_request_latency_seconds"):
+            assert metric(url, f"trtspec:{name}_count") == 64
+            assert metric(url, f"trtspec:{name}_sum") > 0
         assert metric(url, "trtspec:num_requests_running") == 0
+        assert metric(url, "trtspec:num_requests_waiting") == 0
 
 
 def test_clients_that_drop_mid_stream_free_their_slots() -> None:
@@ -211,6 +220,15 @@ def test_clients_that_drop_mid_stream_free_their_slots() -> None:
         done = openai.OpenAI(base_url=url, api_key="x").completions.create(
             model="toy", prompt="1 2 3", max_tokens=5)
         assert done.choices[0].finish_reason in ("length", "stop")
+        # a non-streaming client that gives up waiting is cancelled too
+        for _ in range(2):
+            with pytest.raises(requests.Timeout):
+                requests.post(f"{url}/completions", json={**body, "stream": False}, timeout=0.5)
+        deadline = time.time() + 20
+        while metric(url, "trtspec:num_requests_running") and time.time() < deadline:
+            time.sleep(0.05)
+        assert metric(url, "trtspec:num_requests_running") == 0
+        assert metric(url, 'trtspec:request_success_total{finish_reason="abort"}') == 8
 
 
 BAD = [  # (what, request kwargs, status)
@@ -311,6 +329,7 @@ def test_trtspec_eval_against_trtspec_serve_reconciles_with_its_metrics(tmp_path
               "--no-mlflow"])
         drafts = metric(spec_url, "trtspec:spec_decode_num_drafts_total")
         accepted = metric(spec_url, "trtspec:spec_decode_num_accepted_tokens_total")
+        proposed = metric(spec_url, "trtspec:spec_decode_num_draft_tokens_total")
     out = tmp_path / "served"
     records = read_records(out)
     assert len(records) == 2 * 2 * 6 and not any(r.get("error") for r in records)
@@ -320,6 +339,13 @@ def test_trtspec_eval_against_trtspec_serve_reconciles_with_its_metrics(tmp_path
     assert sum(c["raw"]["drafts"] for c in spec) == drafts > 0
     assert sum(c["raw"]["accepted_draft_tokens"] for c in spec) == accepted
     assert all(r["output_tokens"] == 12 or r["finish_reason"] == "stop" for r in records)
+    # each record carries its request's counters from the response's spec field
+    spec_records = [r for r in records if r["arm"] == "spec"]
+    assert sum(r["accepted_draft_tokens"] for r in spec_records) == accepted > 0
+    assert sum(r["proposed_tokens"] for r in spec_records) == proposed
+    assert all(r["emitted_tokens"] == r["output_tokens"] - 1 for r in records
+               if r["finish_reason"] == "length")  # the first token is in no counter
+    assert all(r["proposed_tokens"] == 0 for r in records if r["arm"] == "baseline")
 
 
 @pytest.fixture(scope="module")
@@ -367,9 +393,43 @@ def test_a_transformers_model_serves_generate_s_text(tiny_dir, capsys) -> None:
             text = "".join(c.choices[0].delta.content or "" for c in out) if stream \
                 else out.choices[0].message.content
             assert text == chat
-        plain = client.completions.create(model="tiny", prompt="Name three colours.",
-                                          max_tokens=16, temperature=0)
-        assert plain.choices[0].text == generated("--no-chat")
+        plain = generated("--no-chat")
+        for stream in (False, True):
+            out = client.completions.create(model="tiny", prompt="Name three colours.",
+                                            max_tokens=16, temperature=0, stream=stream)
+            assert (_text(out) if stream else out.choices[0].text) == plain
+        # a seed: streamed == not streamed, chat and completions
+        for kind in ("chat", "completions"):
+            texts = []
+            for stream in (False, True):
+                kw = dict(model="tiny", max_tokens=24, temperature=0.9, seed=11, stream=stream)
+                out = client.chat.completions.create(
+                    messages=[{"role": "user", "content": "Name three colours."}], **kw) \
+                    if kind == "chat" else client.completions.create(prompt="Say:", **kw)
+                texts.append(_text(out) if stream else (
+                    out.choices[0].message.content if kind == "chat" else out.choices[0].text))
+            assert texts[0] == texts[1] and texts[0], kind
+        # a stop string in the middle of the greedy text ends it there, stream or not
+        cut = len(plain) // 2
+        stop = plain[cut: cut + 3]
+        want = plain[: plain.index(stop)]
+        for stream in (False, True):
+            out = client.completions.create(model="tiny", prompt="Name three colours.",
+                                            max_tokens=16, temperature=0, stop=[stop],
+                                            stream=stream)
+            chunks = list(out) if stream else [out]
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            assert text == want and chunks[-1].choices[0].finish_reason == "stop"
+
+
+def _text(stream) -> str:
+    """The text of a streamed completion or chat completion."""
+    parts = []
+    for chunk in stream:
+        for choice in chunk.choices:
+            delta = getattr(choice, "delta", None)
+            parts.append(delta.content or "" if delta is not None else choice.text)
+    return "".join(parts)
 
 
 def test_trtspec_serve_a_built_recipe_then_sigterm(tiny_dir, tmp_path) -> None:
@@ -409,10 +469,23 @@ def test_trtspec_serve_a_built_recipe_then_sigterm(tiny_dir, tmp_path) -> None:
         assert done.usage.completion_tokens <= 8 and done.model_extra["spec"]
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url, api_key="wrong").models.list()
+        # SIGTERM with a stream in flight: it is finished, not cut, and then the process exits
+        body = {"model": str(tiny_dir), "prompt": "Count:", "max_tokens": 900,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        with requests.post(f"{url}/completions", json=body, stream=True, timeout=120,
+                           headers={"Authorization": "Bearer k"}) as r:
+            lines = r.iter_lines()
+            before = [next(lines) for _ in range(2)]
+            proc.send_signal(signal.SIGTERM)
+            events = [json.loads(line[6:]) for line in [*before, *lines]
+                      if line.startswith(b"data: {")]
+        finish = [c["choices"][0]["finish_reason"] for c in events if c["choices"]]
+        assert finish[-1] == "length" and events[-1]["usage"]["completion_tokens"] == 900
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
+    assert "stopped (0 requests were still running)" in out
     assert f"http://127.0.0.1:{port}/v1" in out and "slots 3" in out
     assert "layer_skip, D = 2, D by running requests 1:2,2:1 (0 beyond)" in out
 
@@ -431,6 +504,42 @@ def test_policy_from_a_decided_eval(tmp_path) -> None:
     assert policy_from_eval(tmp_path, None) == ("ngram", "1:4,4:2,8:0")
     assert policy_from_eval(tmp_path, "layer_skip") == ("layer_skip", "1:2,4:0,8:0")
     assert policy_from_eval(tmp_path, "draft_model") == ("none", None)  # nothing GO
+    # through the CLI: the startup line says the policy it read; --policy sets D alone
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--backend", "toy", "--policy", str(tmp_path), "--draft-len", "2"])
+    assert exit_info.value.code == 2
+    out = serve_toy("--policy", str(tmp_path))
+    assert "policy ngram, D = 4, D by running requests 1:4,4:2,8:0 (0 beyond)" in out, out
+
+
+def serve_toy(*flags: str) -> str:
+    """`trtspec serve --backend toy FLAGS` in a subprocess until it answers one completion;
+    SIGTERM; returns its stdout."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "trtspec", "serve", "--backend", "toy",
+                             "--port", str(port), *flags], env=os.environ.copy(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            with contextlib.suppress(requests.ConnectionError):
+                if requests.get(url.removesuffix("/v1") + "/health", timeout=2).ok:
+                    break
+            time.sleep(0.1)
+        done = openai.OpenAI(base_url=url, api_key="x").completions.create(
+            model="toy", prompt="1 2 3", max_tokens=4)
+        assert done.usage.completion_tokens <= 4
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return out
 
 
 def test_policy_from_a_decided_eval_with_an_adaptive_condition(tmp_path) -> None:

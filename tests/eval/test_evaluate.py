@@ -188,3 +188,38 @@ def test_the_recipe_s_device_and_dtype_reach_the_models(tmp_path: Path, smollm2)
     with pytest.raises(ManifestError, match="was built with other layer_skip settings"):
         open_built(load_recipe(RECIPE, [*bf16, "methods.1.layers=20"]), RECIPE, tmp_path)
     open_built(load_recipe(RECIPE, [*bf16, "methods.0.max_n=5"]), RECIPE, tmp_path)  # run time
+
+
+def test_benchmark_knobs_drive_an_in_process_eval(tmp_path: Path, smollm2, capsys) -> None:
+    """--num-prompts, --concurrency, --max-tokens and --ignore-eos through the CLI, in process:
+    the recipe's concurrency list is replaced and every request emits exactly max tokens."""
+    sets = [a for s in (*SMALL, "eval.warmup=0") for a in ("--set", s)]
+    engines, reports = tmp_path / "engines", tmp_path / "reports"
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"{c}{i}", "category": c,
+                                            "prompt": f"Say {c} {i}."}) + "\n"
+                                for c in "ab" for i in range(3)))
+    main(["build", str(RECIPE), "--engines", str(engines), *sets])
+    main(["eval", str(RECIPE), "--engines", str(engines), "--reports", str(reports),
+          "--eval-id", "k", "-w", str(workload), *sets, "--num-prompts", "4",
+          "--concurrency", "2", "--max-tokens", "5", "--ignore-eos", "--no-mlflow"])
+    records = read_records(reports / "k")
+    assert {r["condition"] for r in records} == {"ngram/D4/c2"}
+    assert len({r["request_id"] for r in records}) == 4
+    assert sorted({r["category"] for r in records}) == ["a", "b"]
+    assert {r["arm"] for r in records} == {"baseline", "spec"}
+    assert all(r["output_tokens"] == 5 for r in records)
+    # open-loop arrivals in process: each arm's requests are sent at the seeded Poisson offsets
+    from trtspec.eval.clients import arrival_offsets
+
+    main(["eval", str(RECIPE), "--engines", str(engines), "--reports", str(reports),
+          "--eval-id", "r", "-w", str(workload), *sets, "--num-prompts", "4",
+          "--request-rate", "5", "--max-tokens", "5", "--no-mlflow"])
+    records = read_records(reports / "r")
+    for arm in ("baseline", "spec"):
+        sent = [r for r in records if r["arm"] == arm]  # in the order they were sent
+        assert len(sent) == 4
+        offsets = arrival_offsets(4, 5.0, sent[0]["seed"])
+        assert [round(r["start_s"] - sent[0]["start_s"], 6) for r in sent] == \
+            [round(o - offsets[0], 6) for o in offsets]
+        assert offsets[-1] > 0.05  # spread out, not all at once

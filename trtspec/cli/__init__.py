@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.UsageError as e:  # one line too, with where to look (not click's usage block)
+        where = e.ctx.command_path if e.ctx else "trtspec"
+        click.secho(f"error: {_one_line(click.ClickException(e.format_message()))} (see "
+                    f"'{where} --help')", fg="red", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)

@@ -14,8 +14,10 @@ fails (any ``openai.APIError``) is recorded with its ``error`` and counted as fa
 not stop the arm, and a resumed eval measures it again. An endpoint that fails a whole first
 batch stops the eval with one line.
 
-The records' speculation counters stay 0: the server's sampler is not visible per request.
-What the counters say is in ``server_counters.json`` as ``al_from_counters`` (vLLM's
+A server that returns trtspec's ``spec`` extension with the usage (``trtspec serve``) fills
+each record's speculation counters from it, so the records add up to its /metrics. Other
+servers' samplers are not visible per request: their records' counters stay 0, and what their
+counters say is in ``server_counters.json`` as ``al_from_counters`` (vLLM's
 1 + Δaccepted / Δdrafts over the arm), which is not the in-process AL (emitted / rounds).
 """
 
@@ -135,7 +137,7 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
     started = eval_clock()  # shared by both arms and resumed runs
     start = time.perf_counter()
     times: list[float] = []
-    text, usage, finish = [], None, None
+    text, usage, finish, spec = [], None, None, None
     try:
         stream = await client.chat.completions.create(
             model=model, messages=messages, stream=True, stream_options={"include_usage": True},
@@ -145,6 +147,7 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
         async for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
+                spec = (chunk.model_extra or {}).get("spec")  # trtspec serve's extension
             for choice in chunk.choices:
                 if choice.delta and choice.delta.content:
                     times.append(time.perf_counter() - start)
@@ -163,8 +166,13 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
             "e2e_s": end, "output_digest": digest,
             "ttft_s": times[0] if times else None, "finish_reason": finish or "stop",
             "prompt_tokens": usage.prompt_tokens if usage is not None else None,
-            "text_chars": len("".join(text))}
+            "text_chars": len("".join(text)),
+            **({k: int(spec[k]) for k in SPEC_FIELDS} if isinstance(spec, dict)
+               and all(isinstance(spec.get(k), int) for k in SPEC_FIELDS) else {})}
 
+
+SPEC_FIELDS = ("proposed_tokens", "accepted_draft_tokens", "emitted_tokens",
+               "verification_rounds")
 
 def _extensions(params: SamplingParams) -> dict[str, Any] | None:
     """Sampling the OpenAI schema lacks, as vLLM, SGLang and trtllm-serve accept it."""
