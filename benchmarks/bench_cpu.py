@@ -282,7 +282,8 @@ def report(sections, curve, hf_curve, c, floor_ms, notes, new_tokens, kind, quic
         f"{torch.__version__}. Greedy, up to {new_tokens} new tokens (EOS ends a request), "
         f"fixed D = {D}, adaptive cap K = {K}, suffix drafts up to {K}; every decoder warmed "
         f"up identically (two untimed 8-token requests); layer_skip draft = first {SKIP_LAYERS} "
-        "of 30 layers. Requests run one after another. One run, same prompts for all."
+        "of 30 layers (it drafts over the target's own KV cache, as eval runs it). Requests "
+        "run one after another. One run, same prompts for all."
         + (" **--quick smoke run (no compiling): numbers are not meaningful.**" if quick else ""),
         "",
         "| prompt set | decoder | ms/token | vs HF generate | vs trtspec plain "
@@ -319,7 +320,7 @@ def report(sections, curve, hf_curve, c, floor_ms, notes, new_tokens, kind, quic
         "prefill, which the ideal leaves out. AL is pooled (Σ emitted / Σ rounds); mean D is the "
         "draft length asked per round (the adaptive chooser's choice, 0 = plain step). RSS is "
         f"this process's resident memory after the decoder ran (peak {rss_mb('VmHWM'):.0f} MB; "
-        "the compiled runner keeps fused copies of the projection and head matrices). **= HF "
+        "the compiled runner keeps fused copies of the q|k|v and gate|up matrices). **= HF "
         "tokens**: prompts whose greedy output is token for token HF generate's (fp32 rounding "
         "can flip a near-tie; the exactness tests, not this column, prove the distribution).",
         "",
