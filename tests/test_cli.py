@@ -130,6 +130,12 @@ def test_generate_torch_streams_text_and_stats(smollm2) -> None:
                           "--temperature", "0.7", "--seed", "1", "--max-tokens", "6",
                           "--json").stdout)
     assert len(data["completions"][0]["token_ids"]) <= 6 and data["completions"][0]["text"]
+    # adaptive D times the draft now (no build): a view over the target's cache cannot prefill,
+    # so the timing uses one with a cache of its own
+    out = run("generate", "--method", "layer_skip", "--draft-layers", "20", "-D", "adaptive",
+              "--temperature", "0", "--max-tokens", "6", "--json")
+    assert out.returncode == 0, out.stderr
+    assert "timing the models now" in out.stderr
 
 
 def test_torch_errors_are_one_line(tmp_path) -> None:

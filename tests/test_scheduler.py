@@ -103,6 +103,37 @@ def test_on_a_transformers_model_greedy_output_is_the_same_as_alone() -> None:
     assert [t.token_ids for t in tickets] == alone
 
 
+def test_a_layer_skip_draft_over_the_target_s_cache_under_continuous_batching() -> None:
+    """trtspec's decoder with the draft reading the target's KV cache: staggered admissions,
+    a cancel, rows at D = 0 beside rows at D = 4 (a schedule): greedy output is plain
+    decoding's, request by request."""
+    from trtspec.runtime.compiled import CompiledRunner
+
+    model = tiny_llama(vocab=48, layers=3, seed=3, logit_scale=4.0)
+    target = CompiledRunner(model, compile=False)
+    draft = DraftModelProposer(target.view(2, share_cache=True), follows=target)
+    work = [([5 + i, 9, 11 + i, 9, 5 + i][: 2 + i % 4], SamplingParams(temperature=0.0,
+                                                                       max_tokens=8 + i))
+            for i in range(7)]
+    plain = [SpecExecutor(CompiledRunner(model, compile=False)).generate([p], s)[0].token_ids
+             for p, s in work]
+    scheduler = Scheduler(SpecExecutor(target, draft, 4), slots=3,
+                          policy=DraftPolicy.parse("1:4,2:2,3:0"))
+    tickets = []
+    for i, (prompt, params) in enumerate(work):
+        tickets.append(scheduler.submit(prompt, params))
+        for _ in range(i % 3):
+            scheduler.step()
+        if i == 2:
+            scheduler.cancel(tickets[1])
+    scheduler.run_until_idle()
+    assert tickets[1].finish_reason == "abort"
+    for i, ticket in enumerate(tickets):
+        if i != 1:
+            assert ticket.token_ids == plain[i], i
+    assert scheduler.totals.proposed_tokens > 0
+
+
 def test_cancel_frees_the_slot_and_the_others_go_on() -> None:
     work = requests(4)
     alone = [toy_executor("draft_model").generate([p], s)[0] for p, s in work]

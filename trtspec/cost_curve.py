@@ -145,6 +145,8 @@ def chooser(method: str, max_draft_len: int, curve: CostCurve | None = None,
     if key not in _MEASURED:
         _say_once(say, "no cost curve from a build (one built by an older trtspec has none): "
                   "timing the models now for the adaptive draft length")
+        if hasattr(draft, "detached"):  # a layer-skip view over the target's cache
+            draft = draft.detached()
         costs, step = measure(target, max_draft_len + 1,
                               {method: draft} if draft is not None else None).relative(method)
         _MEASURED[key] = (costs, FALLBACK_DRAFT if step is None else step)

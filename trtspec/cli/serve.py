@@ -194,6 +194,8 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     executor = make(Condition(method, d, 1), "baseline" if method == "none" or d == 0 else "spec")
     scheduler = Scheduler(executor, slots or recipe.limits.max_batch_size,
                           max_waiting=max_waiting)
+    if getattr(executor.target, "compiled", False):  # --slots: graphs for that batch, now
+        executor.target.warm_up(scheduler.slots)
     limits = Limits(max_input_len=recipe.limits.max_input_len,
                     max_seq_len=recipe.limits.max_seq_len)
     label = "plain decoding" if executor.proposer is None else f"{method}, " + (

@@ -166,13 +166,24 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
             "e2e_s": end, "output_digest": digest,
             "ttft_s": times[0] if times else None, "finish_reason": finish or "stop",
             "prompt_tokens": usage.prompt_tokens if usage is not None else None,
-            "text_chars": len("".join(text)),
-            **({k: int(spec[k]) for k in SPEC_FIELDS} if isinstance(spec, dict)
-               and all(isinstance(spec.get(k), int) for k in SPEC_FIELDS) else {})}
+            "text_chars": len("".join(text)), **_counters(spec)}
 
 
 SPEC_FIELDS = ("proposed_tokens", "accepted_draft_tokens", "emitted_tokens",
                "verification_rounds")
+
+
+def _counters(spec: Any) -> dict[str, Any]:
+    """A record's speculation counters from trtspec serve's ``spec`` extension (else none).
+    Per round emitted + discarded = accepted + 1, so discarded is implied; whether a round
+    rejected a draft is not sent (``rejected_rounds`` None: not recorded)."""
+    if not isinstance(spec, dict) or not all(isinstance(spec.get(k), int) for k in SPEC_FIELDS):
+        return {}
+    out = {k: int(spec[k]) for k in SPEC_FIELDS}
+    out["discarded_tokens"] = (out["accepted_draft_tokens"] + out["verification_rounds"]
+                               - out["emitted_tokens"])
+    out["rejected_rounds"] = None
+    return out
 
 def _extensions(params: SamplingParams) -> dict[str, Any] | None:
     """Sampling the OpenAI schema lacks, as vLLM, SGLang and trtllm-serve accept it."""

@@ -172,10 +172,9 @@ def _alternate(arms: tuple[str, ...], batch_index: int) -> tuple[str, ...]:
 def _warm_up(executors: dict[str, SpecExecutor], inputs: EvalInputs, slots: int) -> None:
     """Compiled graphs for the scheduler's batch of ``slots`` rows, then ``inputs.warmup``
     requests per arm, untimed."""
-    for executor in executors.values():
-        compile_now = getattr(executor.target, "warm_up", None)
-        if compile_now is not None and getattr(executor.target, "compiled", False):
-            compile_now(slots)
+    for executor in executors.values():  # (a runner returns at once for a batch it warmed)
+        if getattr(executor.target, "compiled", False):
+            executor.target.warm_up(slots)
     if not inputs.warmup:
         return
     warm = list(inputs.requests[: inputs.warmup])

@@ -40,7 +40,6 @@ class DraftModelProposer:
     def start(self, prompts: Sequence[Sequence[int]]) -> None:
         if self.follows is not None:  # the target prefills the shared cache
             self._valid, self._after_propose = [0] * len(prompts), []
-            self.runner.follow(self._valid)
             return
         self.runner.prefill([self._inputs(p) for p in prompts])
         self._valid = [len(p) for p in prompts]
@@ -67,8 +66,8 @@ class DraftModelProposer:
         if steps == 0:
             return Draft.empty(batch)
         if self.follows is not None:  # all but each row's last token are in the shared cache
-            self._valid = self.follows.lengths()
-            self.runner.follow(self._valid)
+            self.runner.follow()
+            self._valid = self.runner.lengths()
         feed = [self._inputs(t[v:]) if n else [] for t, v, n in zip(tokens, self._valid,
                                                                     draft_len, strict=True)]
         ids, probs = [], []

@@ -101,6 +101,7 @@ class CompiledRunner:
         self.values: list[torch.Tensor] = []
         self._lengths: list[int] = []
         self._owner = self  # whose KV cache this runner reads and writes (see view)
+        self._warmed: set[int] = set()  # batch sizes warm_up has compiled for
         self.compiled, self.warn, self.cache_dir = compile, warn, cache_dir
         self._eager = _layer_fn(self._hq, self._hkv, self._d, self._eps)
         self._graph: Callable[..., torch.Tensor] = self._eager
@@ -137,14 +138,20 @@ class CompiledRunner:
         draft._weights = self._weights[:num_layers]
         draft.keys, draft.values, draft._lengths = [], [], []
         draft._owner = self if share_cache else draft
+        draft._warmed = set()
         return draft
 
-    def follow(self, lengths: Sequence[int]) -> None:
+    def detached(self) -> CompiledRunner:
+        """The same layers with a KV cache of their own (to time a draft step, say): a shared-
+        cache view does not prefill."""
+        return self if self._owner is self else self._owner.view(len(self._weights))
+
+    def follow(self) -> None:
         """A shared-cache view takes the lengths its owner's cache holds for each row (forward
-        too: those slots were written by the owner)."""
+        too: the owner wrote those slots), so it writes only past what the owner committed."""
         if self._owner is self:
             raise RuntimeError("follow() is for a view made with share_cache=True")
-        self._lengths = list(lengths)
+        self._lengths = list(self._owner._lengths)
 
     def _caches(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         n = len(self._weights)
@@ -239,8 +246,12 @@ class CompiledRunner:
         """Compile (or load from inductor's cache) every graph a batch of ``batch`` rows can
         need, then drop the rows; returns seconds. Widths (1, 2) cover every width; one row,
         two rows and the whole batch cover every row range (part of the batch has strides the
-        whole batch lacks, and a one-row view's strides are those of this batch size)."""
+        whole batch lacks, and a one-row view's strides are those of this batch size). A batch
+        size already warmed up returns at once."""
         began = time.perf_counter()
+        if batch in self._warmed:
+            return 0.0
+        self._warmed.add(batch)
         self.prefill([[0]] * batch)
         for n in sorted({1, min(2, batch), batch}):
             for t in widths:
@@ -278,6 +289,8 @@ def _project(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """h [B, T, in] · wᵀ for w [out, in]: [B, T, out], computed as w · hᵀ, a tall-skinny GEMM.
     Measured on CPU (MKL), with the weights streaming from memory: for 2–8 rows it runs 2–4×
     faster than h · wᵀ (F.linear), and one row padded to two 1.5× faster than any GEMV of it."""
+    if h.is_cuda:  # measured on CPU only; cuBLAS runs skinny GEMMs well as they are
+        return F.linear(h, w)
     b, t, k = h.shape
     m = b * t
     rows = h.reshape(m, k)
