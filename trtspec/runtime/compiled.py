@@ -10,11 +10,11 @@ One decoder layer is compiled, not the whole model: every layer has the same sha
 weights are graph *inputs* and one graph serves all layers (and a layer-skip draft of the same
 model). Its dimensions are dynamic — the contiguous range of rows that take part (Bb), the new
 tokens per row (Tb) and the key/value slots attended (W) — so a growing context or another draft
-length never recompiles: six graphs per batch size, as size-1 dimensions specialise (Bb = 1 or
-more, Tb = 1 or more) and several rows are either the whole batch or part of it (the cache
-view's strides differ; see warm_up). On a GPU this means inductor's kernels without CUDA
-graphs: a graph replay would copy every layer's weights, which are inputs here, into its static
-buffers.
+length never recompiles: about ten graphs per batch size, as size-1 dimensions specialise
+(Bb = 1 or more, Tb = 1 or more), several rows are either the whole batch or part of it (the
+cache view's strides differ; see warm_up) and _project switches form past PROJECT_ROWS rows.
+On a GPU this means inductor's kernels without CUDA graphs: a graph replay would copy every
+layer's weights, which are inputs here, into its static buffers.
 
 Ragged rows are padded to Tb. Padding is harmless by construction (the RowCache rule): a padded
 query writes its key at a slot ≥ the row's committed length, which the mask hides and the next
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 SPAN_STEP = 32
+PROJECT_ROWS = 128  # up to this many rows, _project computes w · hᵀ
 MIN_CAPACITY = 512
 
 
@@ -242,9 +243,11 @@ class CompiledRunner:
     def lengths(self) -> list[int]:
         return list(self._lengths)
 
-    def warm_up(self, batch: int = 1, widths: Sequence[int] = (1, 2)) -> float:
+    def warm_up(self, batch: int = 1, widths: Sequence[int] = (1, 2, PROJECT_ROWS + 1)
+                ) -> float:
         """Compile (or load from inductor's cache) every graph a batch of ``batch`` rows can
-        need, then drop the rows; returns seconds. Widths (1, 2) cover every width; one row,
+        need, then drop the rows; returns seconds. Widths 1, 2 and one past PROJECT_ROWS cover
+        every width (_project switches there); one row,
         two rows and the whole batch cover every row range (part of the batch has strides the
         whole batch lacks, and a one-row view's strides are those of this batch size). A batch
         size already warmed up returns at once."""
@@ -286,13 +289,15 @@ class CompiledRunner:
 
 
 def _project(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """h [B, T, in] · wᵀ for w [out, in]: [B, T, out], computed as w · hᵀ, a tall-skinny GEMM.
-    Measured on CPU (MKL), with the weights streaming from memory: for 2–8 rows it runs 2–4×
-    faster than h · wᵀ (F.linear), and one row padded to two 1.5× faster than any GEMV of it."""
-    if h.is_cuda:  # measured on CPU only; cuBLAS runs skinny GEMMs well as they are
-        return F.linear(h, w)
+    """h [B, T, in] · wᵀ for w [out, in]: [B, T, out]. For up to PROJECT_ROWS rows on a CPU,
+    computed as w · hᵀ, a tall-skinny GEMM: measured with MKL, with the weights streaming from
+    memory, 2–8 rows run 2–4× faster than h · wᵀ (F.linear) and one row padded to two 1.5×
+    faster than any GEMV of it. Past ~128 rows (a prefill) F.linear is as fast or faster (10–35 %
+    at 512), and on a GPU cuBLAS runs skinny GEMMs well as they are."""
     b, t, k = h.shape
     m = b * t
+    if h.is_cuda or m > PROJECT_ROWS:
+        return F.linear(h, w)
     rows = h.reshape(m, k)
     if m == 1:
         rows = F.pad(rows, (0, 0, 0, 1))  # [2, in]
