@@ -435,10 +435,7 @@ def _text(stream) -> str:
 def test_trtspec_serve_a_built_recipe_then_sigterm(tiny_dir, tmp_path) -> None:
     """The CLI end to end: build, serve (startup line: URL, model, policy, slots), answer with
     an API key, refuse without it, exit 0 on SIGTERM."""
-    import os
     import signal
-    import subprocess
-    import sys
 
     import yaml
 
@@ -450,19 +447,8 @@ def test_trtspec_serve_a_built_recipe_then_sigterm(tiny_dir, tmp_path) -> None:
         "limits": {"max_batch_size": 3, "max_input_len": 512, "max_seq_len": 1024},
         "backend": {"kind": "torch", "device": "cpu"}}))
     main(["build", str(recipe)])
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "trtspec", "serve", str(recipe), "--port",
-                             str(port), "--draft-len-schedule", "1:2,2:1"],
-                            env={**os.environ, "TRTSPEC_API_KEY": "k"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}/v1"
+    proc, url = launch(str(recipe), "--draft-len-schedule", "1:2,2:1", TRTSPEC_API_KEY="k")
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:
-            with contextlib.suppress(requests.ConnectionError):
-                if requests.get(url.removesuffix("/v1") + "/health", timeout=2).ok:
-                    break
-            time.sleep(0.2)
         client = openai.OpenAI(base_url=url, api_key="k")
         done = client.chat.completions.create(model=str(tiny_dir), max_tokens=8,
                                               messages=[{"role": "user", "content": "Hi"}])
@@ -486,7 +472,7 @@ def test_trtspec_serve_a_built_recipe_then_sigterm(tiny_dir, tmp_path) -> None:
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "stopped (0 requests were still running)" in out
-    assert f"http://127.0.0.1:{port}/v1" in out and "slots 3" in out
+    assert url in out and "slots 3" in out
     assert "layer_skip, D = 2, D by running requests 1:2,2:1 (0 beyond)" in out
 
 
@@ -512,26 +498,34 @@ def test_policy_from_a_decided_eval(tmp_path) -> None:
     assert "policy ngram, D = 4, D by running requests 1:4,4:2,8:0 (0 beyond)" in out, out
 
 
-def serve_toy(*flags: str) -> str:
-    """`trtspec serve --backend toy FLAGS` in a subprocess until it answers one completion;
-    SIGTERM; returns its stdout."""
+def launch(*args: str, **env: str):
+    """`trtspec serve ARGS` on a free port in a subprocess (``env`` added to the environment),
+    returned once /health answers (or it exits, or 120 s pass): (process, its …/v1 URL)."""
     import os
-    import signal
     import subprocess
     import sys
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "trtspec", "serve", "--backend", "toy",
-                             "--port", str(port), *flags], env=os.environ.copy(),
+    proc = subprocess.Popen([sys.executable, "-m", "trtspec", "serve", *args, "--port",
+                             str(port)], env={**os.environ, **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        with contextlib.suppress(requests.ConnectionError):
+            if requests.get(url.removesuffix("/v1") + "/health", timeout=2).ok:
+                break
+        time.sleep(0.1)
+    return proc, url
+
+
+def serve_toy(*flags: str) -> str:
+    """`trtspec serve --backend toy FLAGS` until it answers one completion; SIGTERM; returns
+    its stdout."""
+    import signal
+
+    proc, url = launch("--backend", "toy", *flags)
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline and proc.poll() is None:
-            with contextlib.suppress(requests.ConnectionError):
-                if requests.get(url.removesuffix("/v1") + "/health", timeout=2).ok:
-                    break
-            time.sleep(0.1)
         done = openai.OpenAI(base_url=url, api_key="x").completions.create(
             model="toy", prompt="1 2 3", max_tokens=4)
         assert done.usage.completion_tokens <= 4
