@@ -46,6 +46,7 @@ test-tf4: $(TF4_STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_verify.py
 	$(BIN)/python benchmarks/bench_cpu.py
+	$(BIN)/python benchmarks/bench_adaptive.py
 
 # build the CPU recipe, eval it on the built-in workload (about 13 min on 2 cores from a fresh clone), audit, decide
 demo: $(STAMP)
