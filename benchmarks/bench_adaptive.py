@@ -63,7 +63,7 @@ def main() -> None:
             run_trtspec(runner, warm, warm_params, proposer, d, chooser)  # untimed warm-up
             if hasattr(proposer, "forget"):
                 proposer.forget()
-            seconds, outputs, _ = run_trtspec(runner, prompts, params, proposer, d, chooser)
+            seconds, outputs, _, _ = run_trtspec(runner, prompts, params, proposer, d, chooser)
             ms[name].append(seconds * 1e3 / sum(len(o) for o in outputs))
             print(f"round {r + 1} {name:<22} {ms[name][-1]:6.1f} ms/token", flush=True)
     base = statistics.median(ms["trtspec plain"])
