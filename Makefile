@@ -48,7 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cpu.py
 	$(BIN)/python benchmarks/bench_adaptive.py
 
-# build the CPU recipe, eval it on the built-in workload (about 13 min on 2 cores from a fresh clone), audit, decide
+# build the CPU recipe, eval it on the built-in workload (about 11 min on 2 cores from a fresh clone), audit, decide
 demo: $(STAMP)
 	$(BIN)/trtspec build recipes/cpu-smollm2.yaml
 	$(BIN)/trtspec eval recipes/cpu-smollm2.yaml --eval-id $(DEMO_ID)
