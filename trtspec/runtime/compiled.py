@@ -301,9 +301,8 @@ def _project(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     rows = h.reshape(m, k)
     if m == 1:
         rows = F.pad(rows, (0, 0, 0, 1))  # [2, in]
-    out = torch.mm(w, rows.t())[:, :m].t()  # w·hᵀ [out, M′] → [M, out]
-    return out.contiguous().reshape(b, t, w.shape[0])  # row-major: a layer's input strides
-    # never change (a change would recompile)
+    out = torch.mm(w, rows.t())[:, :m].t()  # w·hᵀ [out, M′] → [M, out], made row-major below:
+    return out.contiguous().reshape(b, t, w.shape[0])  # a changed input stride would recompile
 
 
 def _layer_weights(layer: nn.Module) -> tuple[torch.Tensor | None, ...]:
