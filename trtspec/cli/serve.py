@@ -68,7 +68,7 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
 
     from trtspec.manifest import ManifestError
     from trtspec.scheduler import DraftPolicy
-    from trtspec.server import make_app
+    from trtspec.serve.server import make_app
 
     if policy_dir and (draft_len is not None or draft_len_schedule):
         raise click.UsageError("--policy sets D: drop --draft-len / --draft-len-schedule")
@@ -156,7 +156,7 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     from trtspec.manifest import open_built
     from trtspec.recipe import RecipeError, load_recipe
     from trtspec.scheduler import Scheduler
-    from trtspec.server import Engine, Limits, TokenizerTexts
+    from trtspec.serve.server import Engine, Limits, TokenizerTexts
 
     folder = Path(recipe_path) if Path(recipe_path).is_dir() else None
     if folder is not None:  # a build folder: the recipe it was built from is in it
@@ -212,7 +212,7 @@ def toy_engine(method: str, draft_len: int | str | None, slots: int, max_waiting
     from trtspec.propose import make_proposer
     from trtspec.runtime.toy import MarkovLM, ToyRunner
     from trtspec.scheduler import Scheduler
-    from trtspec.server import Engine, IdTexts, Limits
+    from trtspec.serve.server import Engine, IdTexts, Limits
 
     if method not in ("none", "draft_model", "ngram", "suffix"):
         raise click.BadParameter("the toy backend runs none, draft_model, ngram or suffix",

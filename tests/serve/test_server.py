@@ -20,9 +20,9 @@ from conftest import free_port
 from trtspec.cli import main
 from trtspec.cli.serve import toy_engine
 from trtspec.executor import SpecExecutor
-from trtspec.openai_api import TextStream
 from trtspec.runtime.toy import ToyRunner
-from trtspec.server import IdTexts, make_app
+from trtspec.serve.openai_api import TextStream
+from trtspec.serve.server import IdTexts, make_app
 
 
 @contextlib.contextmanager
@@ -371,7 +371,7 @@ def test_a_transformers_model_serves_generate_s_text(tiny_dir, capsys) -> None:
     from trtspec.propose import make_proposer
     from trtspec.runtime.hf import HFRunner
     from trtspec.scheduler import Scheduler
-    from trtspec.server import Engine, Limits, TokenizerTexts
+    from trtspec.serve.server import Engine, Limits, TokenizerTexts
 
     def generated(*flags: str) -> str:
         main(["generate", "--model", str(tiny_dir), "--method", "layer_skip", "--draft-layers",

@@ -23,16 +23,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from trtspec.executor import Delta
-from trtspec.openai_api import (
+from trtspec.sampling import SamplingParams
+from trtspec.scheduler import QueueFull, Scheduler, Ticket
+from trtspec.serve.metrics import ServeMetrics, spec_field
+from trtspec.serve.openai_api import (
     ApiError,
     ChatRequest,
     CompletionRequest,
     TextStream,
     first_error,
 )
-from trtspec.sampling import SamplingParams
-from trtspec.scheduler import QueueFull, Scheduler, Ticket
-from trtspec.serve_metrics import ServeMetrics, spec_field
 
 
 class Texts(Protocol):
