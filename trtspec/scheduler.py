@@ -45,6 +45,11 @@ class QueueFull(RuntimeError):
     """The waiting queue is at its bound: the caller should refuse the request (HTTP 429)."""
 
 
+class SchedulerDown(RuntimeError):
+    """A step failed: every request was ended with an error and no new one is taken (HTTP
+    503 until the process is restarted)."""
+
+
 @dataclass(frozen=True)
 class DraftPolicy:
     """D for the next round from the number of running requests: ``schedule`` is
@@ -150,11 +155,11 @@ class Scheduler:
                on_delta: Callable[[Delta], None] | None = None) -> Ticket:
         """Queue a request (thread-safe). A bad prompt raises ValueError here, a full queue
         QueueFull: neither takes a slot."""
-        if self.error is not None:
-            raise RuntimeError(f"the scheduler is down: {self.error}")
         ticket = Ticket(list(prompt), params, on_delta)
         ticket.request = self.executor.request(ticket.prompt, params)
         with self._wake:
+            if self.error is not None:  # under the lock: _fail drains the queue under it
+                raise SchedulerDown(f"the model failed: {self.error}")
             free = self.slots - self.running  # those are admitted at the next step
             if len(self._waiting) >= self.max_waiting + free:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting for a slot (the "
