@@ -20,7 +20,7 @@ from bench_cpu import PROMPT_SETS, SKIP_LAYERS, K, run_trtspec  # same folder, s
 from trtspec.adaptive import AdaptiveDraft
 from trtspec.cost_curve import measure
 from trtspec.models import encode, load
-from trtspec.propose.draft_model import DraftModelProposer
+from trtspec.propose.layer_skip import LayerSkipProposer
 from trtspec.propose.ngram import NgramProposer
 from trtspec.propose.suffix import SuffixProposer
 from trtspec.runtime.compiled import built_runner
@@ -47,9 +47,9 @@ def main() -> None:
         "trtspec plain": lambda: (None, 0, None),
         "ngram adaptive": lambda: (NgramProposer(1, 3), K, AdaptiveDraft(K, cost, 0.0)),
         "suffix adaptive": lambda: (SuffixProposer(), K, AdaptiveDraft(K, cost, 0.0)),
-        "layer_skip adaptive": lambda: (DraftModelProposer(
-            runner.view(SKIP_LAYERS, share_cache=True), follows=runner), K,
-            AdaptiveDraft(K, cost, c)),
+        "layer_skip adaptive": lambda: (LayerSkipProposer(runner.view(SKIP_LAYERS,
+                                                                     share_cache=True)),
+                                        K, AdaptiveDraft(K, cost, c)),
     }
     params = SamplingParams(temperature=0, max_tokens=new_tokens)
     warm = [encode(tok, "Say hello in French.")]

@@ -41,6 +41,7 @@ from trtspec.executor import SpecExecutor
 from trtspec.metrics import SpecStats
 from trtspec.models import encode, load
 from trtspec.propose.draft_model import DraftModelProposer
+from trtspec.propose.layer_skip import LayerSkipProposer
 from trtspec.propose.ngram import NgramProposer
 from trtspec.propose.suffix import SuffixProposer
 from trtspec.runtime.compiled import make_runner
@@ -216,7 +217,7 @@ def main() -> None:
     hf_curve = measure(runners["transformers"], K + 1)
 
     def skip_draft() -> DraftModelProposer:  # as eval makes it: over the target's KV cache
-        return DraftModelProposer(compiled.view(SKIP_LAYERS, share_cache=True), follows=compiled)
+        return LayerSkipProposer(compiled.view(SKIP_LAYERS, share_cache=True))
 
     def adaptive(method: str) -> AdaptiveDraft:
         return AdaptiveDraft(K, cost, 0.0 if method != "layer_skip" else c)

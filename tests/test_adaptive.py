@@ -234,14 +234,15 @@ def test_policies_and_the_scheduler_run_an_adaptive_d() -> None:
 def test_serve_toy_backend_with_an_adaptive_d(capsys) -> None:
     import click
 
-    from trtspec.cli.serve import DraftLen, toy_engine
+    from trtspec.cli.serve import DraftLen, describe_policy, toy_engine
 
     assert DraftLen().convert("adaptive", None, None) == ADAPTIVE
     assert DraftLen().convert("3", None, None) == 3
     with pytest.raises(click.BadParameter, match="0 … 64 or adaptive"):
         DraftLen().convert("65", None, None)
-    engine, label = toy_engine("draft_model", ADAPTIVE, 2, 8, "toy")
-    assert label == "draft_model, adaptive D ≤ 8" and engine.scheduler.policy.adaptive
+    engine = toy_engine("draft_model", ADAPTIVE, 2, 8, "toy")
+    assert describe_policy(engine) == "draft_model, adaptive D ≤ 8"
+    assert engine.scheduler.policy.adaptive
     ticket = engine.scheduler.submit([1, 2, 3], SamplingParams(max_tokens=20, seed=1))
     engine.scheduler.run_until_idle()
     assert ticket.finish_reason is not None and ticket.stats.draft_lens

@@ -9,7 +9,7 @@ from conftest import tiny_llama
 import trtspec.executor
 from trtspec.audit import PROMPTS, audit_method, audit_params, audit_prompt
 from trtspec.executor import SpecExecutor
-from trtspec.propose import make_proposer
+from trtspec.propose import make_proposer, method_named
 from trtspec.runtime.hf import HFRunner
 from trtspec.sampling import SamplingParams
 
@@ -24,7 +24,7 @@ def tiny_executor(method: str, draft_len: int = 2) -> SpecExecutor:
     target = HFRunner(tiny_llama(vocab=32, seed=0, logit_scale=25.0))
     draft = HFRunner(tiny_llama(vocab=32, seed=1, logit_scale=25.0)) \
         if method == "draft_model" else None
-    return SpecExecutor(target, make_proposer(method, draft=draft, draft_len=draft_len),
+    return SpecExecutor(target, make_proposer(method_named(method), target, draft=draft),
                         draft_len)
 
 
@@ -70,7 +70,7 @@ def test_audit_on_smollm2_ngram_passes_real_and_flags_naive(smollm2, monkeypatch
 
     ids = encode(smollm2.tokenizer, PROMPTS[0], chat=False)
     runner = HFRunner(smollm2.model, eos_token_id=smollm2.tokenizer.eos_token_id)
-    executor = SpecExecutor(runner, make_proposer("ngram", draft_len=1), 1)
+    executor = SpecExecutor(runner, make_proposer(method_named("ngram")), 1)
     real = audit_prompt(executor, ids, PARAMS, samples=600, batch=300)
     assert real.p_value >= 1e-3 and real.rejected > 0.1, real
     monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)

@@ -15,6 +15,7 @@ from trtspec.executor import SpecExecutor
 from trtspec.metrics import chi_square_gof
 from trtspec.models import encode
 from trtspec.propose.draft_model import DraftModelProposer
+from trtspec.propose.layer_skip import LayerSkipProposer
 from trtspec.propose.ngram import NgramProposer
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner, layer_skip_view
@@ -90,7 +91,7 @@ def two_token_pvalue(target, draft_layers: int, params: SamplingParams, trials: 
     prompt = [3, 1, 4, 1, 5]
     if shared:
         runner = CompiledRunner(target, compile=False)
-        proposer = DraftModelProposer(runner.view(draft_layers, share_cache=True), follows=runner)
+        proposer = LayerSkipProposer(runner.view(draft_layers, share_cache=True))
     else:
         runner = HFRunner(target)
         proposer = DraftModelProposer(HFRunner(layer_skip_view(target, draft_layers)))

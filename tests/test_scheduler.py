@@ -11,10 +11,11 @@ from conftest import tiny_llama
 
 from trtspec.executor import SpecExecutor
 from trtspec.propose.draft_model import DraftModelProposer
+from trtspec.propose.layer_skip import LayerSkipProposer
 from trtspec.propose.ngram import NgramProposer
 from trtspec.runtime.toy import MarkovLM, ToyRunner
 from trtspec.sampling import SamplingParams
-from trtspec.scheduler import DraftPolicy, QueueFull, Scheduler
+from trtspec.scheduler import DraftPolicy, QueueFull, Scheduler, SchedulerDown
 
 TARGET = MarkovLM(vocab_size=24, order=2, seed=5, eos_token_id=23)
 DRAFT = TARGET.diverged(0.3, seed=6)
@@ -111,7 +112,7 @@ def test_a_layer_skip_draft_over_the_target_s_cache_under_continuous_batching() 
 
     model = tiny_llama(vocab=48, layers=3, seed=3, logit_scale=4.0)
     target = CompiledRunner(model, compile=False)
-    draft = DraftModelProposer(target.view(2, share_cache=True), follows=target)
+    draft = LayerSkipProposer(target.view(2, share_cache=True))
     work = [([5 + i, 9, 11 + i, 9, 5 + i][: 2 + i % 4], SamplingParams(temperature=0.0,
                                                                        max_tokens=8 + i))
             for i in range(7)]
@@ -240,14 +241,21 @@ def test_a_model_error_ends_every_request_and_the_scheduler_says_it_is_down() ->
     score = executor.target.score
 
     def broken(tokens, last_only=False):
-        if executor.target.score_calls > 3:
+        if executor.target.score_calls > 3:  # from now on nothing may call back into the
+            for part, name in ((executor.target, "rollback"), (executor.target, "lengths"),
+                               (executor.proposer, "release"), (executor.proposer, "admit")):
+                setattr(part, name, gone)  # runner or the proposer: their state is unknown
             raise RuntimeError("device lost")
         return score(tokens, last_only)
+
+    def gone(*args, **kwargs):
+        raise AssertionError("called back into a failed runner or proposer")
 
     executor.target.score = broken
     scheduler.serve_forever(threading.Event())  # returns: the step failed
     assert scheduler.error == "RuntimeError: device lost"
     assert [t.finish_reason for t in tickets].count("error") >= 2
     assert all(t.done.is_set() for t in tickets) and len(ended) == 4
-    with pytest.raises(RuntimeError, match="the scheduler is down"):
+    assert scheduler.running == 0 and scheduler.waiting == 0  # the gauges /metrics exports
+    with pytest.raises(SchedulerDown, match="the model failed: RuntimeError: device lost"):
         scheduler.submit(*work[0])

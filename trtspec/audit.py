@@ -154,10 +154,9 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
               progress: Callable[[int, int], None] | None = None) -> tuple[Path, dict[str, Any]]:
     """Audit every speculative method of an eval folder (the models it measured) or a recipe
     (its build); writes ``audit.json`` into the eval folder or ``out``."""
-    from trtspec.eval import _executor_factory, _loaded_models, eval_recipe, in_process
-    from trtspec.eval.run import Condition
+    from trtspec.engine import OpenBuild
+    from trtspec.eval import eval_recipe, in_process
     from trtspec.manifest import load_manifest, open_built
-    from trtspec.models import encode
     from trtspec.recipe import load_recipe
 
     source = Path(source)
@@ -178,10 +177,9 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
                          f"is {manifest.backend}")
     d = draft_len or 1  # x₁ depends only on the first draft position: D = 1 is the cheapest
     params = audit_params(recipe.sampling.params(), temperature)
-    models = _loaded_models(manifest, recipe)
-    make = _executor_factory(recipe, manifest, models)
+    build = OpenBuild(recipe, manifest)
     texts = list(prompts) or list(PROMPTS)
-    ids = [encode(models().tokenizer, t, chat=False) for t in texts]
+    ids = [build.encode(t, chat=False) for t in texts]
     labels = [t if len(t) <= 60 else t[:57] + "…" for t in texts]
     methods = [m.method for m in recipe.methods]
     total, done = samples * len(texts) * len(methods), 0
@@ -192,7 +190,7 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
         if progress:
             progress(done, total)
 
-    results = [audit_method(m, make(Condition(m, d, 1), "spec"), ids, labels, params, samples,
+    results = [audit_method(m, build.executor(m, d), ids, labels, params, samples,
                             alpha, len(methods) * len(texts), batch, tick) for m in methods]
     report = {"recipe": recipe.name, "alpha": alpha, "samples": samples, "draft_len": d,
               "sampling": params.model_dump(mode="json"),

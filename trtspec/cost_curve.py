@@ -105,13 +105,12 @@ def measure_build(recipe: Any, artifacts: list[Any], max_tokens: int, target: An
 
     from trtspec.models import load_model
     from trtspec.recipe import DraftModel, LayerSkip
-    from trtspec.runtime.hf import HFRunner, layer_skip_view
+    from trtspec.runtime.hf import HFRunner
 
     drafts: dict[str, Any] = {}
     for m in recipe.methods:
         if isinstance(m, LayerSkip):
-            drafts[m.method] = target.view(m.layers) if hasattr(target, "view") else HFRunner(
-                layer_skip_view(model, m.layers))
+            drafts[m.method] = target.layer_skip(m.layers, share_cache=False)
         elif isinstance(m, DraftModel):
             draft = load_model(Path(_path(artifacts, "draft")), recipe.backend.device, m.dtype)
             drafts[m.method] = HFRunner(draft)  # as make_proposer runs a draft model
@@ -145,8 +144,6 @@ def chooser(method: str, max_draft_len: int, curve: CostCurve | None = None,
     if key not in _MEASURED:
         _say_once(say, "no cost curve from a build (one built by an older trtspec has none): "
                   "timing the models now for the adaptive draft length")
-        if hasattr(draft, "detached"):  # a layer-skip view over the target's cache
-            draft = draft.detached()
         costs, step = measure(target, max_draft_len + 1,
                               {method: draft} if draft is not None else None).relative(method)
         _MEASURED[key] = (costs, FALLBACK_DRAFT if step is None else step)

@@ -19,7 +19,7 @@ executor's ``draft_len``, K); verification is unchanged, so the output distribut
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -94,10 +94,15 @@ class SpecExecutor:
     """
 
     def __init__(self, target: Runner, proposer: Proposer | None = None, draft_len: int = 4,
-                 clip_draft: bool = True, adaptive: AdaptiveDraft | None = None) -> None:
+                 clip_draft: bool = True, adaptive: AdaptiveDraft | None = None,
+                 eos_token_ids: Iterable[int] | None = None) -> None:
         if draft_len < 0:
             raise ValueError(f"draft_len must be ≥ 0, got {draft_len}")
         self.target, self.proposer, self.clip_draft = target, proposer, clip_draft
+        # every id that ends a request unless it ignores EOS [default: the target's one EOS]
+        eos = target.eos_token_id
+        self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else
+                                       () if eos is None else (eos,))
         self.draft_len = draft_len if proposer is not None else 0
         self.adaptive = adaptive if proposer is not None else None
 
@@ -128,14 +133,14 @@ class SpecExecutor:
 
     def request(self, prompt: Sequence[int], params: SamplingParams, i: int = 0) -> Request:
         """A checked request with its own generator (seeded from params.seed)."""
-        vocab, eos = self.target.vocab_size, self.target.eos_token_id
+        vocab = self.target.vocab_size
         if not prompt:
             raise ValueError(f"prompt {i} is empty: give at least one token")
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise ValueError(f"prompt {i} has token ids outside 0..{vocab - 1}")
         stops = set(params.stop_token_ids)
-        if eos is not None and not params.ignore_eos:
-            stops.add(eos)
+        if not params.ignore_eos:
+            stops |= self.eos_token_ids
         return Request(list(prompt), params, frozenset(stops), make_generator(params.seed))
 
     def _run(self, reqs: list[Request]) -> Iterator[list[Delta]]:

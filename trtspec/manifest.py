@@ -243,11 +243,16 @@ def check_covers(manifest: Manifest, recipe: Any) -> str | None:
     return None
 
 
+# build inputs that Recipe.build_inputs leaves out while at their default
+_LEFT_OUT_AT_DEFAULT = {"backend.runner": "compiled"}
+
+
 def _changed(built: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:
     """'key.path: built → wanted' for every leaf that differs."""
     out = []
     for key in sorted(set(built) | set(wanted)):
-        a, b = built.get(key), wanted.get(key)
+        default = _LEFT_OUT_AT_DEFAULT.get(prefix + key)
+        a, b = built.get(key, default), wanted.get(key, default)
         if isinstance(a, dict) and isinstance(b, dict):
             out += _changed(a, b, f"{prefix}{key}.")
         elif a != b:

@@ -15,11 +15,16 @@ Terms:
                 the same verify(), so a policy never changes the output distribution; D may
                 be "adaptive": each request's own D (:mod:`trtspec.adaptive`)
 
-Exactness under batching: every request owns its generator (seeded from its params), and a
-round draws the same uniforms for a request whatever else runs: the first token one, each
-round ``num_draft + 1`` after the draft's own. With a fixed D, a seeded request's output is
-the one it gets alone, whenever it was admitted and beside whatever requests (with an adaptive
-D it is another sample of the same distribution: D starts from what earlier requests taught).
+Exactness under batching: every request owns its generator (seeded from its params) and its
+drafts are verified against the target's own p, so each request's output is distributed as the
+target's alone, whatever else runs, under any D, schedule or adaptive choice — always. The
+*sample* a seed gives is another matter: a round draws a request's uniforms in the same order
+whatever else runs (the first token one, each round ``num_draft + 1`` after the draft's own),
+so with a fixed D on a runner whose logits do not depend on the batch (the toy and transformers
+runners on the CPU), a seeded request gets exactly the tokens it gets alone. Under a schedule
+or an adaptive D the rounds it sees depend on the load, and on the compiled runner the GEMM
+shapes follow the row range, so logits (and, at near-ties, tokens) can differ in the last bits:
+there a seed fixes the sample only for the same load.
 
 One thread owns the models and calls :meth:`Scheduler.step`; other threads talk to it through
 :meth:`submit` and :meth:`cancel` (thread-safe) and receive tokens in ``on_delta`` callbacks,
@@ -29,6 +34,7 @@ called on the step thread.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -85,6 +91,32 @@ class DraftPolicy:
         """Whether some round may use an adaptive D."""
         return ADAPTIVE in (self.draft_len, *(d for _, d in self.schedule))
 
+    def unreachable(self, slots: int) -> tuple[tuple[int, int | str], ...]:
+        """Entries no round can use with ``slots`` slots (past the first that covers them)."""
+        first = next((i for i, (limit, _) in enumerate(self.schedule) if limit >= slots), None)
+        return () if first is None else self.schedule[first + 1:]
+
+    def describe(self, slots: int, cap: int) -> str:
+        """The policy as it will run on ``slots`` slots, e.g. "D = 4 at 1 running, D = 2 at
+        2–4, plain decoding at 5–8" (``cap``: an adaptive D's K)."""
+
+        def name(d: int | str) -> str:
+            return f"adaptive D ≤ {cap}" if d == ADAPTIVE else "plain decoding" if d == 0 \
+                else f"D = {d}"
+
+        if not self.schedule:
+            return name(self.draft_len)
+        parts, low = [], 1
+        for limit, d in self.schedule:
+            if low > slots:
+                break
+            high = min(limit, slots)
+            parts.append(f"{name(d)} at {low}{'' if high == low else f'–{high}'}")
+            low = limit + 1
+        if low <= slots:
+            parts.append(f"plain decoding at {low}{'' if slots == low else f'–{slots}'}")
+        return ", ".join(parts) + " running"
+
     def for_running(self, running: int) -> int | str:
         if not self.schedule:
             return self.draft_len
@@ -136,7 +168,7 @@ class Scheduler:
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self.totals = SpecStats()  # every ended request's counters
+        self.totals = SpecStats()  # every ended request's counters (no per-request lists)
         self.on_end: Callable[[Ticket], None] | None = None  # on the step thread (metrics)
         self.error: str | None = None  # set when a step failed: the scheduler is down
         executor.target.prefill([[0]] * slots)  # the rows exist from now on; admission refills
@@ -206,7 +238,11 @@ class Scheduler:
             try:
                 busy = self.step()
             except Exception as e:  # a model error: end every request with "error", go down
-                self._fail(f"{type(e).__name__}: {e}")
+                reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
+                logging.getLogger("trtspec.scheduler").error(
+                    "a step failed (%s): every request was ended with an error; new requests "
+                    "get 503 until the server is restarted", reason)
+                self._fail(reason)
                 return
             if not busy:
                 with self._wake:
@@ -214,14 +250,19 @@ class Scheduler:
                         self._wake.wait(timeout=0.05)
 
     def _fail(self, reason: str) -> None:
-        self.error = reason
+        """A step raised: end every running and waiting request with "error", without calling
+        back into the runner or proposer that failed (their state is unknown), and refuse new
+        ones (:class:`SchedulerDown`)."""
         with self._lock:
+            self.error = reason
             waiting, self._waiting = list(self._waiting), collections.deque()
-        for slot in range(self.slots):
-            if self._tickets[slot] is not None:
-                self._free(slot, "error")
-        for ticket in waiting:
-            self._end(ticket, "error")
+        running = [t for t in self._tickets if t is not None]
+        self._tickets = [None] * self.slots
+        for ticket in [*running, *waiting]:
+            try:
+                self._end(ticket, "error")
+            except Exception:  # a callback failing must not strand the rest
+                ticket.done.set()
 
     def _admit(self) -> None:
         for slot in range(self.slots):
@@ -269,6 +310,7 @@ class Scheduler:
                 ticket.on_delta(Delta(ticket.slot if ticket.slot is not None else -1, [],
                                       reason))
         self.totals = SpecStats.merge([self.totals, request.stats])
+        self.totals.request_al.clear()  # a server runs for ever: counters only
         if self.on_end is not None:
             self.on_end(ticket)
         ticket.done.set()

@@ -209,12 +209,11 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
     """The default runner: build compiles into the build folder's inductor cache and says how
     long it took; eval's runner is that kind, reading that cache, with transformers' logits."""
     import os
-    from types import SimpleNamespace
 
     import torch
     from conftest import tiny_llama
 
-    from trtspec.eval import target_runner
+    from trtspec.engine import OpenBuild
     from trtspec.recipe import load_recipe
     from trtspec.runtime.compiled import runner_kind
 
@@ -233,8 +232,7 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
     assert any(cache.rglob("*")), "nothing cached"
     assert built.cost_curve is not None and "layer_skip" in built.cost_curve.draft
 
-    runner = target_runner(load_recipe(recipe), built, SimpleNamespace(
-        model=tiny, tokenizer=SimpleNamespace(eos_token_id=None)))
+    runner = OpenBuild(load_recipe(recipe), built).target_runner()
     assert runner_kind(runner) == "compiled"
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
     with torch.inference_mode():

@@ -166,8 +166,7 @@ def test_the_recipe_s_device_and_dtype_reach_the_models(tmp_path: Path, smollm2)
     differs; a subset of the built methods and another draft length use the same build."""
     import torch
 
-    from trtspec.eval import _executor_factory, _loaded_models
-    from trtspec.eval.run import Condition
+    from trtspec.engine import OpenBuild
     from trtspec.manifest import ManifestError, open_built
     from trtspec.recipe import load_recipe
 
@@ -177,9 +176,9 @@ def test_the_recipe_s_device_and_dtype_reach_the_models(tmp_path: Path, smollm2)
     recipe = load_recipe(RECIPE, [*bf16, "methods=[{method: layer_skip, layers: 24}]",
                                   "draft_lengths=[3]", "sampling.temperature=0.5"])
     manifest, _ = open_built(recipe, RECIPE, tmp_path)  # subset + other D + other sampling
-    models = _loaded_models(manifest, recipe)
-    assert models().model.dtype == torch.bfloat16
-    executor = _executor_factory(recipe, manifest, models)(Condition("layer_skip", 3, 1), "spec")
+    build = OpenBuild(recipe, manifest)
+    assert build.model().model.dtype == torch.bfloat16
+    executor = build.executor("layer_skip", 3)
     assert executor.target.dtype == torch.bfloat16
     assert executor.proposer.runner.dtype == torch.bfloat16
     with pytest.raises(ManifestError, match=r"was built for other settings \(target.dtype: "

@@ -190,6 +190,7 @@ def test_an_eval_with_an_adaptive_condition_end_to_end(tmp_path: Path) -> None:
     from trtspec.metrics import condition_parts
     from trtspec.recipe import load_recipe
     from trtspec.report import make_decision
+    from trtspec.scheduler import DraftPolicy
 
     inputs = toy_inputs(n_requests=6)
     make = inputs.make_executor
@@ -247,4 +248,4 @@ def test_an_eval_with_an_adaptive_condition_end_to_end(tmp_path: Path) -> None:
         if v["condition"] == "draft_model/D2/c1":
             v["verdict"] = "NO-GO"
     (out / "decision.json").write_text(json.dumps(decision))
-    assert policy_from_eval(out, None) == ("draft_model", "1:adaptive")
+    assert policy_from_eval(out, None, []) == ("draft_model", DraftPolicy.parse("1:adaptive"))

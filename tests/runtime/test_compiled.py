@@ -9,6 +9,7 @@ from conftest import tiny_llama
 
 from trtspec.executor import SpecExecutor
 from trtspec.propose.draft_model import DraftModelProposer
+from trtspec.propose.layer_skip import LayerSkipProposer
 from trtspec.propose.ngram import NgramProposer
 from trtspec.runtime import admit_row
 from trtspec.runtime.compiled import CompiledRunner, make_runner
@@ -84,7 +85,7 @@ def test_greedy_speculation_is_identical_to_the_transformers_runner(cache_dir) -
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     reference = SpecExecutor(HFRunner(model)).generate(prompts, params)
     compiled = make_runner(model, "compiled", cache_dir=cache_dir)
-    shared = DraftModelProposer(compiled.view(2, share_cache=True), follows=compiled)
+    shared = LayerSkipProposer(compiled.view(2, share_cache=True))
     for proposer in (NgramProposer(1, 3), DraftModelProposer(compiled.view(2)), shared):
         got = SpecExecutor(compiled, proposer, draft_len=3).generate(prompts, params)
         assert [c.token_ids for c in got] == [c.token_ids for c in reference]
@@ -125,7 +126,7 @@ def test_a_layer_skip_draft_on_the_shared_cache_never_catches_up() -> None:
     model = tiny_llama(vocab=64, layers=3, seed=5)
     target = CompiledRunner(model, compile=False)
     target.prefill([[1, 2, 3]])
-    shared = DraftModelProposer(target.view(2, share_cache=True), follows=target)
+    shared = LayerSkipProposer(target.view(2, share_cache=True))
     own = DraftModelProposer(target.view(2))
     widths: dict[int, list[int]] = {id(shared): [], id(own): []}
     for proposer in (shared, own):

@@ -14,9 +14,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from trtspec.adaptive import ADAPTIVE
 from trtspec.cli.serve import DraftLen
-from trtspec.executor import Completion, Delta, SpecExecutor
+from trtspec.engine import executor_for
+from trtspec.executor import Completion, Delta
 from trtspec.metrics import SpecStats
 from trtspec.propose import make_proposer
 from trtspec.runtime.toy import MarkovLM, ToyRunner, parse_token_ids
@@ -76,9 +76,6 @@ def generate(backend: str, model: str, method: str, draft_len: int | str,
     stderr (--json: one object to stdout)."""
     params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed + i,
                              max_tokens=max_tokens) for i in range(num_requests)]
-    knobs = {"draft_len": 8 if draft_len == ADAPTIVE else draft_len,
-             "draft_layers": draft_layers, "ngram_min": ngram_min,
-             "ngram_max": ngram_max}
     tokenizer = None
     if backend == "toy":
         if method in ("layer_skip",):
@@ -86,10 +83,13 @@ def generate(backend: str, model: str, method: str, draft_len: int | str,
                                      param_hint="--method")
         ids = _token_ids(prompt or "1 2 3")
         target = MarkovLM(vocab_size, order, seed=seed, eos_token_id=eos_id)
-        draft = ToyRunner(target.diverged(divergence, seed=seed + 1))
         runner = ToyRunner(target)
-        proposer = make_proposer(method, draft=draft, **knobs)
+        proposer = make_proposer(_method(method, ngram_min, ngram_max, draft_layers or 1),
+                                 runner, draft=ToyRunner(target.diverged(divergence,
+                                                                         seed=seed + 1)))
+        eos = None
     else:
+        from trtspec.engine import eos_token_ids
         from trtspec.models import check_device, encode, load
         from trtspec.runtime.compiled import make_runner
 
@@ -105,8 +105,15 @@ def generate(backend: str, model: str, method: str, draft_len: int | str,
         ids = encode(tokenizer, prompt or "Write a haiku about speculative decoding.", chat)
         draft = load(draft_model, device, dtype) if draft_model else None
         runner = make_runner(lm.model, runner_kind, eos_token_id=tokenizer.eos_token_id)
-        proposer = make_proposer(method, lm, draft=draft, target_runner=runner, **knobs)
-    executor = _executor(runner, proposer, method, draft_len, measure=tokenizer is not None)
+        layers = draft_layers or max(1, len(lm.model.get_decoder().layers) // 2)
+        try:
+            proposer = make_proposer(_method(method, ngram_min, ngram_max, layers), runner,
+                                     draft=draft, target_tokenizer=tokenizer)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--method") from None
+        eos = eos_token_ids(lm)
+    executor = executor_for(runner, proposer, method, draft_len, time_models=tokenizer is not None,
+                            eos_token_ids=eos, say=lambda text: click.echo(text, err=True))
     stream = None if as_json or num_requests > 1 or tokenizer is None else TextStream(tokenizer)
     started = time.perf_counter()
     completions = executor.generate([ids] * num_requests, params, on_step=stream)
@@ -114,19 +121,13 @@ def generate(backend: str, model: str, method: str, draft_len: int | str,
     _print_completions(completions, as_json, tokenizer, elapsed, show_tokens=stream is None)
 
 
-def _executor(runner: Any, proposer: Any, method: str, draft_len: int | str,
-              measure: bool) -> SpecExecutor:
-    """A fixed D, or an adaptive one up to 8 (a real model's costs timed now, toy models'
-    assumed)."""
-    if draft_len != ADAPTIVE:
-        return SpecExecutor(runner, proposer, int(draft_len))
-    from trtspec.adaptive import DEFAULT_MAX_DRAFT_LEN as K
-    from trtspec.cost_curve import chooser
+def _method(name: str, ngram_min: int, ngram_max: int, layers: int) -> Any:
+    from trtspec.propose import method_named
 
-    adaptive = None if proposer is None else chooser(
-        method, K, None, runner if measure else None, getattr(proposer, "runner", None),
-        say=lambda text: click.echo(text, err=True))
-    return SpecExecutor(runner, proposer, K, adaptive=adaptive)
+    try:
+        return method_named(name, layers=layers, ngram_min=ngram_min, ngram_max=ngram_max)
+    except ValueError as e:  # e.g. --ngram-min above --ngram-max
+        raise click.BadParameter(str(e).splitlines()[0], param_hint="--method") from None
 
 
 def _token_ids(text: str) -> list[int]:

@@ -24,7 +24,7 @@ from trtspec.eval.folder import (
     start,
 )
 from trtspec.files import write_atomic
-from trtspec.recipe import DraftModel, LayerSkip, Ngram, Recipe, RecipeError, Suffix, load_recipe
+from trtspec.recipe import Recipe, RecipeError, load_recipe
 
 __all__ = ["Interrupted", "Selection", "eval_recipe", "evaluate", "evaluate_endpoint"]
 
@@ -38,6 +38,7 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
              say: Callable[[str], None] = print) -> Path:
     """Run the recipe's eval; returns the eval folder."""
     from trtspec.build import check_backend_device
+    from trtspec.engine import PLAIN, OpenBuild
     from trtspec.eval.run import Condition, EvalInputs, run_eval
     from trtspec.manifest import open_built
 
@@ -63,10 +64,13 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
             shutil.copyfile(manifest_path, out / "manifest.json")
         else:
             _check_same_build(out, manifest, manifest_path)
-        models = _loaded_models(manifest, recipe)
-        inputs = EvalInputs(requests, conditions, _executor_factory(recipe, manifest, models),
-                            _encoder(models), recipe.sampling.params(), recipe.eval.warmup,
-                            margin=_margin(models), slots=recipe.limits.max_batch_size,
+        build = OpenBuild(recipe, manifest)
+        inputs = EvalInputs(requests, conditions,
+                            lambda c, arm: build.executor(PLAIN if arm == "baseline" else
+                                                          c.method, c.draft_len),
+                            lambda request: build.encode(request.chat()),
+                            recipe.sampling.params(), recipe.eval.warmup, margin=build.margin,
+                            slots=recipe.limits.max_batch_size,
                             request_rate=recipe.eval.request_rate)
         records = run_eval(out, inputs, resume=not created, progress=progress)
     return _finish(out, records)
@@ -171,97 +175,3 @@ def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
                                     levels, baseline_url, not created, progress,
                                     rate=recipe.eval.request_rate)
     return _finish(out, records)
-
-
-def _loaded_models(manifest: Any, recipe: Recipe) -> Callable[..., Any]:
-    """Load each model once, on the recipe's device and in its dtype: get() is the target,
-    get(path) another artifact (a draft model, in its method's dtype)."""
-    from trtspec.models import load
-
-    dtypes = {manifest.artifact("target").path: recipe.target.dtype}
-    for m in recipe.methods:
-        if isinstance(m, DraftModel):
-            dtypes[manifest.artifact("draft").path] = m.dtype
-    cache: dict[str, Any] = {}
-
-    def get(spec: str | None = None) -> Any:
-        key = spec or manifest.artifact("target").path
-        if key not in cache:
-            cache[key] = load(key, device=recipe.backend.device,
-                              dtype=dtypes.get(key, recipe.target.dtype))
-        return cache[key]
-
-    return get
-
-
-def _margin(models: Callable[..., Any]) -> Callable[[list[int], int, int], tuple[float, str]]:
-    """|logit a − logit b| of the target after ``prefix`` (one prefill) and the dtype the
-    target ran in."""
-    from trtspec.runtime.hf import HFRunner
-
-    def margin(prefix: list[int], a: int, b: int) -> tuple[float, str]:
-        runner = HFRunner(models().model)
-        logits = runner.prefill([prefix])[0]  # [V]
-        return float((logits[a] - logits[b]).abs()), str(runner.dtype).removeprefix("torch.")
-
-    return margin
-
-
-def _executor_factory(recipe: Recipe, manifest: Any, models: Callable[..., Any]):
-    from trtspec.adaptive import is_adaptive
-    from trtspec.cost_curve import chooser
-    from trtspec.executor import SpecExecutor
-    from trtspec.propose import make_proposer
-
-    methods = {m.method: m for m in recipe.methods}
-    made: list[Any] = []  # one target runner per process: the compiled one copies weights
-
-    def make(condition: Any, arm: str) -> SpecExecutor:
-        target = models()
-        if not made:
-            made.append(target_runner(recipe, manifest, target))
-        runner = made[0]
-        if arm == "baseline":
-            return SpecExecutor(runner)
-        m = methods[condition.method]
-        knobs: dict[str, Any] = {}
-        if isinstance(m, Ngram):
-            knobs = {"ngram_min": m.min_n, "ngram_max": m.max_n}
-        elif isinstance(m, Suffix):
-            knobs = {f"suffix_{k}": v for k, v in m.model_dump(exclude={"method"}).items()}
-        elif isinstance(m, LayerSkip):
-            knobs = {"draft_layers": m.layers}
-        elif isinstance(m, DraftModel):
-            knobs = {"draft": models(manifest.artifact("draft").path)}
-        adaptive = is_adaptive(condition.draft_len)  # D per request and round, ≤ the cap
-        d = recipe.adaptive_cap if adaptive else condition.draft_len
-        proposer = make_proposer(m.method, target, draft_len=d, target_runner=runner, **knobs)
-        return SpecExecutor(runner, proposer, d, adaptive=chooser(
-            m.method, d, manifest.cost_curve, runner, getattr(proposer, "runner", None))
-            if adaptive else None)
-
-    return make
-
-
-def target_runner(recipe: Recipe, manifest: Any, target: Any) -> Any:
-    """The target's Runner as built: the manifest's runner kind (the recipe's for a build that
-    recorded none) with the build folder's inductor cache."""
-    import sys
-
-    from trtspec.runtime.compiled import built_runner
-
-    built = getattr(manifest, "runner", None)
-    kind = built.kind if built is not None else getattr(recipe.backend, "runner", "transformers")
-    if built is None and kind == "compiled":
-        print("this build recorded no runner (an older trtspec): compiling now, uncached; "
-              "`trtspec build --force` caches it", file=sys.stderr)
-    return built_runner(target.model, kind, rows=recipe.limits.max_batch_size,
-                        cache_dir=built.cache_dir if built is not None else None,
-                        eos_token_id=target.tokenizer.eos_token_id,
-                        say=lambda line: print(line, file=sys.stderr))
-
-
-def _encoder(models: Callable[..., Any]):
-    from trtspec.models import encode
-
-    return lambda request: encode(models().tokenizer, request.chat())

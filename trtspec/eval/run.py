@@ -173,17 +173,15 @@ def _warm_up(executors: dict[str, SpecExecutor], inputs: EvalInputs, slots: int)
     """Compiled graphs for the scheduler's batch of ``slots`` rows, then ``inputs.warmup``
     requests per arm, untimed."""
     for executor in executors.values():  # (a runner returns at once for a batch it warmed)
-        if getattr(executor.target, "compiled", False):
-            executor.target.warm_up(slots)
+        executor.target.warm_up(slots)
     if not inputs.warmup:
         return
     warm = list(inputs.requests[: inputs.warmup])
     params = inputs.sampling.model_copy(update={"max_tokens": 8})
     for executor in executors.values():
         executor.generate([inputs.encode(r) for r in warm], params)
-        forget = getattr(executor.proposer, "forget", None)
-        if forget is not None:  # suffix: warm-up outputs are not there to be drafted from
-            forget()
+        if executor.proposer is not None:  # suffix: warm-up outputs are not there to be
+            executor.proposer.forget()  # drafted from
 
 
 def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalInputs,

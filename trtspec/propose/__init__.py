@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from trtspec.runtime import Runner
 from trtspec.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from trtspec.recipe_methods import Method
 
 
 @dataclass
@@ -58,51 +62,85 @@ class Proposer(Protocol):
         """How many of each row's drafts were accepted: roll back state, adapt."""
         ...
 
+    def forget(self) -> None:
+        """Drop what outlives requests (suffix's cross-request tree): warm-up outputs are not
+        there to be drafted from."""
+        ...
 
-def make_proposer(method: str, target: Any = None, *, draft_len: int = 4,
-                  draft: Any = None, draft_layers: int | None = None, ngram_min: int = 1,
-                  ngram_max: int = 3, suffix_max_depth: int = 24,
-                  suffix_max_spec_factor: float = 1.0, suffix_min_token_prob: float = 0.1,
-                  suffix_global_tokens: int = 65536, target_runner: Any = None
-                  ) -> Proposer | None:
-    """The proposer for a method name. ``target``/``draft`` are loaded models (trtspec.models)
-    for the torch backend, or Runners for the toy backend; ``suffix_*`` are the fields of
-    recipe.Suffix. A layer-skip draft is a view of ``target_runner`` when that runner has one
-    (the compiled runner), else of the transformers model."""
+    @property
+    def draft_runner(self) -> Runner | None:
+        """The model that drafts, with a cache of its own, for timing a draft step (the
+        adaptive draft length's cost); None when no model drafts."""
+        ...
+
+
+def make_proposer(method: Method | None, target: Runner | None = None, *, draft: Any = None,
+                  target_tokenizer: Any = None) -> Proposer | None:
+    """The proposer for a recipe method (None: plain decoding). ``target`` is the target's
+    Runner (a layer-skip draft is its ``layer_skip`` view: over its KV cache on the compiled
+    runner, with a cache of its own elsewhere); ``draft`` is a draft model's loaded checkpoint
+    (trtspec.models; its tokenizer is checked against ``target_tokenizer``) or a Runner (the
+    toy backend)."""
     from trtspec.propose.draft_model import DraftModelProposer, check_vocab
-    from trtspec.propose.ngram import NgramProposer
+    from trtspec.recipe_methods import DraftModel, LayerSkip, Ngram, Suffix
 
     match method:
-        case "none":
+        case None:
             return None
-        case "ngram":
-            return NgramProposer(ngram_min, ngram_max)
-        case "suffix":
+        case Ngram():
+            from trtspec.propose.ngram import NgramProposer
+
+            return NgramProposer(method.min_n, method.max_n)
+        case Suffix():
             from trtspec.propose.suffix import SuffixProposer
 
-            return SuffixProposer(suffix_max_depth, suffix_max_spec_factor,
-                                  suffix_min_token_prob, suffix_global_tokens)
-        case "layer_skip":
-            from trtspec.runtime.hf import HFRunner, layer_skip_view
+            return SuffixProposer(method.max_depth, method.max_spec_factor,
+                                  method.min_token_prob, method.global_tokens,
+                                  scope=method.scope)
+        case LayerSkip():
+            if target is None:
+                raise ValueError("method layer_skip needs the target's runner")
+            view = target.layer_skip(method.layers)
+            if view.shares_cache:
+                from trtspec.propose.layer_skip import LayerSkipProposer
 
-            model = target.model
-            layers = draft_layers or max(1, len(model.get_decoder().layers) // 2)
-            if hasattr(target_runner, "view"):  # a CompiledRunner: weights, graphs, KV cache
-                return DraftModelProposer(target_runner.view(layers, share_cache=True),
-                                          follows=target_runner)
-            return DraftModelProposer(HFRunner(layer_skip_view(model, layers),
-                                               eos_token_id=target.tokenizer.eos_token_id))
-        case "draft_model":
+                return LayerSkipProposer(view)
+            return DraftModelProposer(view)
+        case DraftModel():
             if draft is None:
                 raise ValueError("method draft_model needs a draft model (--draft-model)")
-            if hasattr(draft, "tokenizer"):  # a loaded HF model
+            from trtspec.models import LoadedModel
+
+            if isinstance(draft, LoadedModel):
                 from trtspec.runtime.hf import HFRunner
 
-                check_vocab(target.tokenizer, draft.tokenizer)
-                vocab = target.model.get_output_embeddings().weight.shape[0]
-                return DraftModelProposer(HFRunner(draft.model), target_vocab=vocab,
+                if target_tokenizer is not None:
+                    check_vocab(target_tokenizer, draft.tokenizer)
+                return DraftModelProposer(HFRunner(draft.model), target_vocab=target.vocab_size
+                                          if target is not None else None,
                                           fallback_id=draft.tokenizer.unk_token_id)
             return DraftModelProposer(draft)
         case _:
-            raise ValueError(f"unknown method '{method}': use none, draft_model, layer_skip, "
-                             "ngram or suffix")
+            raise ValueError(f"method {method.method} runs on TensorRT-LLM builds only (the "
+                             "torch backend runs draft_model, layer_skip, ngram and suffix)")
+
+
+def method_named(name: str, *, draft_model: str = "", layers: int = 1, ngram_min: int = 1,
+                 ngram_max: int = 3) -> Method | None:
+    """A method object from a name and the CLI's knobs (``trtspec generate``, the toy server);
+    ``none`` is None."""
+    from trtspec.recipe_methods import DraftModel, LayerSkip, Ngram, Suffix
+
+    match name:
+        case "none":
+            return None
+        case "ngram":
+            return Ngram(method="ngram", min_n=ngram_min, max_n=ngram_max)
+        case "suffix":
+            return Suffix(method="suffix")
+        case "layer_skip":
+            return LayerSkip(method="layer_skip", layers=layers)
+        case "draft_model":
+            return DraftModel(method="draft_model", model=draft_model or "(given)")
+    raise ValueError(f"unknown method '{name}': use none, draft_model, layer_skip, ngram or "
+                     "suffix")

@@ -13,20 +13,19 @@ from trtspec.sampling import SamplingParams, rows_to_probs, sample, uniforms
 
 
 class DraftModelProposer:
-    """Drives any Runner as the draft. Its cache holds committed tokens plus the drafts it fed.
+    """Drives any Runner with a KV cache of its own as the draft. Its cache holds committed
+    tokens plus the drafts it fed.
 
     Per round: feed the committed tokens the draft has not seen (at least the last emitted token),
     then D single-token steps; the last draft is never fed (nothing would read its logits).
     ``observe`` rolls the cache back to the committed prefix plus the accepted drafts.
-
-    With ``follows`` (the target's runner, whose cache ``runner`` shares: a layer-skip view) the
-    committed tokens are in the cache already, written by the target: the draft feeds only the
-    last emitted token, so a round after plain steps costs no catch-up.
+    (A draft that reads the target's own cache is :class:`~trtspec.propose.layer_skip.
+    LayerSkipProposer`.)
     """
 
     def __init__(self, runner: Runner, target_vocab: int | None = None,
-                 fallback_id: int | None = None, follows: Runner | None = None) -> None:
-        self.runner, self.follows = runner, follows
+                 fallback_id: int | None = None) -> None:
+        self.runner = runner
         self.target_vocab = target_vocab or runner.vocab_size  # q is over the target's ids
         # Committed tokens come from the target and may hold ids the draft lacks (a prefix
         # vocabulary): they would index past its embedding table, so the draft reads them as
@@ -37,10 +36,11 @@ class DraftModelProposer:
         self._valid: list[int] = []  # per row: leading cache tokens that are committed
         self._after_propose: list[tuple[int, int]] = []  # per row: (committed len, cache len)
 
+    @property
+    def draft_runner(self) -> Runner:
+        return self.runner
+
     def start(self, prompts: Sequence[Sequence[int]]) -> None:
-        if self.follows is not None:  # the target prefills the shared cache
-            self._valid, self._after_propose = [0] * len(prompts), []
-            return
         self.runner.prefill([self._inputs(p) for p in prompts])
         self._valid = [len(p) for p in prompts]
         self._after_propose = []
@@ -48,9 +48,6 @@ class DraftModelProposer:
     def admit(self, row: int, prompt: Sequence[int]) -> None:
         from trtspec.runtime import admit_row
 
-        if self.follows is not None:  # the target admitted it into the shared cache
-            self._valid[row] = 0
-            return
         admit_row(self.runner, row, self._inputs(prompt))
         self._valid[row] = len(prompt)
 
@@ -60,29 +57,20 @@ class DraftModelProposer:
         self.runner.rollback(lengths)
         self._valid[row] = 0
 
+    def forget(self) -> None:
+        """Nothing outlives a request here."""
+
     def propose(self, tokens: Sequence[Sequence[int]], draft_len: Sequence[int],
                 params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> Draft:
-        batch, steps = len(tokens), max(draft_len, default=0)
-        if steps == 0:
-            return Draft.empty(batch)
-        if self.follows is not None:  # all but each row's last token are in the shared cache
-            self.runner.follow()
-            self._valid = self.runner.lengths()
+        if max(draft_len, default=0) == 0:
+            return Draft.empty(len(tokens))
         feed = [self._inputs(t[v:]) if n else [] for t, v, n in zip(tokens, self._valid,
                                                                     draft_len, strict=True)]
-        ids, probs = [], []
-        for step in range(steps):
-            logits = _fit(self.runner.score(feed, last_only=True)[:, 0], self.target_vocab)
-            q = rows_to_probs(logits, params)  # [B, V_target]
-            live = [int(n > step) for n in draft_len]
-            x = sample(q, uniforms(live, generators, q.device)[:, 0]).tolist()  # [B], host
-            ids.append([t if on else -1 for t, on in zip(x, live, strict=True)])
-            probs.append(q)
-            feed = [[x[b]] if draft_len[b] > step + 1 else [] for b in range(batch)]
+        draft = sample_drafts(self.runner, feed, draft_len, params, generators,
+                              self.target_vocab)
         self._after_propose = [(len(t), len(t) + n - 1) if n else (v, v)
                                for t, n, v in zip(tokens, draft_len, self._valid, strict=True)]
-        return Draft(torch.tensor(ids, dtype=torch.long).T.contiguous(),
-                     torch.as_tensor(list(draft_len), dtype=torch.long), torch.stack(probs, 1))
+        return draft
 
     def _inputs(self, ids: Sequence[int]) -> list[int]:
         return [t if t < self.input_vocab else self.fallback_id for t in ids]
@@ -95,6 +83,27 @@ class DraftModelProposer:
                        zip(self._after_propose, num_accepted, strict=True)]
         self.runner.rollback(self._valid)
         self._after_propose = []
+
+
+def sample_drafts(runner: Runner, feed: list[list[int]], draft_len: Sequence[int],
+                  params: Sequence[SamplingParams], generators: Sequence[torch.Generator],
+                  target_vocab: int) -> Draft:
+    """D = draft_len[b] autoregressive steps of ``runner`` for each row: score ``feed[b]``
+    (what the draft has not seen yet), sample x ~ q from the last position's logits through
+    ``logits_to_probs`` with the row's params and generator, feed x back; the last draft is
+    never fed. Returns the drafts with q [B, K, V_target]."""
+    batch, steps = len(feed), max(draft_len, default=0)
+    ids, probs = [], []
+    for step in range(steps):
+        logits = _fit(runner.score(feed, last_only=True)[:, 0], target_vocab)
+        q = rows_to_probs(logits, params)  # [B, V_target]
+        live = [int(n > step) for n in draft_len]
+        x = sample(q, uniforms(live, generators, q.device)[:, 0]).tolist()  # [B], host
+        ids.append([t if on else -1 for t, on in zip(x, live, strict=True)])
+        probs.append(q)
+        feed = [[x[b]] if draft_len[b] > step + 1 else [] for b in range(batch)]
+    return Draft(torch.tensor(ids, dtype=torch.long).T.contiguous(),
+                 torch.as_tensor(list(draft_len), dtype=torch.long), torch.stack(probs, 1))
 
 
 def _fit(logits: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -52,6 +52,13 @@ class NgramProposer:
     def release(self, row: int) -> None:
         pass
 
+    def forget(self) -> None:
+        pass  # nothing outlives a request
+
+    @property
+    def draft_runner(self) -> None:
+        return None  # no model drafts: a draft step costs no forward
+
     def propose(self, tokens: Sequence[Sequence[int]], draft_len: Sequence[int],
                 params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> Draft:
         found = [find_continuation(t, self.min_n, self.max_n, n) if n else []

@@ -23,18 +23,23 @@ only caps it.
                 accepted if the trie's frequencies were the target's
 * request trie  one per row, over its prompt + output, synced from the ``tokens`` that
                 ``propose`` gets: committed tokens, so only new ones are inserted, never undone
-* global trie   over finished requests' outputs. Not prompts: a prompt is in its own request
-                trie already, other users' prompts rarely predict this output, and long prompts
-                would crowd outputs out of the budget. It holds at most ``global_tokens`` tokens:
-                over budget, the oldest outputs go first (FIFO), inserted again with count −1,
-                nodes that reach 0 deleted, which leaves the trie of the remaining outputs.
-                Memory: at most max_depth nodes per token held
+* scope         where drafts may come from. ``request``: the request trie only, so nothing
+                of one request reaches another's drafts (nor, through how many are accepted,
+                its latency). ``server``: also the global trie, shared by every request in
+                the process
+* global trie   (scope server) over finished requests' outputs. Not prompts: a prompt is in
+                its own request trie already, other users' prompts rarely predict this output,
+                and long prompts would crowd outputs out of the budget. It holds at most
+                ``global_tokens`` tokens: over budget, the oldest outputs go first (FIFO),
+                inserted again with count −1, nodes that reach 0 deleted, which leaves the trie
+                of the remaining outputs. Memory: at most max_depth nodes per token held
 
-Both tries propose; the higher score wins (the request trie on a tie). An output reaches the
-global trie when its row is released or a new ``start`` replaces the batch, as far as
-``propose`` saw it (a request's last round is never shown to a proposer). So a seeded sampled
-output depends on earlier requests (they change the drafts, hence the uniforms a round draws);
-its distribution does not, nor does a greedy output.
+With scope server both tries propose; the higher score wins (the request trie on a tie). An
+output reaches the global trie when its row is released or a new ``start`` replaces the batch,
+as far as ``propose`` saw it (a request's last round is never shown to a proposer). So a seeded
+sampled output depends on earlier requests (they change the drafts, hence the uniforms a round
+draws); its distribution does not, nor does a greedy output. With scope request a request's
+drafts depend on its own tokens only.
 """
 
 from __future__ import annotations
@@ -44,11 +49,15 @@ import math
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from trtspec.propose import Draft
 from trtspec.sampling import SamplingParams
+
+Scope = Literal["request", "server"]
+SCOPES: tuple[Scope, ...] = ("request", "server")
 
 
 class SuffixTrie:
@@ -187,21 +196,34 @@ class _Row:
 
 
 class SuffixProposer:
-    """Point-mass drafts from a request trie per row and one global trie of finished outputs."""
+    """Point-mass drafts from a request trie per row and, with scope server, one global trie of
+    finished outputs (``global_trie`` is None with scope request: nothing outlives a request)."""
 
     def __init__(self, max_depth: int = 24, max_spec_factor: float = 1.0,
-                 min_token_prob: float = 0.1, global_tokens: int = 65536) -> None:
+                 min_token_prob: float = 0.1, global_tokens: int = 65536,
+                 scope: Scope = "server") -> None:
         if max_depth < 2 or max_spec_factor <= 0 or not 0 <= min_token_prob <= 1 \
-                or global_tokens < 0:
+                or global_tokens < 0 or scope not in SCOPES:
             raise ValueError("suffix needs max_depth ≥ 2, max_spec_factor > 0, 0 ≤ min_token_prob "
-                             f"≤ 1 and global_tokens ≥ 0; got {max_depth}, {max_spec_factor}, "
-                             f"{min_token_prob}, {global_tokens}")
+                             "≤ 1, global_tokens ≥ 0 and scope request or server; got "
+                             f"{max_depth}, {max_spec_factor}, {min_token_prob}, "
+                             f"{global_tokens}, {scope!r}")
         self.max_depth, self.max_spec_factor = max_depth, max_spec_factor
-        self.min_token_prob, self.global_tokens = min_token_prob, global_tokens
-        self.global_trie = SuffixTrie(max_depth)
+        self.min_token_prob, self.global_tokens, self.scope = min_token_prob, global_tokens, scope
+        self.global_trie = SuffixTrie(max_depth) if scope == "server" else None
         self.finished: collections.deque[list[int]] = collections.deque()  # in it, oldest first
         self.global_size = 0  # tokens in the global trie: the sum of len(finished)
         self.rows: list[_Row | None] = []
+
+    def describe(self) -> str:
+        """One line for an operator (``serve`` prints it at start-up): whether one client's
+        text can shape another's drafts, and how much the shared trie may hold."""
+        if self.global_trie is None:
+            return "suffix tree: per request (no text is shared across requests)"
+        if self.global_tokens == 0:
+            return "suffix tree: per request (scope server with global_tokens 0 keeps nothing)"
+        return (f"suffix tree: server-wide, ≤ {self.global_tokens} tokens of finished outputs, "
+                "shared across clients")
 
     def start(self, prompts: Sequence[Sequence[int]]) -> None:
         for row in range(len(self.rows)):
@@ -221,7 +243,10 @@ class SuffixProposer:
 
     def remember(self, output: Sequence[int]) -> None:
         """Put a finished output (its last global_tokens tokens) into the global trie, then
-        evict the oldest outputs until it holds at most global_tokens tokens."""
+        evict the oldest outputs until it holds at most global_tokens tokens. Scope request
+        keeps nothing."""
+        if self.global_trie is None:
+            return
         output = list(output[len(output) - self.global_tokens:])
         if not output:
             return
@@ -233,10 +258,14 @@ class SuffixProposer:
             self.global_trie.add(old, -1)
             self.global_size -= len(old)
 
+    @property
+    def draft_runner(self) -> None:
+        return None  # no model drafts: a draft step costs no forward
+
     def forget(self) -> None:
         """Drop every row and every finished output: what a warm-up generated must not be
         drafted from in what is measured after it."""
-        self.global_trie = SuffixTrie(self.max_depth)
+        self.global_trie = SuffixTrie(self.max_depth) if self.scope == "server" else None
         self.finished.clear()
         self.global_size, self.rows = 0, []
 
@@ -260,7 +289,7 @@ class SuffixProposer:
         row.tokens = context
         knobs = (n, self.max_spec_factor, self.min_token_prob)
         mine, my_score = row.trie.speculate(context, *knobs, suffixes=row.trie.active)
-        if not self.finished:
+        if self.global_trie is None or not self.finished:
             return mine
         theirs, their_score = self.global_trie.speculate(context, *knobs)
         return mine if my_score >= their_score else theirs

@@ -44,6 +44,25 @@ class Runner(Protocol):
         """Tokens held per row, prompt included."""
         ...
 
+    @property
+    def shares_cache(self) -> bool:
+        """Whether this runner reads another runner's KV cache (a layer-skip view of the
+        compiled runner): it never prefills, and its owner writes the committed tokens."""
+        ...
+
+    def layer_skip(self, num_layers: int, share_cache: bool = True) -> Runner:
+        """A draft of this model's first ``num_layers`` layers, final norm and head, sharing
+        its weights. Its KV cache is this runner's where the runner can share it (then its
+        ``shares_cache`` is true) and ``share_cache`` asks for it, else its own. ValueError
+        when the model has no layers to skip."""
+        ...
+
+    def warm_up(self, batch: int) -> float:
+        """Prepare every kernel a batch of ``batch`` rows can need, so no request waits for a
+        compiler; returns seconds. A live KV cache is kept as it was. A no-op for eager
+        runners."""
+        ...
+
 
 def admit_row(runner: Runner, row: int, prompt: Sequence[int]) -> torch.Tensor:
     """Put a new sequence in ``row`` of a running batch, the other rows untouched: drop the

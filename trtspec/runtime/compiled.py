@@ -142,6 +142,13 @@ class CompiledRunner:
         draft._warmed = set()
         return draft
 
+    @property
+    def shares_cache(self) -> bool:
+        return self._owner is not self
+
+    def layer_skip(self, num_layers: int, share_cache: bool = True) -> CompiledRunner:
+        return self.view(num_layers, share_cache=share_cache)
+
     def detached(self) -> CompiledRunner:
         """The same layers with a KV cache of their own (to time a draft step, say): a shared-
         cache view does not prefill."""
@@ -246,21 +253,26 @@ class CompiledRunner:
     def warm_up(self, batch: int = 1, widths: Sequence[int] = (1, 2, PROJECT_ROWS + 1)
                 ) -> float:
         """Compile (or load from inductor's cache) every graph a batch of ``batch`` rows can
-        need, then drop the rows; returns seconds. Widths 1, 2 and one past PROJECT_ROWS cover
-        every width (_project switches there); one row,
-        two rows and the whole batch cover every row range (part of the batch has strides the
-        whole batch lacks, and a one-row view's strides are those of this batch size). A batch
-        size already warmed up returns at once."""
+        need; returns seconds. Widths 1, 2 and one past PROJECT_ROWS cover every width
+        (_project switches there); one row, two rows and the whole batch cover every row range
+        (part of the batch has strides the whole batch lacks, and a one-row view's strides are
+        those of this batch size). It runs on scratch rows: a live KV cache is put back as it
+        was. A batch size already warmed up returns at once; a view warms up its owner."""
+        if self._owner is not self:
+            return self._owner.warm_up(batch, widths)
         began = time.perf_counter()
-        if batch in self._warmed:
+        if batch in self._warmed or not self.compiled:
             return 0.0
         self._warmed.add(batch)
-        self.prefill([[0]] * batch)
-        for n in sorted({1, min(2, batch), batch}):
-            for t in widths:
-                self.score([[0] * t] * n + [[]] * (batch - n))
-                self.rollback([1] * batch)
-        self.keys, self.values, self._lengths = [], [], []
+        live = self.keys, self.values, self._lengths, self._capacity
+        try:
+            self.prefill([[0]] * batch)
+            for n in sorted({1, min(2, batch), batch}):
+                for t in widths:
+                    self.score([[0] * t] * n + [[]] * (batch - n))
+                    self.rollback([1] * batch)
+        finally:
+            self.keys, self.values, self._lengths, self._capacity = live
         return time.perf_counter() - began
 
     def _allocate(self, batch: int, tokens: int) -> None:

@@ -181,6 +181,18 @@ class HFRunner:
     def lengths(self) -> list[int]:
         return [] if self.cache is None else self.cache.lengths.tolist()
 
+    @property
+    def shares_cache(self) -> bool:
+        return False
+
+    def layer_skip(self, num_layers: int, share_cache: bool = True) -> HFRunner:
+        """A layer-skip draft with a RowCache of its own (the stock modules write one cache)."""
+        return HFRunner(layer_skip_view(self.model, num_layers), eos_token_id=self._eos,
+                        vocab_size=self._vocab)
+
+    def warm_up(self, batch: int) -> float:
+        return 0.0  # eager: nothing to compile
+
     def _require_cache(self, rows: int) -> RowCache:
         if self.cache is None:
             raise RuntimeError("call prefill() before score() or rollback()")

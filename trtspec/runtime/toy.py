@@ -112,6 +112,16 @@ class ToyRunner:
     def lengths(self) -> list[int]:
         return [len(s) for s in self._seqs]
 
+    @property
+    def shares_cache(self) -> bool:
+        return False
+
+    def layer_skip(self, num_layers: int, share_cache: bool = True) -> ToyRunner:
+        raise ValueError("the toy backend has no layers to skip")
+
+    def warm_up(self, batch: int) -> float:
+        return 0.0  # nothing is compiled
+
 
 def _context(tokens: Sequence[int], n: int) -> list[int]:
     """The last n tokens, left-padded with token 0."""
