@@ -8,6 +8,10 @@ overhead: the share of wall time outside model forwards (target and draft scorin
 ``generate`` runs the same prompts one at a time beside it, as the reference a user has.
 
 Writes reports/bench-serve.md. ``--quick`` runs 4 prompts and 8 tokens (a smoke test).
+
+``--soak`` instead runs `trtspec serve` over HTTP for a long run (see serve_soak.py) and writes
+(or replaces) the report's "## Soak" section; ``--soak --quick``: 40 requests on the toy
+backend.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from serve_soak import soak, write_report  # same folder: the --soak run
 
 from trtspec.eval.clients import run_clients
 from trtspec.eval.workloads import builtin, per_category
@@ -89,7 +95,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("reports/bench-serve.md"))
+    parser.add_argument("--soak", action="store_true",
+                        help="instead, soak `trtspec serve` over HTTP (serve_soak.py)")
+    parser.add_argument("--soak-requests", type=int, default=None,
+                        help="--soak: requests measured [default: 2000; 40 with --quick]")
+    parser.add_argument("--soak-clients", type=int, default=16,
+                        help="--soak: concurrent streaming clients")
+    parser.add_argument("--soak-warmup", type=int, default=None,
+                        help="--soak: requests before the first memory reading "
+                             "[default: 2 × clients]")
+    parser.add_argument("--backend", choices=["recipe", "toy"], default=None,
+                        help="--soak: what `trtspec serve` runs [default: recipe; toy "
+                             "with --quick]")
+    parser.add_argument("--recipe", default="recipes/cpu-smollm2.yaml",
+                        help="--soak: the recipe or build folder served "
+                        "(--backend recipe)")
+    parser.add_argument("--method", default=None,
+                        help="--soak: `trtspec serve --method` [default: the recipe's "
+                        "first]")
+    parser.add_argument("--seed", type=int, default=0, help="--soak: seeds its requests and drops")
     args = parser.parse_args()
+    if args.soak:
+        sys.exit(soak(args))
     torch.manual_seed(0)
     lm = load("smollm2-135m-instruct", device="cpu")
     requests = per_category(builtin(), 1 if args.quick else 2, seed=0)[: 4 if args.quick else 16]
@@ -128,8 +155,7 @@ def main() -> None:
               "runner's own input and mask building counts as forward time). In process, on "
               "the scheduler `trtspec serve` runs: HTTP and SSE are not in it.",
               "Command: `.venv/bin/python benchmarks/bench_serve.py`", ""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
+    write_report(args.out, "\n".join(lines), soak_section=False)
     print("\n".join(lines))
     median = statistics.median(r["tpot50"] for r in rows.values())
     print(f"wrote {args.out}  (median TPOT p50 {median:.1f} ms)")

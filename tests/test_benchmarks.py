@@ -36,3 +36,49 @@ def test_smollm2_benchmarks_quick(bench: str, needles: tuple[str, ...], tmp_path
     text = out.read_text()
     for needle in needles:
         assert needle in text
+
+
+def test_bench_serve_soak_quick(tmp_path: Path) -> None:
+    """The soak's code path on the toy backend (no weights): `trtspec serve` in a subprocess,
+    streaming clients that drop a fifth of their requests, every check passing; the Soak
+    section replaces an old one and leaves the scheduler tables above it alone."""
+    out = tmp_path / "bench-serve.md"
+    out.write_text("# Serving scheduler under load (CPU)\n\n| plain | 1 |\n\n## Soak\n\nstale\n")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_serve.py"), "--soak",
+                          "--quick", "--method", "suffix", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    text = out.read_text()
+    assert text.startswith("# Serving scheduler under load (CPU)\n\n| plain | 1 |\n\n## Soak\n")
+    assert text.count("## Soak") == 1 and "stale" not in text
+    for needle in ("| first quarter (1–10) |", "| last quarter (31–40) |", "| all 40 |",
+                   "| requests lost | 0 | 0 | ok |", "| /health at the end | 200 | 200 | ok |",
+                   "40 of 40", "The server said at start-up: `trtspec serve: http",
+                   "PASS. Command: `.venv/bin/python "
+                   "benchmarks/bench_serve.py --soak --quick --method suffix"):
+        assert needle in text, needle
+
+
+def test_each_bench_serve_mode_replaces_only_its_part_of_the_report(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from serve_soak import write_report
+
+    out = tmp_path / "bench-serve.md"
+    write_report(out, "## Soak\n\nfirst soak", soak_section=True)  # no report yet
+    assert out.read_text() == "## Soak\n\nfirst soak\n"
+    write_report(out, "# Tables\n\nold", soak_section=False)
+    assert out.read_text() == "# Tables\n\nold\n\n## Soak\n\nfirst soak\n"
+    write_report(out, "## Soak\n\nsecond soak", soak_section=True)
+    write_report(out, "# Tables\n\nnew\n", soak_section=False)
+    assert out.read_text() == "# Tables\n\nnew\n\n## Soak\n\nsecond soak\n"
+
+
+def test_bench_detok_quick(tmp_path: Path) -> None:
+    out = tmp_path / "bench-detok.md"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_detok.py"), "--quick",
+                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = out.read_text()
+    assert "| incremental (TextStream) | 2 |" in text and "| whole re-decode (before) | 0 |" in text
+    assert "µs / token at 4000" in text and "Command: `python benchmarks/bench_detok.py" in text

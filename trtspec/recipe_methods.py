@@ -56,7 +56,15 @@ class Suffix(Strict):
     min_token_prob: float = Field(0.1, ge=0, le=1, description="stop drafting where the "
                                   "continuation's running frequency falls below this")
     global_tokens: int = Field(65536, ge=0, description="tokens of finished outputs the global "
-                               "trie keeps, oldest evicted first; 0: no global trie")
+                               "trie keeps, oldest evicted first; 0: no global trie (scope "
+                               "server; moot with scope request)")
+    scope: Literal["request", "server"] = Field(
+        "server", description="what drafts come from: request = the request's own prompt and "
+        "output only, nothing shared across requests; server = also the global trie of every "
+        "client's finished outputs, which raises acceptance on repetitive multi-user traffic "
+        "but lets one client's text shape another's drafts, and so its latency (a timing side "
+        "channel). The default, server, suits one tenant (and is what evals measure); set "
+        "request when clients must not influence each other")
 
 
 class Medusa(Strict):
