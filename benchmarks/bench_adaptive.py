@@ -23,7 +23,7 @@ from trtspec.models import encode, load
 from trtspec.propose.layer_skip import LayerSkipProposer
 from trtspec.propose.ngram import NgramProposer
 from trtspec.propose.suffix import SuffixProposer
-from trtspec.runtime.compiled import built_runner
+from trtspec.runtime.kinds import built_runner
 from trtspec.sampling import SamplingParams
 
 SET = "open-ended chat"

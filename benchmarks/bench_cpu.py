@@ -44,8 +44,8 @@ from trtspec.propose.draft_model import DraftModelProposer
 from trtspec.propose.layer_skip import LayerSkipProposer
 from trtspec.propose.ngram import NgramProposer
 from trtspec.propose.suffix import SuffixProposer
-from trtspec.runtime.compiled import make_runner
 from trtspec.runtime.hf import HFRunner, layer_skip_view
+from trtspec.runtime.kinds import make_runner
 from trtspec.sampling import SamplingParams
 
 ARTICLE = (
@@ -173,7 +173,7 @@ def run_hf(model, prompts, new_tokens: int, **kwargs) -> tuple[float, list[list[
 def compile_from_cache(cache: Path) -> float:
     """Seconds a new process takes to load the compiled graphs from ``cache`` (first token)."""
     code = ("import time, torch; from trtspec.models import load; "
-            "from trtspec.runtime.compiled import make_runner; "
+            "from trtspec.runtime.kinds import make_runner; "
             "m = load('smollm2-135m-instruct', device='cpu').model; t = time.perf_counter(); "
             f"r = make_runner(m, 'compiled', cache_dir={str(cache)!r}); r.warm_up(1); "
             "print(time.perf_counter() - t)")

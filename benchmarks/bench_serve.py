@@ -33,7 +33,7 @@ from trtspec.executor import SpecExecutor
 from trtspec.metrics import SpecStats
 from trtspec.models import encode, load
 from trtspec.propose.ngram import NgramProposer
-from trtspec.runtime.compiled import built_runner
+from trtspec.runtime.kinds import built_runner
 from trtspec.sampling import SamplingParams
 
 SLOTS = 8

@@ -70,7 +70,7 @@ class OpenBuild:
         that recorded none) with the build folder's inductor cache, compiled (or loaded) for
         ``limits.max_batch_size`` rows."""
         if self._runner is None:
-            from trtspec.runtime.compiled import built_runner
+            from trtspec.runtime.kinds import built_runner
 
             built = self.manifest.runner
             kind = built.kind if built is not None else self.recipe.backend.runner

@@ -215,7 +215,7 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
 
     from trtspec.engine import OpenBuild
     from trtspec.recipe import load_recipe
-    from trtspec.runtime.compiled import runner_kind
+    from trtspec.runtime.kinds import runner_kind
 
     model = tmp_path / "tiny-llama"
     tiny = tiny_llama()

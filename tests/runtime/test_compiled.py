@@ -12,8 +12,9 @@ from trtspec.propose.draft_model import DraftModelProposer
 from trtspec.propose.layer_skip import LayerSkipProposer
 from trtspec.propose.ngram import NgramProposer
 from trtspec.runtime import admit_row
-from trtspec.runtime.compiled import CompiledRunner, make_runner
+from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner, layer_skip_view
+from trtspec.runtime.kinds import make_runner
 from trtspec.sampling import SamplingParams
 
 pytestmark = pytest.mark.compile

@@ -53,7 +53,7 @@ def metric(url: str, name: str) -> float:
 
 
 def toy(method: str = "draft_model", slots: int = 8, draft_len: int = 4, **kw):
-    return toy_engine(method, draft_len, slots, kw.get("max_waiting", 256), "toy")[0]
+    return toy_engine(method, draft_len, slots, kw.get("max_waiting", 256), "toy")
 
 
 def slow_down(engine) -> None:
@@ -317,7 +317,7 @@ def test_trtspec_eval_against_trtspec_serve_reconciles_with_its_metrics(tmp_path
 
     from trtspec.eval.run import read_records
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "cpu-smollm2.yaml"
     workload = tmp_path / "w.jsonl"
     workload.write_text("".join(json.dumps({"id": f"q{i}", "category": "c",
                                             "prompt": f"{1 + i} {2 + i} 3"}) + "\n"
@@ -368,7 +368,7 @@ def tiny_dir(tmp_path_factory):
 
 def test_a_transformers_model_serves_generate_s_text(tiny_dir, capsys) -> None:
     from trtspec.models import load
-    from trtspec.propose import make_proposer
+    from trtspec.propose import make_proposer, method_named
     from trtspec.runtime.hf import HFRunner
     from trtspec.scheduler import Scheduler
     from trtspec.serve.server import Engine, Limits, TokenizerTexts
@@ -381,7 +381,8 @@ def test_a_transformers_model_serves_generate_s_text(tiny_dir, capsys) -> None:
 
     lm = load(str(tiny_dir), device="cpu")
     executor = SpecExecutor(HFRunner(lm.model, eos_token_id=lm.tokenizer.eos_token_id),
-                            make_proposer("layer_skip", lm, draft_layers=1), 3)
+                            make_proposer(method_named("layer_skip", layers=1),
+                                          HFRunner(lm.model)), 3)
     engine = Engine(Scheduler(executor, 4), TokenizerTexts(lm.tokenizer), "tiny", Limits())
     with serving(engine) as url:
         client = openai.OpenAI(base_url=url, api_key="x")
@@ -473,11 +474,14 @@ def test_trtspec_serve_a_built_recipe_then_sigterm(tiny_dir, tmp_path) -> None:
     assert proc.returncode == 0, err
     assert "stopped (0 requests were still running)" in out
     assert url in out and "slots 3" in out
-    assert "layer_skip, D = 2, D by running requests 1:2,2:1 (0 beyond)" in out
+    assert "policy: layer_skip, D = 2 at 1, D = 1 at 2, plain decoding at 3 running" in out
 
 
 def test_policy_from_a_decided_eval(tmp_path) -> None:
+    import click
+
     from trtspec.cli.serve import policy_from_eval
+    from trtspec.scheduler import DraftPolicy
 
     verdicts = [("ngram/D2/c1", "GO", 1.3), ("ngram/D4/c1", "GO", 1.6), ("ngram/D2/c4", "GO", 1.1),
                 ("ngram/D4/c4", "NO-GO", 0.9), ("layer_skip/D2/c1", "GO", 1.2),
@@ -487,15 +491,23 @@ def test_policy_from_a_decided_eval(tmp_path) -> None:
         for c, v, s in verdicts] + [{"condition": "ngram/D2/c8", "category": "chat",
                                      "verdict": "GO", "speedup": 3.0}]}))
     # most GO conditions; c = 8 was measured and nothing was GO there: D = 0
-    assert policy_from_eval(tmp_path, None) == ("ngram", "1:4,4:2,8:0")
-    assert policy_from_eval(tmp_path, "layer_skip") == ("layer_skip", "1:2,4:0,8:0")
-    assert policy_from_eval(tmp_path, "draft_model") == ("none", None)  # nothing GO
-    # through the CLI: the startup line says the policy it read; --policy sets D alone
-    with pytest.raises(SystemExit) as exit_info:
-        main(["serve", "--backend", "toy", "--policy", str(tmp_path), "--draft-len", "2"])
-    assert exit_info.value.code == 2
+    notes: list[str] = []
+    assert policy_from_eval(tmp_path, None, notes) == ("ngram", DraftPolicy.parse("1:4,4:2,8:0"))
+    assert "more running requests than 8 were not measured and are decoded plainly" in notes[0]
+    assert policy_from_eval(tmp_path, "layer_skip", []) == ("layer_skip",
+                                                            DraftPolicy.parse("1:2,4:0,8:0"))
+    with pytest.raises(click.UsageError, match="draft_model has no GO condition in this eval "
+                                               r"\(GO: layer_skip, ngram\)"):
+        policy_from_eval(tmp_path, "draft_model", [])  # not plain decoding without a word
+    # through the CLI: conflicts are refused (exit 2, one line); the startup line states the
+    # whole policy as it will run, and what the eval did not measure
+    for flags in (("--draft-len", "2"), ("--method", "draft_model")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", "--backend", "toy", "--policy", str(tmp_path), *flags])
+        assert exit_info.value.code == 2
     out = serve_toy("--policy", str(tmp_path))
-    assert "policy ngram, D = 4, D by running requests 1:4,4:2,8:0 (0 beyond)" in out, out
+    assert "policy: ngram, D = 4 at 1, D = 2 at 2–4, plain decoding at 5–8 running" in out, out
+    assert "were not measured and are decoded plainly" in out
 
 
 def launch(*args: str, **env: str):
@@ -538,6 +550,7 @@ def serve_toy(*flags: str) -> str:
 
 def test_policy_from_a_decided_eval_with_an_adaptive_condition(tmp_path) -> None:
     from trtspec.cli.serve import policy_from_eval
+    from trtspec.scheduler import DraftPolicy
 
     verdicts = [("ngram/D4/c1", "GO", 1.6), ("ngram/Dadaptive/c1", "GO", 1.5),
                 ("ngram/D2/c4", "GO", 1.1), ("ngram/Dadaptive/c4", "GO", 1.3),
@@ -545,13 +558,14 @@ def test_policy_from_a_decided_eval_with_an_adaptive_condition(tmp_path) -> None
     (tmp_path / "decision.json").write_text(json.dumps({"verdicts": [
         {"condition": c, "category": "all", "verdict": v, "speedup": s}
         for c, v, s in verdicts]}))
-    assert policy_from_eval(tmp_path, None) == ("ngram", "1:4,4:adaptive,8:0")
+    assert policy_from_eval(tmp_path, None, []) == ("ngram",
+                                                    DraftPolicy.parse("1:4,4:adaptive,8:0"))
 
 
 def test_a_build_folder_serves_without_its_recipe_file(tiny_dir, tmp_path) -> None:
     import yaml
 
-    from trtspec.cli.serve import recipe_engine
+    from trtspec.cli.serve import describe_policy, recipe_engine
     from trtspec.recipe import RecipeError
 
     recipe = tmp_path / "recipes" / "tiny.yaml"
@@ -563,9 +577,8 @@ def test_a_build_folder_serves_without_its_recipe_file(tiny_dir, tmp_path) -> No
     main(["build", str(recipe)])
     folder = tmp_path / "engines" / "tiny" / "cpu"
     recipe.unlink()  # the folder holds the recipe as built
-    engine, label = recipe_engine(str(folder), (), tmp_path / "engines", None, None, None, 4,
-                                  None)
-    assert engine.model == str(tiny_dir) and label == "ngram, D = 3"
+    engine = recipe_engine(str(folder), (), tmp_path / "engines", None, None, None, 4, None)
+    assert engine.model == str(tiny_dir) and describe_policy(engine).startswith("ngram, D = 3")
     assert engine.scheduler.executor.proposer.max_n == 2 and engine.scheduler.slots == 8
     with pytest.raises(RecipeError, match=r"no recipe\.yaml here"):
         recipe_engine(str(tmp_path), (), tmp_path, None, None, None, 4, None)
@@ -576,7 +589,7 @@ def test_eval_with_open_loop_arrivals_against_serve(tmp_path) -> None:
 
     from trtspec.eval.run import read_records
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "cpu-smollm2.yaml"
     workload = tmp_path / "w.jsonl"
     workload.write_text("".join(json.dumps({"id": f"q{i}", "category": "c",
                                             "prompt": f"{1 + i} 2 3"}) + "\n"
@@ -591,3 +604,307 @@ def test_eval_with_open_loop_arrivals_against_serve(tmp_path) -> None:
     assert starts[-1] - starts[0] > 0.05  # sent over time, not at once (mean gap 25 ms)
     meta = json.loads((tmp_path / "poisson" / "eval.json").read_text())
     assert "eval.request_rate=40.0" in meta["overrides"]
+
+
+def fail_on_call(engine, armed: threading.Event) -> None:
+    """Make the target's score raise on its next call once ``armed`` is set (a model failure
+    mid-round); until then every call takes 10 ms, so requests are still running."""
+    target = engine.scheduler.executor.target
+    score = target.score
+
+    def failing(tokens, last_only=False):
+        if armed.is_set():
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (test)")
+        time.sleep(0.01)
+        return score(tokens, last_only)
+
+    target.score = failing
+
+
+def test_a_model_failure_ends_every_request_with_an_error_then_503(capsys) -> None:
+    engine = toy(slots=3)
+    armed = threading.Event()
+    fail_on_call(engine, armed)
+    long = {"max_tokens": 4000, "extra_body": {"ignore_eos": True}}
+    got: dict[str, object] = {}
+
+    def streamed_openai(url: str) -> None:
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        texts = []
+        try:
+            for chunk in client.completions.create(model="toy", prompt="1 2 3", stream=True,
+                                                   **long):
+                texts.append(chunk.choices[0].text)
+        except openai.APIError as e:
+            got["openai stream"] = (e.message, len(texts))
+
+    def streamed_raw(url: str) -> None:
+        body = {"model": "toy", "messages": [{"role": "user", "content": "4 5"}],
+                "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        with requests.post(f"{url}/chat/completions", json=body, stream=True, timeout=60) as r:
+            got["raw stream"] = [line for line in r.iter_lines() if line]
+
+    def whole(url: str, key: str) -> None:
+        r = requests.post(f"{url}/completions", timeout=60, json={
+            "model": "toy", "prompt": "6 7", "max_tokens": 4000, "ignore_eos": True})
+        got[key] = (r.status_code, r.json())
+
+    with serving(engine) as url:
+        threads = [threading.Thread(target=f, args=a) for f, a in (
+            (streamed_openai, (url,)), (streamed_raw, (url,)), (whole, (url, "running")))]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 30
+        while engine.scheduler.running < 3 and time.time() < deadline:
+            time.sleep(0.01)
+        threads.append(threading.Thread(target=whole, args=(url, "queued")))
+        threads[-1].start()
+        while engine.scheduler.waiting < 1 and time.time() < deadline:
+            time.sleep(0.01)
+        assert engine.scheduler.running == 3 and engine.scheduler.waiting == 1
+        armed.set()
+        for t in threads:
+            t.join(timeout=60)
+        message, chunks = got["openai stream"]
+        assert "the model failed: RuntimeError: CUDA error" in message and chunks > 0
+        events = got["raw stream"]
+        assert events[-1] == b"data: [DONE]" and len(events) > 2
+        assert json.loads(events[-2][6:]) == {"error": {
+            "message": "the model failed: RuntimeError: CUDA error: an illegal memory access "
+                       "was encountered (test)", "type": "server_error", "param": None,
+            "code": None}}
+        assert all(b'"error"' not in e for e in events[:-2])
+        for key in ("running", "queued"):
+            status, body = got[key]
+            assert status == 500 and body["error"]["type"] == "server_error", key
+            assert "the model failed" in body["error"]["message"]
+        # from now on: 503 with an OpenAI error body, for every client; /health too
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as info:
+            client.completions.create(model="toy", prompt="1 2", max_tokens=3)
+        assert info.value.status_code == 503 and info.value.type == "server_error"
+        assert "the model failed" in info.value.message
+        assert requests.get(url.removesuffix("/v1") + "/health").status_code == 503
+        assert metric(url, 'trtspec:request_success_total{finish_reason="error"}') == 4
+    log = capsys.readouterr().err
+    assert log.count("POST /v1/completions 500 ") == 2  # the two whole requests
+    assert "POST /v1/chat/completions 200 prompt=2 " in log and "finish=error" in log
+    assert "POST /v1/completions 503 prompt=- completion=- finish=- D=draft_model/D4 " in log
+
+
+def test_a_chunked_body_is_read_up_to_the_limit_and_no_further() -> None:
+    import http.client
+
+    engine = toy()
+    engine.limits.max_body_bytes = 4096
+
+    def body(prompt_bytes: int) -> Iterator[bytes]:
+        yield b'{"model": "toy", "prompt": "'
+        for _ in range(prompt_bytes // 100):
+            yield b"1 " * 50
+        yield b'", "max_tokens": 2}'
+
+    with serving(engine) as url:
+        r = requests.post(f"{url}/completions", data=body(200_000), timeout=30)
+        assert r.request.headers["Transfer-Encoding"] == "chunked"
+        assert r.status_code == 413 and "over the limit (4096 bytes)" in r.json()["error"][
+            "message"]
+        small = requests.post(f"{url}/completions", data=body(1000), timeout=30)
+        assert small.status_code == 200 and small.json()["usage"]["prompt_tokens"] == 500
+        # a declared Content-Length over the limit is refused before any of the body comes
+        conn = http.client.HTTPConnection(url.split("//")[1].split("/")[0], timeout=10)
+        conn.putrequest("POST", "/v1/completions")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(10**9))
+        conn.endheaders()
+        declared = conn.getresponse()
+        assert declared.status == 413 and b"1000000000 bytes" in declared.read()
+        conn.close()
+
+
+class RecordingTexts(IdTexts):
+    """The toy texts, noting each encode call and whether it ran on an event loop."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bool]] = []
+
+    def encode(self, text: str) -> list[int]:
+        self.calls.append(("encode", on_event_loop()))
+        return super().encode(text)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        self.calls.append(("encode_chat", on_event_loop()))
+        return [t for m in messages for t in IdTexts.encode(self, m["content"])]
+
+
+def on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_an_over_long_prompt_is_refused_before_tokenizing_which_runs_off_the_loop() -> None:
+    engine = toy()
+    engine.texts = texts = RecordingTexts()
+    cap = engine.limits.max_input_len * 16
+    with serving(engine) as url:
+        over = "1 " * (cap // 2 + 1)
+        r = requests.post(f"{url}/completions", json={"model": "toy", "prompt": over})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == "prompt"
+        assert error["message"] == (f"the prompt has {len(over)} characters, over the limit of "
+                                    f"{cap} (max_input_len 2048 tokens × 16 characters)")
+        r = requests.post(f"{url}/chat/completions", json={"model": "toy", "messages": [
+            {"role": "system", "content": "1 " * (cap // 4)},
+            {"role": "user", "content": "2 " * (cap // 4 + 1)}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+        assert texts.calls == []  # neither was tokenized
+        engine.limits.max_prompt_chars = 10
+        r = requests.post(f"{url}/completions", json={"model": "toy", "prompt": "1 2 3 4 5 6"})
+        assert r.status_code == 400 and "(max_prompt_chars)" in r.json()["error"]["message"]
+        engine.limits.max_prompt_chars = None
+        client = openai.OpenAI(base_url=url, api_key="x")
+        client.completions.create(model="toy", prompt="1 2 3", max_tokens=2)
+        client.chat.completions.create(model="toy", max_tokens=2,
+                                       messages=[{"role": "user", "content": "1 2 3"}])
+        assert texts.calls == [("encode", False), ("encode_chat", False)]
+
+
+def test_fields_that_would_change_the_answer_are_400_by_name_and_defaults_pass() -> None:
+    with serving(toy()) as url:
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        for kw in ({"presence_penalty": 0.5}, {"logit_bias": {"3": 10}}, {"n": 2},
+                   {"best_of": 2}, {"suffix": "!"}, {"logprobs": 1}):
+            with pytest.raises(openai.BadRequestError) as info:
+                client.completions.create(model="toy", prompt="1 2", max_tokens=3, **kw)
+            (field,) = kw
+            assert info.value.param == field and field in info.value.message
+        for kw in ({"response_format": {"type": "json_object"}}, {"top_logprobs": 2},
+                   {"logprobs": True}, {"frequency_penalty": 1.0},
+                   {"tools": [{"type": "function", "function": {"name": "f"}}]},
+                   {"tool_choice": "required"}):
+            with pytest.raises(openai.BadRequestError) as info:
+                client.chat.completions.create(
+                    model="toy", messages=[{"role": "user", "content": "1"}], max_tokens=3,
+                    **kw)
+            (field,) = kw
+            assert info.value.param == field
+        defaults = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}}
+        done = client.completions.create(model="toy", prompt="1 2", max_tokens=3, best_of=1,
+                                         echo=False, suffix=None, logprobs=None,
+                                         extra_body={"top_logprobs": 0}, **defaults)
+        assert done.usage.completion_tokens == 3
+        done = client.chat.completions.create(
+            model="toy", messages=[{"role": "user", "content": "1"}], max_tokens=3,
+            response_format={"type": "text"}, tools=[], tool_choice="none", logprobs=False,
+            top_logprobs=0, **defaults)
+        assert done.usage.completion_tokens == 3
+
+
+def test_with_include_usage_every_chunk_but_the_last_says_usage_null() -> None:
+    with serving(toy()) as url:
+        for path, body in (("completions", {"prompt": "1 2"}), ("chat/completions", {
+                "messages": [{"role": "user", "content": "1 2"}]})):
+            for include in (True, False):
+                with requests.post(f"{url}/{path}", stream=True, timeout=30, json={
+                        "model": "toy", "max_tokens": 9, "stream": True, **body,
+                        "stream_options": {"include_usage": include}}) as r:
+                    events = [json.loads(line[6:]) for line in r.iter_lines()
+                              if line.startswith(b"data: {")]
+                if include:
+                    assert all("usage" in e and e["usage"] is None for e in events[:-1])
+                    assert events[-1]["usage"]["completion_tokens"] == 9
+                    assert events[-1]["choices"] == [] and len(events) > 2
+                else:
+                    assert all("usage" not in e for e in events) and events[-1]["choices"]
+
+
+def test_per_request_speculative_decoding_metrics_in_vllm_s_shape_reconcile() -> None:
+    engine = toy(draft_len=4)
+    with serving(engine) as url:
+        client = openai.OpenAI(base_url=url, api_key="x")
+        seen = []
+        for seed in range(4):
+            done = client.completions.create(model="toy", prompt="1 2 3", max_tokens=30,
+                                             temperature=0.8, seed=seed)
+            seen.append((done.model_extra["metrics"]["speculative_decoding"],
+                         done.model_extra["spec"]))
+        chunks = list(client.chat.completions.create(
+            model="toy", messages=[{"role": "user", "content": "4 5"}], max_tokens=30,
+            stream=True, stream_options={"include_usage": True}))
+        assert all(c.model_extra.get("metrics") is None for c in chunks[:-1])
+        seen.append((chunks[-1].model_extra["metrics"]["speculative_decoding"],
+                     chunks[-1].model_extra["spec"]))
+        for sd, spec in seen:
+            assert sd["num_spec_steps"] == spec["drafts"] == sum(sd["acceptance_histogram"])
+            assert sd["num_draft_tokens"] == spec["proposed_tokens"]
+            assert sd["num_accepted_draft_tokens"] == spec["accepted_draft_tokens"]
+            assert sd["num_spec_tokens"] == 4 and len(sd["acceptance_histogram"]) == 5
+            assert sd["mean_acceptance_length"] == pytest.approx(
+                1 + sd["num_accepted_draft_tokens"] / sd["num_spec_steps"])
+            assert sd["draft_acceptance_rate"] == pytest.approx(
+                sd["num_accepted_draft_tokens"] / sd["num_draft_tokens"])
+            assert sum(j * n for j, n in enumerate(sd["acceptance_histogram"])) == \
+                sd["num_accepted_draft_tokens"]
+            by_length = sd["acceptance_histogram_by_draft_length"]
+            assert all(len(row) == int(k) + 1 for k, row in by_length.items())
+            assert sum(map(sum, by_length.values())) == sd["num_spec_steps"]
+            assert "per_step_accepted" not in sd
+        assert metric(url, "trtspec:spec_decode_num_drafts_total") == \
+            sum(sd["num_spec_steps"] for sd, _ in seen) > 0
+        engine.spec_metrics = "detailed"
+        sd = client.completions.create(model="toy", prompt="1 2 3", max_tokens=30).model_extra[
+            "metrics"]["speculative_decoding"]
+        assert len(sd["per_step_accepted"]) == len(sd["per_step_drafted"]) == \
+            sd["num_spec_steps"] and sum(sd["per_step_accepted"]) == \
+            sd["num_accepted_draft_tokens"] and sum(sd["per_step_drafted"]) == \
+            sd["num_draft_tokens"]
+        engine.spec_metrics = "none"
+        done = client.completions.create(model="toy", prompt="1 2 3", max_tokens=3)
+        assert "metrics" not in done.model_extra and done.model_extra["spec"]
+    with serving(toy(method="none")) as url:  # no speculation: null, as vLLM without it
+        done = openai.OpenAI(base_url=url, api_key="x").completions.create(
+            model="toy", prompt="1 2 3", max_tokens=3)
+        assert done.model_extra["metrics"] == {"speculative_decoding": None}
+
+
+def test_one_access_log_line_per_request_and_models_created_is_the_start_time(capsys) -> None:
+    import re
+
+    engine = toy()
+    before = int(time.time())
+    with serving(engine) as url:
+        after = int(time.time())
+        created = requests.get(f"{url}/models").json()["data"][0]["created"]
+        assert before <= created <= after
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        client.completions.create(model="toy", prompt="1 2 3", max_tokens=5)
+        list(client.chat.completions.create(model="toy", max_tokens=6, stream=True,
+                                            messages=[{"role": "user", "content": "1 2"}]))
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="toy", prompt="1", max_tokens=-1)
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="gpt-9", prompt="1")
+        requests.get(url.removesuffix("/v1") + "/health")  # probes are not logged
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith(
+        ("GET", "POST"))]
+    assert len(lines) == 5, lines
+    pattern = r"(GET|POST) (\S+) (\d{3}) prompt=(\S+) completion=(\S+) finish=(\S+) D=(\S+) " \
+              r"\d+\.\d\ds"
+    parsed = [re.fullmatch(pattern, line).groups() for line in lines]
+    assert parsed == [
+        ("GET", "/v1/models", "200", "-", "-", "-", "draft_model/D4"),
+        ("POST", "/v1/completions", "200", "3", "5", "length", "draft_model/D4"),
+        ("POST", "/v1/chat/completions", "200", "2", "6", "length", "draft_model/D4"),
+        ("POST", "/v1/completions", "400", "-", "-", "-", "draft_model/D4"),
+        ("POST", "/v1/completions", "404", "-", "-", "-", "draft_model/D4")]
+    # D as the access log names it by default: read off the policy the scheduler runs
+    from trtspec.scheduler import DraftPolicy
+
+    assert toy(method="none").d_mode == "plain"
+    assert toy(draft_len="adaptive").d_mode == "draft_model/adaptive"
+    scheduled = toy(method="ngram")
+    scheduled.scheduler.policy = DraftPolicy.parse("1:4,4:2,8:0")
+    assert scheduled.d_mode == "ngram/by-load[1:4,4:2,8:0]"

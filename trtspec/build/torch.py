@@ -72,7 +72,7 @@ def target_runner(recipe: Recipe, artifacts: list[Artifact], out_dir: Path,
     import time
 
     from trtspec.models import load_model
-    from trtspec.runtime.compiled import built_runner, runner_kind
+    from trtspec.runtime.kinds import built_runner, runner_kind
 
     target = next(a for a in artifacts if a.name == "target")
     model = load_model(Path(target.path), recipe.backend.device, recipe.target.dtype)

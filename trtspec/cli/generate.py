@@ -91,7 +91,7 @@ def generate(backend: str, model: str, method: str, draft_len: int | str,
     else:
         from trtspec.engine import eos_token_ids
         from trtspec.models import check_device, encode, load
-        from trtspec.runtime.compiled import make_runner
+        from trtspec.runtime.kinds import make_runner
 
         if method == "draft_model" and not draft_model:  # before loading any weights
             raise click.UsageError("--method draft_model needs a draft model: pass "

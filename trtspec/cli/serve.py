@@ -56,13 +56,17 @@ class DraftLen(click.ParamType):
 @click.option("--max-waiting", type=click.IntRange(0), default=256, show_default=True,
               help="queued requests beyond the slots; more are refused (429)")
 @click.option("--served-model-name", default=None, help="[default: the recipe's target.model]")
+@click.option("--per-request-spec-decode-metrics", "spec_metrics",
+              type=click.Choice(["none", "summary", "detailed"]), default="summary",
+              show_default=True, help="each response's metrics.speculative_decoding, in vLLM's "
+              "shape (detailed: also per round); the spec extension is always there")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE")
 @click.option("--engines", default=None, type=click.Path(), help=ENGINES_HELP)
 def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str | None,
           method: str | None, draft_len: int | str | None, draft_len_schedule: str | None,
           policy_dir: str | None, slots: int | None, max_waiting: int,
-          served_model_name: str | None, overrides: tuple[str, ...], engines: str | None
-          ) -> None:
+          served_model_name: str | None, spec_metrics: str, overrides: tuple[str, ...],
+          engines: str | None) -> None:
     """Serve RECIPE's built models, or a build folder (engines/<recipe>/<gpu>/), behind an
     OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /health,
     /metrics) with exact speculative sampling and continuous batching."""
@@ -112,7 +116,7 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
             notes.append("schedule entries past --slots "
                          f"{scheduler.slots} never apply: " + ",".join(
                              f"{c}:{d}" for c, d in schedule.unreachable(scheduler.slots)))
-    engine.policy = describe_policy(engine)
+    engine.policy, engine.spec_metrics = describe_policy(engine), spec_metrics
     key = api_key or os.environ.get("TRTSPEC_API_KEY")
     click.echo(f"trtspec serve: http://{host}:{port}/v1  model {engine.model}  slots "
                f"{scheduler.slots} (waiting ≤ {scheduler.max_waiting}"
@@ -202,10 +206,9 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     executor = build.executor(method, d)
     limits = Limits(max_input_len=recipe.limits.max_input_len,
                     max_seq_len=recipe.limits.max_seq_len)
-    engine = Engine(Scheduler(executor, slots, max_waiting=max_waiting),
-                    TokenizerTexts(build.tokenizer), name or recipe.target.model, limits)
-    engine.method = method
-    return engine
+    return Engine(Scheduler(executor, slots, max_waiting=max_waiting),
+                  TokenizerTexts(build.tokenizer), name or recipe.target.model, limits,
+                  method=method)
 
 
 def toy_engine(method: str, draft_len: int | str | None, slots: int, max_waiting: int,
@@ -227,7 +230,5 @@ def toy_engine(method: str, draft_len: int | str | None, slots: int, max_waiting
                              draft=ToyRunner(target.diverged(0.3, seed=1)))
     executor = executor_for(runner, proposer, method, 4 if draft_len is None else draft_len,
                             time_models=False, say=click.echo)  # toy models are not timed
-    engine = Engine(Scheduler(executor, slots, max_waiting=max_waiting), IdTexts(), name,
-                    Limits())
-    engine.method = method
-    return engine
+    return Engine(Scheduler(executor, slots, max_waiting=max_waiting), IdTexts(), name,
+                  Limits(), method=method)

@@ -13,13 +13,11 @@ tokens per row (Tb) and the key/value slots attended (W) — so a growing contex
 length never recompiles: about ten graphs per batch size, as size-1 dimensions specialise
 (Bb = 1 or more, Tb = 1 or more), several rows are either the whole batch or part of it (the
 cache view's strides differ; see warm_up) and _project switches form past PROJECT_ROWS rows.
-On a GPU this means inductor's kernels without CUDA graphs: a graph replay would copy every
-layer's weights, which are inputs here, into its static buffers.
-
-Ragged rows are padded to Tb. Padding is harmless by construction (the RowCache rule): a padded
-query writes its key at a slot ≥ the row's committed length, which the mask hides and the next
-real write overwrites.
-Inductor's on-disk cache lives under the build folder, so a second process reuses the kernels.
+On a GPU this means inductor's kernels without CUDA graphs (a replay would copy every layer's
+weights, inputs here, into its static buffers). Ragged rows are padded to Tb. Padding is
+harmless by construction (the RowCache rule): a padded query writes its key at a slot ≥ the
+row's committed length, which the mask hides and the next real write overwrites. Inductor's
+on-disk cache lives under the build folder, so a second process reuses the kernels.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -103,6 +100,8 @@ class CompiledRunner:
         self._lengths: list[int] = []
         self._owner = self  # whose KV cache this runner reads and writes (see view)
         self._warmed: set[int] = set()  # batch sizes warm_up has compiled for
+        self.late_compiles = 0  # graphs compiled after a warm-up: each made a request wait
+        self._warming = False
         self.compiled, self.warn, self.cache_dir = compile, warn, cache_dir
         self._eager = _layer_fn(self._hq, self._hkv, self._d, self._eps)
         self._graph: Callable[..., torch.Tensor] = self._eager
@@ -198,9 +197,15 @@ class CompiledRunner:
         x = self._embed(ids.to(self.device))  # [Bb, Tb, hidden]
         cos, sin = self._rotary(x, slots)
         if compiled:
+            graphs = _graphs_compiled()
             try:
                 x = self._layers(self._graph, x, cos, sin, mask, slots, rows, span)
                 self.shapes.add((nb, tb))
+                if self._owner._warmed and not self._owner._warming and \
+                        _graphs_compiled() > graphs:
+                    self._owner.late_compiles += 1  # a request waited for the compiler
+                    self.warn(f"warning: compiled a graph after warm-up (rows {nb}, width "
+                              f"{tb}): the request that needed it waited for the compiler")
             except Exception as e:  # any compiler failure: the same math, eagerly
                 self._give_up(e)
                 compiled = False
@@ -265,6 +270,7 @@ class CompiledRunner:
             return 0.0
         self._warmed.add(batch)
         live = self.keys, self.values, self._lengths, self._capacity
+        self._warming = True
         try:
             self.prefill([[0]] * batch)
             for n in sorted({1, min(2, batch), batch}):
@@ -273,6 +279,7 @@ class CompiledRunner:
                     self.rollback([1] * batch)
         finally:
             self.keys, self.values, self._lengths, self._capacity = live
+            self._warming = False
         return time.perf_counter() - began
 
     def _allocate(self, batch: int, tokens: int) -> None:
@@ -298,6 +305,11 @@ class CompiledRunner:
             raise RuntimeError("call prefill() before score() or rollback()")
         if rows != len(self._lengths):
             raise ValueError(f"got {rows} rows for a batch of {len(self._lengths)}")
+
+
+def _graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process (its own counter)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def _project(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -369,44 +381,3 @@ def _layer_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., torch.Tens
         return x + _project(F.silu(gate) * up, w_down)
 
     return layer
-
-
-def make_runner(model: nn.Module, kind: str = "compiled", *, eos_token_id: int | None = None,
-                vocab_size: int | None = None, cache_dir: Path | None = None,
-                capacity: int = 512, warn: Callable[[str], None] = _stderr) -> Any:
-    """The Runner of a backend.runner kind: ``compiled`` (this decoder under torch.compile),
-    ``eager`` (the same decoder, eager) or ``transformers`` (the model's own modules, eager: any
-    architecture). A model this decoder does not cover runs on ``transformers``, with one
-    warning; ``TRTSPEC_COMPILE=0`` turns ``compiled`` into ``eager``."""
-    from trtspec.runtime.hf import HFRunner
-
-    if kind == "compiled" and os.environ.get("TRTSPEC_COMPILE", "1") == "0":
-        kind = "eager"
-    if kind != "transformers" and (reason := unsupported(model)):
-        warn(f"warning: the {kind} runner does not support {reason}; running the transformers "
-             "runner")
-        kind = "transformers"
-    if kind == "transformers":
-        return HFRunner(model, eos_token_id=eos_token_id, vocab_size=vocab_size)
-    return CompiledRunner(model, eos_token_id, vocab_size, compile=kind == "compiled",
-                          cache_dir=cache_dir, capacity=capacity, warn=warn)
-
-
-def runner_kind(runner: Any) -> str:
-    """compiled, eager or transformers: what ``runner`` runs now (after any fallback)."""
-    if isinstance(runner, CompiledRunner):
-        return "compiled" if runner.compiled else "eager"
-    return "transformers"
-
-
-def built_runner(model: nn.Module, kind: str, *, rows: int, cache_dir: Path | None,
-                 eos_token_id: int | None = None, say: Callable[[str], None] = _stderr) -> Any:
-    """The target's Runner as ``trtspec build`` makes it and eval and serve remake it: with
-    ``compiled``, its graphs for a batch of ``rows`` rows are compiled (or loaded from
-    ``cache_dir``) now, so no request waits for a compiler."""
-    if kind == "compiled" and cache_dir is not None and not Path(cache_dir).is_dir():
-        say(f"no inductor cache at {cache_dir}: compiling now (a minute or two)")
-    runner = make_runner(model, kind, eos_token_id=eos_token_id, cache_dir=cache_dir, warn=say)
-    if runner_kind(runner) == "compiled":
-        runner.warm_up(rows)
-    return runner

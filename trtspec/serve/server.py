@@ -4,7 +4,13 @@
 ``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus, with spec-decode
 counters named like vLLM's). One thread runs the scheduler's step loop and owns the models;
 each HTTP request submits to it and awaits its tokens through an asyncio queue. A response
-carries an extension field ``spec`` with the request's counters and AL.
+carries an extension field ``spec`` with the request's counters and AL, and
+``metrics.speculative_decoding`` in the shape vLLM gives per request.
+
+Work is bounded before it is done: a body is refused past ``max_body_bytes`` while it is read,
+a prompt past its character bound before it is tokenized, and tokenizing runs off the event
+loop. A model failure ends every request with an error (an SSE error event in a stream, a 500
+otherwise) and the server answers 503 from then on.
 """
 
 from __future__ import annotations
@@ -16,67 +22,33 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from trtspec.executor import Delta
 from trtspec.sampling import SamplingParams
-from trtspec.scheduler import QueueFull, Scheduler, Ticket
-from trtspec.serve.metrics import ServeMetrics, spec_field
-from trtspec.serve.openai_api import (
+from trtspec.scheduler import QueueFull, Scheduler, SchedulerDown, Ticket
+from trtspec.serve import openai_api as wire
+from trtspec.serve.metrics import AccessLog, ServeMetrics, note, spec_field, speculative_decoding
+from trtspec.serve.openai_api import (  # the text side: re-exported for the CLI
     ApiError,
     ChatRequest,
     CompletionRequest,
+    IdTexts,
+    Texts,
     TextStream,
+    TokenizerTexts,
     first_error,
+    refuse_unsupported,
 )
 
-
-class Texts(Protocol):
-    """Text ↔ token ids for one model: a tokenizer, or the toy backend's space-separated ids."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
+__all__ = ["Engine", "IdTexts", "Limits", "TokenizerTexts", "make_app"]
 
 
-class TokenizerTexts:
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text)["input_ids"])
-
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        from trtspec.models import encode
-
-        return encode(self.tokenizer, messages)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-class IdTexts:
-    """The toy backend: text is token ids separated by spaces; a chat is its turns' ids."""
-
-    def encode(self, text: str) -> list[int]:
-        from trtspec.runtime.toy import parse_token_ids
-
-        try:
-            return parse_token_ids(text)
-        except ValueError as e:
-            raise ApiError(400, str(e), param="prompt") from None
-
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        return [t for m in messages for t in self.encode(m["content"])]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(f" {i}" for i in ids)
+CHARS_PER_TOKEN = 16  # a prompt longer than max_input_len × this cannot fit: refused untokenized
 
 
 @dataclass
@@ -85,40 +57,87 @@ class Limits:
     max_seq_len: int = 4096  # prompt + output tokens
     max_body_bytes: int = 1 << 20
     default_max_tokens: int = 256
+    max_prompt_chars: int | None = None  # None: max_input_len × CHARS_PER_TOKEN
+
+    def prompt_chars(self) -> tuple[int, str]:
+        """The bound on a prompt's characters, and where it comes from (for the error)."""
+        if self.max_prompt_chars is not None:
+            return self.max_prompt_chars, "max_prompt_chars"
+        return (self.max_input_len * CHARS_PER_TOKEN,
+                f"max_input_len {self.max_input_len} tokens × {CHARS_PER_TOKEN} characters")
+
+
+@dataclass
+class Run:
+    """One submitted request as the HTTP side sees it: its ticket, its deltas, and the
+    (drafted, accepted) counts of each round that proposed drafts (for per-request metrics;
+    appended on the step thread, complete once ``ticket.done`` is set)."""
+
+    ticket: Ticket
+    deltas: AsyncIterator[Delta]
+    steps: list[tuple[int, int]] = field(default_factory=list)
 
 
 class Engine:
-    """The scheduler's step thread, the text side and the metrics of one served model."""
+    """The scheduler's step thread, the text side and the metrics of one served model.
+
+    ``d_mode`` is how D is chosen, for the access log (read off the scheduler's policy);
+    ``method`` the speculation method served; ``spec_metrics`` is vLLM's per-request spec-decode
+    metrics level: "none", "summary" or "detailed"."""
 
     def __init__(self, scheduler: Scheduler, texts: Texts, model: str, limits: Limits,
-                 policy: str = "") -> None:
+                 policy: str = "", spec_metrics: str = "summary", method: str = "") -> None:
         from prometheus_client import CollectorRegistry, disable_created_metrics
 
         disable_created_metrics()  # no *_created series beside each counter (as vLLM)
         self.scheduler, self.texts, self.model, self.limits = scheduler, texts, model, limits
-        self.policy = policy
+        self.policy, self.spec_metrics, self.method = policy, spec_metrics, method
         self.draining = False
+        self.started = int(time.time())  # /v1/models' "created"; set again when serving starts
         self.registry = CollectorRegistry()
         self.metrics = ServeMetrics(self.registry, scheduler)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=scheduler.serve_forever, args=(self._stop,),
                                         name="trtspec-step", daemon=True)
 
+    @property
+    def d_mode(self) -> str:
+        """The access log's D: plain, METHOD/D4, METHOD/adaptive or METHOD/by-load[…]."""
+        policy = self.scheduler.policy
+        if self.scheduler.executor.proposer is None:
+            return "plain"
+        if policy.schedule:
+            d = "by-load[" + ",".join(f"{n}:{d}" for n, d in policy.schedule) + "]"
+        else:
+            d = str(policy.draft_len) if policy.adaptive else f"D{policy.draft_len}"
+        return f"{self.method}/{d}" if self.method else d
+
+    @property
+    def max_draft_len(self) -> int:
+        """The most drafts a round may propose (vLLM's ``num_spec_tokens``)."""
+        policy = self.scheduler.policy
+        ints = [d for d in (policy.draft_len, *(d for _, d in policy.schedule))
+                if isinstance(d, int)]
+        return max([self.scheduler.executor.draft_len, *ints])
+
     def start(self) -> None:
+        self.started = int(time.time())
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
 
-    async def run(self, prompt: list[int], params: SamplingParams
-                  ) -> tuple[Ticket, AsyncIterator[Delta]]:
-        """Submit; the iterator yields the request's deltas and cancels it if abandoned (a
-        client that disconnects frees its slot within one round)."""
+    async def run(self, prompt: list[int], params: SamplingParams) -> Run:
+        """Submit; the run's deltas cancel the request if abandoned (a client that
+        disconnects frees its slot within one round)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Delta] = asyncio.Queue()
+        steps: list[tuple[int, int]] = []
 
         def push(delta: Delta) -> None:  # on the step thread
+            if delta.num_draft:
+                steps.append((delta.num_draft, delta.num_accepted))
             with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown)
                 loop.call_soon_threadsafe(queue.put_nowait, delta)
 
@@ -126,6 +145,8 @@ class Engine:
             ticket = self.scheduler.submit(prompt, params, push)
         except QueueFull as e:
             raise ApiError(429, str(e), "rate_limit_error") from None
+        except SchedulerDown as e:
+            raise ApiError(503, str(e), "server_error") from None
         except ValueError as e:
             raise ApiError(400, str(e)) from None
 
@@ -140,7 +161,7 @@ class Engine:
                 if not ticket.done.is_set():
                     self.scheduler.cancel(ticket)
 
-        return ticket, deltas()
+        return Run(ticket, deltas(), steps)
 
 
 def make_app(engine: Engine, api_key: str | None = None) -> Any:
@@ -159,6 +180,7 @@ def make_app(engine: Engine, api_key: str | None = None) -> Any:
             engine.stop()
 
     app = FastAPI(title="trtspec", lifespan=lifespan)
+    app.add_middleware(AccessLog, d_mode=lambda: engine.d_mode)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError) -> JSONResponse:
@@ -190,13 +212,16 @@ def make_app(engine: Engine, api_key: str | None = None) -> Any:
     async def models(request: Request) -> dict[str, Any]:
         _authorize(request, api_key)
         return {"object": "list", "data": [{"id": engine.model, "object": "model",
-                                            "created": 0, "owned_by": "trtspec"}]}
+                                            "created": engine.started, "owned_by": "trtspec"}]}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Any:
         body = await _body(request, engine, api_key, CompletionRequest)
-        prompt = body.prompt if isinstance(body.prompt, list) else \
-            engine.texts.encode(body.prompt)
+        if isinstance(body.prompt, list):
+            prompt = body.prompt
+        else:
+            _bound_chars(engine, len(body.prompt), "prompt", "the prompt")
+            prompt = await asyncio.to_thread(engine.texts.encode, body.prompt)
         return await _generate(engine, body, prompt, chat=False, request=request)
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -204,7 +229,12 @@ def make_app(engine: Engine, api_key: str | None = None) -> Any:
         body = await _body(request, engine, api_key, ChatRequest)
         try:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            prompt = engine.texts.encode_chat(messages)
+        except ValueError as e:
+            raise ApiError(400, f"messages: {e}", param="messages") from None
+        _bound_chars(engine, sum(len(m["content"]) for m in messages), "messages",
+                     "the messages")
+        try:
+            prompt = await asyncio.to_thread(engine.texts.encode_chat, messages)
         except ApiError:
             raise
         except Exception as e:  # a template that refuses these messages (roles, order)
@@ -224,6 +254,21 @@ def _authorize(request: Any, api_key: str | None) -> None:
                        "authentication_error", code="invalid_api_key")
 
 
+async def _read(request: Any, cap: int) -> bytes:
+    """The body, refused (413) by its Content-Length before reading, or, sent without one
+    (chunked), as soon as more than ``cap`` bytes have come: never more is held."""
+    size = request.headers.get("content-length")
+    if size and size.isdigit() and int(size) > cap:
+        raise ApiError(413, f"body of {size} bytes is over the limit ({cap})")
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > cap:
+            raise ApiError(413, f"body is over the limit ({cap} bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def _body(request: Any, engine: Engine, api_key: str | None, schema: type) -> Any:
     from pydantic import ValidationError
 
@@ -232,13 +277,7 @@ async def _body(request: Any, engine: Engine, api_key: str | None, schema: type)
         why = f"the model failed: {engine.scheduler.error}" if engine.scheduler.error else \
             "the server is shutting down"
         raise ApiError(503, why, "server_error")
-    size = request.headers.get("content-length")
-    if size and size.isdigit() and int(size) > engine.limits.max_body_bytes:
-        raise ApiError(413, f"body of {size} bytes is over the limit "
-                            f"({engine.limits.max_body_bytes})")
-    raw = await request.body()
-    if len(raw) > engine.limits.max_body_bytes:
-        raise ApiError(413, f"body is over the limit ({engine.limits.max_body_bytes} bytes)")
+    raw = await _read(request, engine.limits.max_body_bytes)
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -252,10 +291,19 @@ async def _body(request: Any, engine: Engine, api_key: str | None, schema: type)
     except ValidationError as e:
         message, param = first_error(e.errors())
         raise ApiError(400, message, param=param) from None
+    refuse_unsupported(data)
     if body.model != engine.model:
         raise ApiError(404, f"model '{body.model}' is not served here (this server serves "
                             f"'{engine.model}')", code="model_not_found", param="model")
     return body
+
+
+def _bound_chars(engine: Engine, chars: int, param: str, what: str) -> None:
+    """Refuse a prompt too long to fit before tokenizing it (tokenizing costs time)."""
+    cap, why = engine.limits.prompt_chars()
+    if chars > cap:
+        raise ApiError(400, f"{what} has {chars} characters, over the limit of {cap} ({why})",
+                       param=param)
 
 
 def _params(engine: Engine, body: Any, prompt_len: int) -> SamplingParams:
@@ -276,42 +324,59 @@ def _params(engine: Engine, body: Any, prompt_len: int) -> SamplingParams:
 async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
                     request: Any) -> Any:
     params = _params(engine, body, len(prompt))
+    note(request, prompt=len(prompt))
     text = TextStream(engine.texts.decode, body.stop)
     sent = time.perf_counter()
-    ticket, deltas = await engine.run(prompt, params)
+    run = await engine.run(prompt, params)
+    ticket = run.ticket
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    kind = "chat.completion" if chat else "text_completion"
     times: list[float] = []  # when tokens arrived (one entry per step that brought some)
 
     async def pieces() -> AsyncIterator[tuple[str, str | None]]:
-        """(text, finish_reason) as the request runs; ends with the finish reason."""
-        async for delta in deltas:
+        """(text, finish_reason) as the request runs; ends with the finish reason ("error"
+        when the model failed: then the text is dropped)."""
+        async for delta in run.deltas:
             if delta.token_ids:
                 times.append(time.perf_counter())
-            piece = text.push(delta.token_ids)
+            ids = delta.token_ids  # a stop token ends the text without its own text (as vLLM)
+            if delta.finish_reason == "stop" and ids and ids[-1] in ticket.request.stops:
+                ids = ids[:-1]
+            piece = text.push(ids)
             if text.stopped:  # a stop string: end the request at the next step, say "stop"
                 ticket.reported = "stop"
                 engine.scheduler.cancel(ticket)
                 yield piece, "stop"
                 return
             if delta.finish_reason is not None:
-                if delta.finish_reason == "error":
-                    raise ApiError(500, f"the model failed: {engine.scheduler.error}",
-                                   "server_error")
-                yield piece + text.flush(), delta.finish_reason
+                yield ("" if delta.finish_reason == "error" else piece + text.flush(),
+                       delta.finish_reason)
                 return
             if piece:
                 yield piece, None
 
-    async def finish() -> dict[str, Any]:
+    async def finish(reason: str) -> dict[str, Any]:
         """Usage, once the step thread is done with the request (its counters settled).
         After a stop string, the tokens up to the one that completed it count."""
         await asyncio.get_running_loop().run_in_executor(None, ticket.done.wait, 30.0)
         tokens = text.tokens_used if text.stopped else len(ticket.token_ids)
-        engine.metrics.latency(times[0] if times else None, times[-1] if times else None,
-                               tokens, sent)
+        note(request, completion=tokens, finish=reason)
+        if reason != "error":
+            engine.metrics.latency(times[0] if times else None, times[-1] if times else None,
+                                   tokens, sent)
         return {"prompt_tokens": len(prompt), "completion_tokens": tokens,
                 "total_tokens": len(prompt) + tokens}
+
+    def extensions() -> dict[str, Any]:
+        """``spec`` (trtspec's counters) and vLLM's per-request ``metrics`` object."""
+        out: dict[str, Any] = {"spec": spec_field(ticket.stats)}
+        if engine.spec_metrics != "none":
+            spec = None if engine.scheduler.executor.proposer is None else speculative_decoding(
+                run.steps, engine.max_draft_len, engine.spec_metrics == "detailed")
+            out["metrics"] = {"speculative_decoding": spec}
+        return out
+
+    def failed() -> ApiError:
+        return ApiError(500, f"the model failed: {engine.scheduler.error}", "server_error")
 
     if not body.stream:
         watcher = asyncio.create_task(_cancel_on_disconnect(request, engine, ticket))
@@ -322,42 +387,38 @@ async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
                 reason = end or reason
         finally:
             watcher.cancel()
-        usage = await finish()
-        choice = ({"message": {"role": "assistant", "content": "".join(out)}} if chat
-                  else {"text": "".join(out), "logprobs": None})
-        return JSONResponse({"id": rid, "object": kind, "created": int(time.time()),
-                             "model": engine.model,
-                             "choices": [{"index": 0, **choice, "finish_reason": reason}],
-                             "usage": usage, "spec": spec_field(ticket.stats)})
+        usage = await finish(reason)
+        if reason == "error":
+            raise failed()
+        return JSONResponse(wire.completion(rid, chat, engine.model, "".join(out), reason,
+                                            usage=usage, **extensions()))
 
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-    def chunk(piece: str | None, reason: str | None, first: bool = False) -> str:
-        if chat:
-            delta: dict[str, Any] = {"role": "assistant"} if first else {}
-            if piece:
-                delta["content"] = piece
-            choice = {"index": 0, "delta": delta, "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": piece or "", "logprobs": None,
-                      "finish_reason": reason}
-        return _sse({"id": rid, "object": f"{kind}.chunk", "created": int(time.time()),
-                     "model": engine.model, "choices": [choice]})
+    # with a usage chunk at the end, every other chunk says "usage": null (as OpenAI)
+    nulls = {"usage": None} if body.stream_options and body.stream_options.include_usage \
+        else None
 
     async def stream() -> AsyncIterator[str]:
         first = True
-        async for piece, end in pieces():
-            if piece or first or end:
-                yield chunk(piece, end, first)
-                first = False
-            if end is not None:
-                usage = await finish()
-                if include_usage:
-                    yield _sse({"id": rid, "object": f"{kind}.chunk",
-                                "created": int(time.time()), "model": engine.model,
-                                "choices": [], "usage": usage,
-                                "spec": spec_field(ticket.stats)})
-        yield "data: [DONE]\n\n"
+        try:
+            async for piece, end in pieces():
+                if end == "error":
+                    await finish(end)
+                    yield wire.sse(failed().body())
+                    break
+                if piece or first or end:
+                    yield wire.chunk(rid, chat, engine.model,
+                                     [wire.delta(chat, piece, end, first)], **(nulls or {}))
+                    first = False
+                if end is not None:
+                    usage = await finish(end)
+                    if nulls is not None:
+                        yield wire.chunk(rid, chat, engine.model, [], usage=usage,
+                                         **extensions())
+        except Exception as e:  # a trtspec bug mid-stream: said so, and the stream still ends
+            note(request, finish="error")
+            yield wire.sse(ApiError(500, f"internal error: {type(e).__name__}: {e}",
+                                    "server_error").body())
+        yield wire.DONE
 
     return StreamingResponse(stream(), media_type="text/event-stream")
 
@@ -369,8 +430,4 @@ async def _cancel_on_disconnect(request: Any, engine: Engine, ticket: Ticket) ->
             engine.scheduler.cancel(ticket)
             return
         await asyncio.sleep(0.1)
-
-
-def _sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
 
