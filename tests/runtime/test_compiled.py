@@ -208,3 +208,25 @@ def test_warm_up_compiles_every_graph_a_batch_can_need(cache_dir) -> None:
     runner.prefill([[1] * 40, [2] * 7] * 4)
     assert counters["stats"]["unique_graphs"] == compiled
     assert runner.compiled
+
+
+def test_warm_up_keeps_a_live_cache_and_a_late_compile_is_said(cache_dir) -> None:
+    """Warming up another batch size (serve --slots) while rows are live leaves their KV cache
+    as it was; a graph compiled after warm-up is counted and said (a request waited)."""
+    model = tiny_llama(vocab=64, layers=2, seed=9)
+    said: list[str] = []
+    runner = make_runner(model, "compiled", cache_dir=cache_dir, warn=said.append)
+    runner.warm_up(2)
+    runner.prefill([[1, 2, 3], [4, 5]])
+    runner.score([[6], [7]])
+    before = runner.lengths()
+    runner.warm_up(3)  # scratch rows, then the live ones back
+    assert runner.lengths() == before
+    got = runner.score([[8], [9]])[:, 0]
+    assert close(got[0], full_logits(model, [1, 2, 3, 6, 8])[-1])
+    assert close(got[1], full_logits(model, [4, 5, 7, 9])[-1])
+    assert runner.late_compiles == 0 and not said
+    torch._dynamo.reset()  # as if warm-up had missed a graph: the next step compiles it
+    runner.score([[1], [2]])
+    assert runner.late_compiles > 0
+    assert any("compiled a graph after warm-up (rows 2, width 1)" in line for line in said)
