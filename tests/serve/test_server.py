@@ -908,3 +908,65 @@ def test_one_access_log_line_per_request_and_models_created_is_the_start_time(ca
     scheduled = toy(method="ngram")
     scheduled.scheduler.policy = DraftPolicy.parse("1:4,4:2,8:0")
     assert scheduled.d_mode == "ngram/by-load[1:4,4:2,8:0]"
+
+
+def test_a_served_model_that_fails_ends_every_request_within_a_second_then_exits() -> None:
+    """The CLI with a runner that raises on its 60th step while 2 requests run and 4 wait:
+    every client gets its error within a second of the failure (streams an error event then
+    [DONE], non-streamed a 500), nothing hangs, the gauges read 0, new requests get 503, and
+    SIGTERM exits 0 within 5 s without a traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("faulty_serve.py")),
+                             "--slots", "2", "--port", str(port)],
+                            env={**os.environ, "TRTSPEC_TEST_FAIL_AT": "60"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with contextlib.suppress(requests.ConnectionError):
+                if requests.get(f"{root}/health", timeout=2).ok:
+                    break
+            time.sleep(0.05)
+
+        def client(i: int) -> tuple[float, str]:
+            body = {"model": "toy", "prompt": f"{1 + i} 2 3", "max_tokens": 2000,
+                    "ignore_eos": True, "stream": i % 2 == 0}
+            r = requests.post(f"{root}/v1/completions", json=body, timeout=30,
+                              stream=i % 2 == 0)
+            if i % 2:
+                return time.time(), f"{r.status_code} {r.json()['error']['message']}"
+            lines = [line for line in r.iter_lines() if line]
+            return time.time(), lines[-2].decode() + " " + lines[-1].decode()
+
+        with ThreadPoolExecutor(6) as pool:
+            ended = list(pool.map(client, range(6)))
+        for i, (_, what) in enumerate(ended):
+            want = "500 the model failed: RuntimeError: CUDA error" if i % 2 else \
+                'data: {"error": {"message": "the model failed: RuntimeError: CUDA error'
+            assert what.startswith(want), what
+            assert i % 2 or what.endswith("data: [DONE]"), what
+        assert requests.get(f"{root}/health", timeout=5).status_code == 503
+        late = requests.post(f"{root}/v1/completions", timeout=5,
+                             json={"model": "toy", "prompt": "1 2", "max_tokens": 3})
+        assert late.status_code == 503
+        metrics = requests.get(f"{root}/metrics", timeout=5).text
+        for gauge in ("trtspec:num_requests_running", "trtspec:num_requests_waiting"):
+            assert f"{gauge} 0.0" in metrics
+        assert 'trtspec:request_success_total{finish_reason="error"} 6.0' in metrics
+    finally:
+        stopped = time.time()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert time.time() - stopped < 5 and proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    failed_at = float(err.split("failed at ")[1].split()[0])
+    assert all(t - failed_at < 1.0 for t, _ in ended), [t - failed_at for t, _ in ended]
+    assert "a step failed (RuntimeError: CUDA error" in err
