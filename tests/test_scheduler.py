@@ -259,3 +259,47 @@ def test_a_model_error_ends_every_request_and_the_scheduler_says_it_is_down() ->
     assert scheduler.running == 0 and scheduler.waiting == 0  # the gauges /metrics exports
     with pytest.raises(SchedulerDown, match="the model failed: RuntimeError: device lost"):
         scheduler.submit(*work[0])
+
+
+@pytest.mark.parametrize("where", ["observe", "release", "on_end"])
+def test_a_failure_after_tokens_were_committed_still_tells_every_client(where: str) -> None:
+    """Failures after a round committed its tokens (the proposer's observe, a slot's release
+    while the round's deltas are handed out) end every request that was not told with an
+    error; a metrics callback that raises ends nothing. No client is left without a final
+    delta."""
+    executor = toy_executor("draft_model")
+    scheduler = Scheduler(executor, slots=2)
+    finals: dict[int, list[str]] = {}
+
+    def client(i: int):
+        return lambda d: finals.setdefault(i, []).append(d.finish_reason) \
+            if d.finish_reason else None
+
+    tickets = [scheduler.submit([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=n,
+                                                          ignore_eos=True), client(i))
+               for i, n in enumerate((6, 6, 40))]  # the first two end in the same round
+    proposer = executor.proposer
+    original = getattr(proposer, where) if where != "on_end" else None
+
+    def boom(*args, **kwargs):
+        raise RuntimeError(f"{where} failed")
+
+    def armed(*args, **kwargs):
+        if any(t.request.finish_reason for t in tickets[:2]):
+            boom()
+        return original(*args, **kwargs)
+
+    if where == "on_end":
+        scheduler.on_end = boom
+    else:
+        setattr(proposer, where, armed)
+    stop = threading.Event()
+    scheduler.serve_forever(stop) if where != "on_end" else scheduler.run_until_idle()
+    assert all(t.done.is_set() for t in tickets)
+    for i, ticket in enumerate(tickets):
+        assert len(finals.get(i, [])) == 1, (i, finals)  # exactly one final delta each
+    if where == "on_end":
+        assert scheduler.error is None and [f[0] for f in finals.values()] == ["length"] * 3
+    else:
+        assert scheduler.error == f"RuntimeError: {where} failed"
+        assert "error" in [f[0] for f in finals.values()]

@@ -140,7 +140,7 @@ def chooser(method: str, max_draft_len: int, curve: CostCurve | None = None,
                   f"t(T) = 1 + {FALLBACK_SLOPE:g}·(T − 1) and a draft step of "
                   f"{FALLBACK_DRAFT:g} t(1) (0 for {', '.join(MODEL_FREE)})")
         return AdaptiveDraft(max_draft_len, *fallback(max_draft_len + 1, method), **knobs)
-    key = (id(getattr(target, "model", target)), method, max_draft_len)
+    key = (id(target), method, max_draft_len)  # one target runner per process (engine.py)
     if key not in _MEASURED:
         _say_once(say, "no cost curve from a build (one built by an older trtspec has none): "
                   "timing the models now for the adaptive draft length")

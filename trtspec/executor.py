@@ -138,10 +138,13 @@ class SpecExecutor:
             raise ValueError(f"prompt {i} is empty: give at least one token")
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise ValueError(f"prompt {i} has token ids outside 0..{vocab - 1}")
-        stops = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stops |= self.eos_token_ids
-        return Request(list(prompt), params, frozenset(stops), make_generator(params.seed))
+        return Request(list(prompt), params, self.stops(params), make_generator(params.seed))
+
+    def stops(self, params: SamplingParams) -> frozenset[int]:
+        """The token ids that end a request with these params: its stop_token_ids and,
+        unless it ignores EOS, every EOS id."""
+        ids = frozenset(params.stop_token_ids)
+        return ids if params.ignore_eos else ids | self.eos_token_ids
 
     def _run(self, reqs: list[Request]) -> Iterator[list[Delta]]:
         if not reqs:

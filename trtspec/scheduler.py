@@ -129,11 +129,14 @@ class Ticket:
 
     prompt: list[int]
     params: SamplingParams
-    on_delta: Callable[[Delta], None] | None = None
+    # called on the step thread with each delta; it may return how many output tokens to
+    # keep (a stop string it found): the request then ends there with "stop"
+    on_delta: Callable[[Delta], int | None] | None = None
     request: Request | None = None
     slot: int | None = None
     admitted_at: float | None = None  # perf_counter when it got a slot
     cancelled: bool = False
+    final_sent: bool = False  # its client got a delta with a finish reason
     reported: str | None = None  # the finish reason its client saw, if not the ticket's own
     # (a server ends a request at a stop string by cancelling it: "stop", not "abort")
     done: threading.Event = field(default_factory=threading.Event)
@@ -184,7 +187,7 @@ class Scheduler:
         return len(self._waiting)
 
     def submit(self, prompt: Sequence[int], params: SamplingParams,
-               on_delta: Callable[[Delta], None] | None = None) -> Ticket:
+               on_delta: Callable[[Delta], int | None] | None = None) -> Ticket:
         """Queue a request (thread-safe). A bad prompt raises ValueError here, a full queue
         QueueFull: neither takes a slot."""
         ticket = Ticket(list(prompt), params, on_delta)
@@ -258,11 +261,8 @@ class Scheduler:
             waiting, self._waiting = list(self._waiting), collections.deque()
         running = [t for t in self._tickets if t is not None]
         self._tickets = [None] * self.slots
-        for ticket in [*running, *waiting]:
-            try:
-                self._end(ticket, "error")
-            except Exception:  # a callback failing must not strand the rest
-                ticket.done.set()
+        for ticket in [*running, *waiting]:  # also those the failed round had finished but
+            self._end(ticket, "error")  # not yet told (final_sent is False for them)
 
     def _admit(self) -> None:
         for slot in range(self.slots):
@@ -282,35 +282,73 @@ class Scheduler:
 
     def _deliver(self, delta: Delta) -> None:
         ticket = self._tickets[delta.index]
-        assert ticket is not None
-        if ticket.on_delta is not None:
-            ticket.on_delta(delta)
-        if delta.finish_reason is not None:
+        assert ticket is not None and ticket.request is not None
+        keep = self._notify(ticket, delta)
+        if keep is not None:  # a stop string: the client keeps the first ``keep`` tokens
+            self._stop_at(ticket, keep)
+        if ticket.request.finish_reason is not None:
             self._free(delta.index, None)
 
+    def _stop_at(self, ticket: Ticket, keep: int) -> None:
+        """End a request at a stop string its client found: the tokens after it were
+        verified but dropped by stop handling (discarded, not emitted), now, not a round
+        later."""
+        request = ticket.request
+        assert request is not None
+        extra = max(0, len(request.output) - keep)
+        del request.output[keep:]
+        request.stats.emitted_tokens -= extra
+        request.stats.discarded_tokens += extra
+        if request.finish_reason is None:
+            request.stats.close_request()
+        request.finish_reason, ticket.reported, ticket.final_sent = "stop", "stop", True
+
+    def _notify(self, ticket: Ticket, delta: Delta) -> int | None:
+        """Hand a delta to the request's client (on_delta may return how many tokens to keep:
+        a stop string). A client callback that raises ends that request, not the server."""
+        if delta.finish_reason is not None:
+            ticket.final_sent = True
+        if ticket.on_delta is None:
+            return None
+        try:
+            return ticket.on_delta(delta)
+        except Exception as e:
+            logging.getLogger("trtspec.scheduler").error(
+                "a request's client callback failed (%s: %s): the request is ended",
+                type(e).__name__, e)
+            ticket.cancelled = True
+            return None
+
     def _free(self, slot: int, reason: str | None) -> None:
-        """Release a slot; ``reason`` ends a request that had not finished (a cancel)."""
+        """Release a slot; ``reason`` ends a request that had not finished (a cancel). The
+        request ends even when releasing its row fails (then the step fails after it)."""
         ticket = self._tickets[slot]
         self._tickets[slot], self._rows[slot] = None, self._idle[slot]
-        lengths = self.executor.target.lengths()  # an idle row holds nothing: it costs no
-        lengths[slot] = 0  # attention width in later rounds
-        self.executor.target.rollback(lengths)
-        if self.executor.proposer is not None:
-            self.executor.proposer.release(slot)
-        if ticket is not None:
-            self._end(ticket, reason)
+        try:
+            lengths = self.executor.target.lengths()  # an idle row holds nothing: it costs
+            lengths[slot] = 0  # no attention width in later rounds
+            self.executor.target.rollback(lengths)
+            if self.executor.proposer is not None:
+                self.executor.proposer.release(slot)
+        finally:
+            if ticket is not None:
+                self._end(ticket, reason)
 
     def _end(self, ticket: Ticket, reason: str | None) -> None:
         request = ticket.request
         assert request is not None
-        if reason is not None and request.finish_reason is None:
+        if reason is not None and (request.finish_reason is None or not ticket.final_sent):
+            if request.finish_reason is None:
+                request.stats.close_request()
             request.finish_reason = reason
-            request.stats.close_request()
-            if ticket.on_delta is not None:
-                ticket.on_delta(Delta(ticket.slot if ticket.slot is not None else -1, [],
-                                      reason))
+            self._notify(ticket, Delta(ticket.slot if ticket.slot is not None else -1, [],
+                                       reason))
         self.totals = SpecStats.merge([self.totals, request.stats])
         self.totals.request_al.clear()  # a server runs for ever: counters only
         if self.on_end is not None:
-            self.on_end(ticket)
+            try:
+                self.on_end(ticket)
+            except Exception as e:  # metrics must not take the server down
+                logging.getLogger("trtspec.scheduler").error(
+                    "counting an ended request failed (%s: %s)", type(e).__name__, e)
         ticket.done.set()

@@ -184,6 +184,9 @@ def test_the_recipe_s_device_and_dtype_reach_the_models(tmp_path: Path, smollm2)
     with pytest.raises(ManifestError, match=r"was built for other settings \(target.dtype: "
                                             r"built bfloat16, recipe float32\)"):
         open_built(load_recipe(RECIPE, ["backend.device=cpu"]), RECIPE, tmp_path)
+    with pytest.raises(ManifestError, match=r"\(backend.runner: built compiled, recipe "
+                                            r"eager\)"):  # the default, named (not None)
+        open_built(load_recipe(RECIPE, [*bf16, "backend.runner=eager"]), RECIPE, tmp_path)
     with pytest.raises(ManifestError, match="was built with other layer_skip settings"):
         open_built(load_recipe(RECIPE, [*bf16, "methods.1.layers=20"]), RECIPE, tmp_path)
     open_built(load_recipe(RECIPE, [*bf16, "methods.0.max_n=5"]), RECIPE, tmp_path)  # run time

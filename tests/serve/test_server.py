@@ -970,3 +970,44 @@ def test_a_served_model_that_fails_ends_every_request_within_a_second_then_exits
     failed_at = float(err.split("failed at ")[1].split()[0])
     assert all(t - failed_at < 1.0 for t, _ in ended), [t - failed_at for t, _ in ended]
     assert "a step failed (RuntimeError: CUDA error" in err
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--draft-len", "4", "--draft-len-schedule", "1:4"], "not both"),
+    (["--method", "none", "--draft-len", "4"], "--method none decodes plainly"),
+    (["--method", "none", "--draft-len-schedule", "1:2"], "--method none decodes plainly"),
+    (["--set", "limits.max_batch_size=2"], "--backend toy serves toy models"),
+    (["--draft-len-schedule", "2:1,1:4"], "increasing order"),
+])
+def test_flags_that_conflict_are_refused_in_one_line(flags, says, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--backend", "toy", *flags])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and says in err and len(err.splitlines()) == 1, err
+
+
+def test_a_schedule_entry_past_the_slots_is_named_at_start_up() -> None:
+    out = serve_toy("--slots", "2", "--draft-len-schedule", "1:4,2:2,8:1")
+    assert "policy: draft_model, D = 4 at 1, D = 2 at 2 running" in out, out
+    assert "note: schedule entries past --slots 2 never apply: 8:1" in out, out
+
+
+def test_vllm_extensions_are_honoured_or_refused_and_null_means_default() -> None:
+    with serving(toy()) as url:
+        root = url
+        body = {"model": "toy", "prompt": "1 2 3", "max_tokens": 12, "temperature": 0}
+        plain = requests.post(f"{root}/completions", json=body, timeout=30).json()
+        ids = [int(t) for t in plain["choices"][0]["text"].split()]
+        cut = requests.post(f"{root}/completions", timeout=30,
+                            json={**body, "stop_token_ids": [ids[3]]}).json()
+        assert cut["choices"][0]["finish_reason"] == "stop"
+        assert cut["usage"]["completion_tokens"] == ids.index(ids[3]) + 1
+        nulls = requests.post(f"{root}/completions", timeout=30, json={
+            **body, "temperature": None, "top_p": None, "top_k": None, "seed": 3})
+        assert nulls.status_code == 200, nulls.text
+        for field, value in (("min_p", 0.1), ("repetition_penalty", 1.2),
+                             ("guided_choice", ["a"]), ("use_beam_search", True)):
+            r = requests.post(f"{root}/completions", json={**body, field: value}, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert requests.post(f"{root}/completions", timeout=30, json={
+            **body, "min_p": 0, "repetition_penalty": 1}).status_code == 200

@@ -83,6 +83,12 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
     if draft_len is not None and draft_len_schedule:
         raise click.UsageError("give --draft-len (every round) or --draft-len-schedule (D by "
                                "running requests), not both")
+    if method == PLAIN and (draft_len is not None or draft_len_schedule or policy_dir):
+        raise click.UsageError("--method none decodes plainly: drop --draft-len / "
+                               "--draft-len-schedule / --policy (or choose a method)")
+    if backend == "toy" and (recipe or overrides or engines):
+        raise click.UsageError("--backend toy serves toy models: drop RECIPE, --set and "
+                               "--engines")
     notes: list[str] = []
     schedule = None
     if policy_dir:
@@ -92,9 +98,6 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
             schedule = DraftPolicy.parse(draft_len_schedule)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--draft-len-schedule") from None
-    if schedule is not None and method == PLAIN:
-        raise click.UsageError("--method none decodes plainly: a draft length schedule does "
-                               "not apply")
     if schedule is not None:  # the executor can draft the most any round asks for
         draft_len = ADAPTIVE if schedule.adaptive else max(int(d) for _, d in schedule.schedule)
     if backend == "toy":

@@ -45,9 +45,10 @@ class _Common(BaseModel):
     model: str
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, description="extension; 0 or -1 = off")
+    temperature: float | None = Field(1.0, ge=0.0, le=2.0, description="null = 1")
+    top_p: float | None = Field(1.0, gt=0.0, le=1.0, description="null = 1")
+    top_k: int | None = Field(0, ge=-1, description="extension; 0, -1 or null = off")
+    stop_token_ids: list[int] | None = None  # extension, as in vLLM
     seed: int | None = None
     stop: str | list[str] | None = Field(None, validate_default=True)
     n: int | None = Field(1, ge=1)
@@ -112,6 +113,13 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "response_format": (None, {"type": "text"}), "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "functions": (None, []),
     "function_call": (None, "none", "auto"),
+    # vLLM's sampling extensions: a vLLM client may send them, and ignoring one would give
+    # another answer than it asked for
+    "min_p": (None, 0), "repetition_penalty": (None, 1), "min_tokens": (None, 0),
+    "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
+    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
+    "guided_grammar": (None,), "prompt_logprobs": (None,), "use_beam_search": (None, False),
+    "length_penalty": (None, 1),
 }
 
 

@@ -128,18 +128,32 @@ class Engine:
         self._stop.set()
         self._thread.join(timeout=30)
 
-    async def run(self, prompt: list[int], params: SamplingParams) -> Run:
-        """Submit; the run's deltas cancel the request if abandoned (a client that
-        disconnects frees its slot within one round)."""
+    async def run(self, prompt: list[int], params: SamplingParams, text: TextStream) -> Run:
+        """Submit; the run's pieces of text cancel the request if abandoned (a client that
+        disconnects frees its slot within one round). Text is made on the step thread, as
+        the tokens arrive (O(new tokens) each), so a stop string ends the request at once:
+        no round runs past it."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Delta] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[Delta, str, str | None]] = asyncio.Queue()
         steps: list[tuple[int, int]] = []
+        stops = self.scheduler.executor.stops(params)
 
-        def push(delta: Delta) -> None:  # on the step thread
+        def push(delta: Delta) -> int | None:  # on the step thread
             if delta.num_draft:
                 steps.append((delta.num_draft, delta.num_accepted))
+            ids, end, keep = delta.token_ids, delta.finish_reason, None
+            if end == "stop" and ids and ids[-1] in stops:  # a stop token's own text is not
+                ids = ids[:-1]  # sent (as vLLM)
+            piece = text.push(ids)
+            if text.stopped:  # a stop string: the scheduler keeps the tokens up to it
+                end, keep = "stop", text.tokens_used
+            elif end == "error":
+                piece = ""
+            elif end is not None:
+                piece += text.flush()
             with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown)
-                loop.call_soon_threadsafe(queue.put_nowait, delta)
+                loop.call_soon_threadsafe(queue.put_nowait, (delta, piece, end))
+            return keep
 
         try:
             ticket = self.scheduler.submit(prompt, params, push)
@@ -150,12 +164,12 @@ class Engine:
         except ValueError as e:
             raise ApiError(400, str(e)) from None
 
-        async def deltas() -> AsyncIterator[Delta]:
+        async def deltas() -> AsyncIterator[tuple[Delta, str, str | None]]:
             try:
                 while True:
-                    delta = await queue.get()
-                    yield delta
-                    if delta.finish_reason is not None:
+                    item = await queue.get()
+                    yield item
+                    if item[2] is not None:
                         return
             finally:
                 if not ticket.done.is_set():
@@ -316,9 +330,11 @@ def _params(engine: Engine, body: Any, prompt_len: int) -> SamplingParams:
     if room < 1 or wanted > room:
         raise ApiError(400, f"max_tokens {wanted} + {prompt_len} prompt tokens exceed "
                             f"max_seq_len ({limits.max_seq_len})", param="max_tokens")
-    return SamplingParams(temperature=body.temperature, top_p=body.top_p,
-                          top_k=max(body.top_k, 0), seed=body.seed, max_tokens=wanted,
-                          ignore_eos=body.ignore_eos)
+    return SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
+                          top_p=1.0 if body.top_p is None else body.top_p,
+                          top_k=max(body.top_k or 0, 0), seed=body.seed, max_tokens=wanted,
+                          ignore_eos=body.ignore_eos,
+                          stop_token_ids=tuple(body.stop_token_ids or ()))
 
 
 async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
@@ -327,7 +343,7 @@ async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
     note(request, prompt=len(prompt))
     text = TextStream(engine.texts.decode, body.stop)
     sent = time.perf_counter()
-    run = await engine.run(prompt, params)
+    run = await engine.run(prompt, params, text)
     ticket = run.ticket
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     times: list[float] = []  # when tokens arrived (one entry per step that brought some)
@@ -335,30 +351,24 @@ async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
     async def pieces() -> AsyncIterator[tuple[str, str | None]]:
         """(text, finish_reason) as the request runs; ends with the finish reason ("error"
         when the model failed: then the text is dropped)."""
-        async for delta in run.deltas:
+        async for delta, piece, end in run.deltas:
             if delta.token_ids:
                 times.append(time.perf_counter())
-            ids = delta.token_ids  # a stop token ends the text without its own text (as vLLM)
-            if delta.finish_reason == "stop" and ids and ids[-1] in ticket.request.stops:
-                ids = ids[:-1]
-            piece = text.push(ids)
-            if text.stopped:  # a stop string: end the request at the next step, say "stop"
-                ticket.reported = "stop"
-                engine.scheduler.cancel(ticket)
-                yield piece, "stop"
-                return
-            if delta.finish_reason is not None:
-                yield ("" if delta.finish_reason == "error" else piece + text.flush(),
-                       delta.finish_reason)
+            if end is not None:
+                yield piece, end
                 return
             if piece:
                 yield piece, None
 
     async def finish(reason: str) -> dict[str, Any]:
-        """Usage, once the step thread is done with the request (its counters settled).
-        After a stop string, the tokens up to the one that completed it count."""
-        await asyncio.get_running_loop().run_in_executor(None, ticket.done.wait, 30.0)
-        tokens = text.tokens_used if text.stopped else len(ticket.token_ids)
+        """Usage, once the step thread is done with the request (its counters settled, which
+        follows the last delta at once: polled, so no thread waits). After a stop string,
+        the tokens up to the one that completed it count: the scheduler kept just those."""
+        for _ in range(30_000):
+            if ticket.done.is_set():
+                break
+            await asyncio.sleep(0.001)
+        tokens = len(ticket.token_ids)
         note(request, completion=tokens, finish=reason)
         if reason != "error":
             engine.metrics.latency(times[0] if times else None, times[-1] if times else None,
@@ -420,7 +430,23 @@ async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
                                     "server_error").body())
         yield wire.DONE
 
-    return StreamingResponse(stream(), media_type="text/event-stream")
+    return _Stream(stream(), lambda: ticket.done.is_set() or engine.scheduler.cancel(ticket))
+
+
+class _Stream(StreamingResponse):
+    """An SSE response that cancels its request however the response ends: a client that
+    leaves before the first chunk never starts the body's generator, whose own cleanup would
+    then never run."""
+
+    def __init__(self, body: AsyncIterator[str], on_close: Any) -> None:
+        super().__init__(body, media_type="text/event-stream")
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 async def _cancel_on_disconnect(request: Any, engine: Engine, ticket: Ticket) -> None:
