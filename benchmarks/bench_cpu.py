@@ -40,7 +40,6 @@ from trtspec.cost_curve import measure
 from trtspec.executor import SpecExecutor
 from trtspec.metrics import SpecStats
 from trtspec.models import encode, load
-from trtspec.propose.draft_model import DraftModelProposer
 from trtspec.propose.layer_skip import LayerSkipProposer
 from trtspec.propose.ngram import NgramProposer
 from trtspec.propose.suffix import SuffixProposer
@@ -216,7 +215,7 @@ def main() -> None:
                "eager": make_runner(model, "eager", eos_token_id=eos), kind: compiled}
     hf_curve = measure(runners["transformers"], K + 1)
 
-    def skip_draft() -> DraftModelProposer:  # as eval makes it: over the target's KV cache
+    def skip_draft() -> LayerSkipProposer:  # as eval makes it: over the target's KV cache
         return LayerSkipProposer(compiled.view(SKIP_LAYERS, share_cache=True))
 
     def adaptive(method: str) -> AdaptiveDraft:

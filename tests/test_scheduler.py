@@ -296,7 +296,7 @@ def test_a_failure_after_tokens_were_committed_still_tells_every_client(where: s
     stop = threading.Event()
     scheduler.serve_forever(stop) if where != "on_end" else scheduler.run_until_idle()
     assert all(t.done.is_set() for t in tickets)
-    for i, ticket in enumerate(tickets):
+    for i in range(len(tickets)):
         assert len(finals.get(i, [])) == 1, (i, finals)  # exactly one final delta each
     if where == "on_end":
         assert scheduler.error is None and [f[0] for f in finals.values()] == ["length"] * 3

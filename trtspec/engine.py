@@ -105,9 +105,10 @@ class OpenBuild:
         (each request's D per round, at most the recipe's adaptive cap, costed by the build's
         cost curve)."""
         runner = self.target_runner()
-        if method == PLAIN or draft_len == 0:
+        proposer = self.proposer(method)  # checks the name first
+        if proposer is None or draft_len == 0:
             return SpecExecutor(runner, eos_token_ids=self.eos_token_ids)
-        return executor_for(runner, self.proposer(method), method, draft_len,
+        return executor_for(runner, proposer, method, draft_len,
                             curve=self.manifest.cost_curve, cap=self.recipe.adaptive_cap,
                             eos_token_ids=self.eos_token_ids, say=self.say)
 

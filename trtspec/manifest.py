@@ -243,15 +243,18 @@ def check_covers(manifest: Manifest, recipe: Any) -> str | None:
     return None
 
 
-# build inputs that Recipe.build_inputs leaves out while at their default
-_LEFT_OUT_AT_DEFAULT = {"backend.runner": "compiled"}
+def _left_out_at_default() -> dict[str, Any]:
+    """Build inputs that Recipe.build_inputs leaves out while at their default: the default."""
+    from trtspec.recipe import TorchBackend
+
+    return {"backend.runner": TorchBackend.model_fields["runner"].default}
 
 
 def _changed(built: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:
     """'key.path: built → wanted' for every leaf that differs."""
     out = []
     for key in sorted(set(built) | set(wanted)):
-        default = _LEFT_OUT_AT_DEFAULT.get(prefix + key)
+        default = _left_out_at_default().get(prefix + key)
         a, b = built.get(key, default), wanted.get(key, default)
         if isinstance(a, dict) and isinstance(b, dict):
             out += _changed(a, b, f"{prefix}{key}.")

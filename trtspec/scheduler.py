@@ -20,8 +20,9 @@ drafts are verified against the target's own p, so each request's output is dist
 target's alone, whatever else runs, under any D, schedule or adaptive choice — always. The
 *sample* a seed gives is another matter: a round draws a request's uniforms in the same order
 whatever else runs (the first token one, each round ``num_draft + 1`` after the draft's own),
-so with a fixed D on a runner whose logits do not depend on the batch (the toy and transformers
-runners on the CPU), a seeded request gets exactly the tokens it gets alone. Under a schedule
+so with a fixed D on a runner whose logits do not depend on the batch (the toy runner exactly;
+the transformers runner up to float rounding, which can flip a near-tie), a seeded request gets
+the tokens it gets alone. Under a schedule
 or an adaptive D the rounds it sees depend on the load, and on the compiled runner the GEMM
 shapes follow the row range, so logits (and, at near-ties, tokens) can differ in the last bits:
 there a seed fixes the sample only for the same load.

@@ -15,11 +15,13 @@ from trtspec.eval.workloads import WorkloadRequest
 from trtspec.sampling import SamplingParams
 
 
-def serve(speculative: bool, fail: set[str] = frozenset(), break_off: set[str] = frozenset()):
+def serve(speculative: bool, fail: set[str] = frozenset(), break_off: set[str] = frozenset(),
+          cut: set[str] = frozenset()):
     """Streams max_tokens words; a speculative server sends them in bursts of 3 per chunk and
     counts drafts like vLLM (2 of 3 drafts accepted per round). A prompt in ``fail`` gets a
     500 error; one in ``break_off`` gets a chunk, then an SSE error event and [DONE] (what
-    trtspec serve sends when the model fails mid-stream)."""
+    trtspec serve sends when the model fails mid-stream); one in ``cut`` gets a chunk and then
+    the connection closes."""
     counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
     seen: list[dict] = []
 
@@ -64,6 +66,11 @@ def serve(speculative: bool, fail: set[str] = frozenset(), break_off: set[str] =
                 self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
                 self.wfile.flush()
 
+            if payload["messages"][-1]["content"] in cut:
+                emit({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                      "choices": [{"index": 0, "delta": {"content": " w"},
+                                   "finish_reason": None}]})
+                return
             if payload["messages"][-1]["content"] in break_off:
                 emit({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
                       "choices": [{"index": 0, "delta": {"content": " w"},
@@ -184,18 +191,20 @@ def test_arms_alternate_turn_by_turn_and_top_k_reaches_the_server(tmp_path) -> N
 
 
 def test_a_failed_request_is_recorded_and_the_arm_goes_on(tmp_path) -> None:
-    server, url, _ = serve(True, fail={"p1"}, break_off={"p3"})
+    server, url, _ = serve(True, fail={"p1"}, break_off={"p3"}, cut={"p4"})
     try:
-        requests = [WorkloadRequest(id=f"r{i}", category="c", prompt=f"p{i}") for i in range(4)]
+        requests = [WorkloadRequest(id=f"r{i}", category="c", prompt=f"p{i}") for i in range(5)]
         params = SamplingParams(temperature=0.0, max_tokens=3, seed=1)
         records = read_records(run_endpoint_eval(tmp_path, requests, url, "m", params, [1]))
-        assert len(records) == 4
+        assert len(records) == 5
+        gone = next(r for r in records if r["request_id"] == "r4")  # the connection closed
+        assert gone["finish_reason"] == "error" and gone["error"], gone
         bad = next(r for r in records if r["request_id"] == "r1")
         assert bad["finish_reason"] == "error" and "InternalServerError" in bad["error"]
         cut = next(r for r in records if r["request_id"] == "r3")  # an error event mid-stream
         assert cut["finish_reason"] == "error" and "the model failed" in cut["error"]
         entry = summarize(records, ("spec",))["endpoint/D0/c1"]["spec"]
-        assert entry["failed_requests"] == 2 and entry["requests"] == 2
+        assert entry["failed_requests"] == 3 and entry["requests"] == 2
         # resume measures the failed request again
         again = read_records(run_endpoint_eval(tmp_path, requests, url, "m", params, [1],
                                                resume=True))

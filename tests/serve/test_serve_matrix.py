@@ -112,13 +112,14 @@ def test_a_served_build_survives_short_dropped_and_concurrent_requests(built, me
                                         temperature=0)
         assert one.usage.completion_tokens == 1
         assert one.choices[0].finish_reason in ("length", "stop")
-        two = "".join(c.choices[0].text for c in client.completions.create(
+        two = list(client.completions.create(
             model=model, prompt=[9, 8, 7], max_tokens=2, temperature=0.8, seed=1,
-            stream=True))
+            stream=True, stream_options={"include_usage": True}))
         eight = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "Count to ten."}],
             max_tokens=8, temperature=0)
-        assert eight.usage.completion_tokens <= 8 and isinstance(two, str)
+        assert eight.usage.completion_tokens <= 8
+        assert two[-1].usage.completion_tokens <= 2 and two[-2].choices[0].finish_reason
         # EOS as the first token: the second EOS id of the generation config ends it
         stop = client.completions.create(model=model, prompt=EOS_PROMPT, max_tokens=8,
                                          temperature=0)
@@ -141,7 +142,8 @@ def test_a_served_build_survives_short_dropped_and_concurrent_requests(built, me
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert "compiled a graph after warm-up" not in err, err
+    assert "compiled a graph after warm-up" not in err, err  # no request waited for it
+    assert "torch.compile failed" not in err and "compiling now" not in err, err  # compiled
     assert "Traceback" not in err, err
 
 

@@ -964,7 +964,7 @@ def test_a_served_model_that_fails_ends_every_request_within_a_second_then_exits
     finally:
         stopped = time.time()
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
     assert time.time() - stopped < 5 and proc.returncode == 0, err
     assert "Traceback" not in err, err
     failed_at = float(err.split("failed at ")[1].split()[0])

@@ -114,7 +114,7 @@ def generate(backend: str, model: str, method: str, draft_len: int | str,
         eos = eos_token_ids(lm)
     executor = executor_for(runner, proposer, method, draft_len, time_models=tokenizer is not None,
                             eos_token_ids=eos, say=lambda text: click.echo(text, err=True))
-    stream = None if as_json or num_requests > 1 or tokenizer is None else TextStream(tokenizer)
+    stream = None if as_json or num_requests > 1 or tokenizer is None else Printer(tokenizer)
     started = time.perf_counter()
     completions = executor.generate([ids] * num_requests, params, on_step=stream)
     elapsed = time.perf_counter() - started
@@ -137,21 +137,21 @@ def _token_ids(text: str) -> list[int]:
         raise click.BadParameter(str(e), param_hint="--prompt") from None
 
 
-class TextStream:
-    """Prints request 0's text as tokens arrive (holding back a trailing partial character)."""
+class Printer:
+    """Prints request 0's text as tokens arrive, through the server's incremental
+    detokenizer (a trailing partial character is held back until it resolves)."""
 
     def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer, self.shown, self.ids = tokenizer, 0, []
+        from trtspec.serve.openai_api import TextStream
+
+        self.text = TextStream(lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
 
     def __call__(self, deltas: list[Delta]) -> None:
         for d in deltas:
             if d.index == 0:
-                self.ids += d.token_ids
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
-        click.echo(text[self.shown:], nl=False)
-        self.shown = len(text)
+                click.echo(self.text.push(d.token_ids), nl=False)
+                if d.finish_reason is not None:
+                    click.echo(self.text.flush(), nl=False)
 
 
 def _print_completions(completions: list[Completion], as_json: bool, tokenizer: Any,

@@ -191,7 +191,6 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     """The served model of a recipe's build (or a build folder): its runner warmed up for
     ``slots`` before the scheduler takes its rows."""
     from trtspec.engine import open_build
-    from trtspec.recipe import RecipeError
     from trtspec.scheduler import Scheduler
     from trtspec.serve.server import Engine, Limits, TokenizerTexts
 
@@ -199,9 +198,6 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
                           say=lambda line: click.echo(line, err=True))
     recipe = build.recipe
     method = method or build.method_names[0]
-    if method not in (*build.method_names, PLAIN):
-        raise RecipeError(f"--method {method}: the recipe has {', '.join(build.method_names)} "
-                          f"(or {PLAIN})")
     d = recipe.condition_draft_lengths(build.manifest.draft_lengths)[0] if draft_len is None \
         else draft_len  # an int, or adaptive
     slots = slots or recipe.limits.max_batch_size

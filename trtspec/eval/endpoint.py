@@ -10,7 +10,8 @@ rate and AL = 1 + Δaccepted / Δdrafts for that arm.
 Records have the in-process schema; chunk arrival times stand in for token times (a chunk of a
 speculative round carries several tokens), and output_tokens comes from the server's usage. The
 arms alternate batch by batch (A B, then B A) as in-process evals do. A request the server
-fails (any ``openai.APIError``) is recorded with its ``error`` and counted as failed; it does
+fails (any ``openai.APIError``, a broken connection, or a stream cut off before its
+finish_reason) is recorded with its ``error`` and counted as failed; it does
 not stop the arm, and a resumed eval measures it again. An endpoint that fails a whole first
 batch stops the eval with one line.
 
@@ -153,7 +154,9 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
                     times.append(time.perf_counter() - start)
                     text.append(choice.delta.content)
                 finish = choice.finish_reason or finish
-    except openai.APIError as e:
+        if finish is None:  # cut off: not a completion, whatever came before
+            raise ConnectionError("the stream ended without a finish_reason")
+    except (openai.APIError, _transport_error(), ConnectionError) as e:
         reason = str(e).splitlines()[0] if str(e) else ""
         return {"error": f"{type(e).__name__}: {reason}"[:300], "start_s": started,
                 "token_times_s": [], "output_tokens": 0, "e2e_s": time.perf_counter() - start,
@@ -164,9 +167,20 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
     digest = hashlib.sha256("".join(text).encode()).hexdigest()[:16]
     return {"start_s": started, "token_times_s": times, "output_tokens": out_tokens,
             "e2e_s": end, "output_digest": digest,
-            "ttft_s": times[0] if times else None, "finish_reason": finish or "stop",
+            "ttft_s": times[0] if times else None, "finish_reason": finish,
             "prompt_tokens": usage.prompt_tokens if usage is not None else None,
             "text_chars": len("".join(text)), **_counters(spec)}
+
+
+def _transport_error() -> type[Exception]:
+    """The HTTP library's base error, which the openai client lets through while a stream is
+    read (a server that dies mid-stream): httpx's, or the httpx2 that newer clients use."""
+    for name in ("httpx2", "httpx"):
+        try:
+            return __import__(name).HTTPError
+        except (ImportError, AttributeError):
+            continue
+    return OSError
 
 
 SPEC_FIELDS = ("proposed_tokens", "accepted_draft_tokens", "emitted_tokens",

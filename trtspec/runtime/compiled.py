@@ -268,15 +268,15 @@ class CompiledRunner:
         began = time.perf_counter()
         if batch in self._warmed or not self.compiled:
             return 0.0
-        self._warmed.add(batch)
         live = self.keys, self.values, self._lengths, self._capacity
-        self._warming = True
+        self._warming, self._capacity = True, MIN_CAPACITY  # a small scratch cache
         try:
             self.prefill([[0]] * batch)
             for n in sorted({1, min(2, batch), batch}):
                 for t in widths:
                     self.score([[0] * t] * n + [[]] * (batch - n))
                     self.rollback([1] * batch)
+            self._warmed.add(batch)
         finally:
             self.keys, self.values, self._lengths, self._capacity = live
             self._warming = False
