@@ -32,6 +32,7 @@ from trtspec.executor import Delta
 from trtspec.sampling import SamplingParams
 from trtspec.scheduler import QueueFull, Scheduler, SchedulerDown, Ticket
 from trtspec.serve import openai_api as wire
+from trtspec.serve.intake import Limits, authorize, bound_chars, read_body, sampling_params
 from trtspec.serve.metrics import AccessLog, ServeMetrics, note, spec_field, speculative_decoding
 from trtspec.serve.openai_api import (  # the text side: re-exported for the CLI
     ApiError,
@@ -46,25 +47,6 @@ from trtspec.serve.openai_api import (  # the text side: re-exported for the CLI
 )
 
 __all__ = ["Engine", "IdTexts", "Limits", "TokenizerTexts", "make_app"]
-
-
-CHARS_PER_TOKEN = 16  # a prompt longer than max_input_len × this cannot fit: refused untokenized
-
-
-@dataclass
-class Limits:
-    max_input_len: int = 2048  # prompt tokens
-    max_seq_len: int = 4096  # prompt + output tokens
-    max_body_bytes: int = 1 << 20
-    default_max_tokens: int = 256
-    max_prompt_chars: int | None = None  # None: max_input_len × CHARS_PER_TOKEN
-
-    def prompt_chars(self) -> tuple[int, str]:
-        """The bound on a prompt's characters, and where it comes from (for the error)."""
-        if self.max_prompt_chars is not None:
-            return self.max_prompt_chars, "max_prompt_chars"
-        return (self.max_input_len * CHARS_PER_TOKEN,
-                f"max_input_len {self.max_input_len} tokens × {CHARS_PER_TOKEN} characters")
 
 
 @dataclass
@@ -224,7 +206,7 @@ def make_app(engine: Engine, api_key: str | None = None) -> Any:
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
-        _authorize(request, api_key)
+        authorize(request, api_key)
         return {"object": "list", "data": [{"id": engine.model, "object": "model",
                                             "created": engine.started, "owned_by": "trtspec"}]}
 
@@ -234,7 +216,7 @@ def make_app(engine: Engine, api_key: str | None = None) -> Any:
         if isinstance(body.prompt, list):
             prompt = body.prompt
         else:
-            _bound_chars(engine, len(body.prompt), "prompt", "the prompt")
+            bound_chars(engine.limits, len(body.prompt), "prompt", "the prompt")
             prompt = await asyncio.to_thread(engine.texts.encode, body.prompt)
         return await _generate(engine, body, prompt, chat=False, request=request)
 
@@ -245,7 +227,7 @@ def make_app(engine: Engine, api_key: str | None = None) -> Any:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         except ValueError as e:
             raise ApiError(400, f"messages: {e}", param="messages") from None
-        _bound_chars(engine, sum(len(m["content"]) for m in messages), "messages",
+        bound_chars(engine.limits, sum(len(m["content"]) for m in messages), "messages",
                      "the messages")
         try:
             prompt = await asyncio.to_thread(engine.texts.encode_chat, messages)
@@ -259,39 +241,15 @@ def make_app(engine: Engine, api_key: str | None = None) -> Any:
     return app
 
 
-def _authorize(request: Any, api_key: str | None) -> None:
-    import hmac
-
-    given = request.headers.get("authorization", "").encode()
-    if api_key and not hmac.compare_digest(given, f"Bearer {api_key}".encode()):
-        raise ApiError(401, "missing or wrong API key (Authorization: Bearer …)",
-                       "authentication_error", code="invalid_api_key")
-
-
-async def _read(request: Any, cap: int) -> bytes:
-    """The body, refused (413) by its Content-Length before reading, or, sent without one
-    (chunked), as soon as more than ``cap`` bytes have come: never more is held."""
-    size = request.headers.get("content-length")
-    if size and size.isdigit() and int(size) > cap:
-        raise ApiError(413, f"body of {size} bytes is over the limit ({cap})")
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > cap:
-            raise ApiError(413, f"body is over the limit ({cap} bytes)")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def _body(request: Any, engine: Engine, api_key: str | None, schema: type) -> Any:
     from pydantic import ValidationError
 
-    _authorize(request, api_key)
+    authorize(request, api_key)
     if engine.draining or engine.scheduler.error:
         why = f"the model failed: {engine.scheduler.error}" if engine.scheduler.error else \
             "the server is shutting down"
         raise ApiError(503, why, "server_error")
-    raw = await _read(request, engine.limits.max_body_bytes)
+    raw = await read_body(request, engine.limits.max_body_bytes)
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -312,34 +270,9 @@ async def _body(request: Any, engine: Engine, api_key: str | None, schema: type)
     return body
 
 
-def _bound_chars(engine: Engine, chars: int, param: str, what: str) -> None:
-    """Refuse a prompt too long to fit before tokenizing it (tokenizing costs time)."""
-    cap, why = engine.limits.prompt_chars()
-    if chars > cap:
-        raise ApiError(400, f"{what} has {chars} characters, over the limit of {cap} ({why})",
-                       param=param)
-
-
-def _params(engine: Engine, body: Any, prompt_len: int) -> SamplingParams:
-    limits = engine.limits
-    if prompt_len > limits.max_input_len:
-        raise ApiError(400, f"the prompt has {prompt_len} tokens, over max_input_len "
-                            f"({limits.max_input_len})", param="prompt")
-    room = limits.max_seq_len - prompt_len
-    wanted = body.output_limit or min(limits.default_max_tokens, room)
-    if room < 1 or wanted > room:
-        raise ApiError(400, f"max_tokens {wanted} + {prompt_len} prompt tokens exceed "
-                            f"max_seq_len ({limits.max_seq_len})", param="max_tokens")
-    return SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
-                          top_p=1.0 if body.top_p is None else body.top_p,
-                          top_k=max(body.top_k or 0, 0), seed=body.seed, max_tokens=wanted,
-                          ignore_eos=body.ignore_eos,
-                          stop_token_ids=tuple(body.stop_token_ids or ()))
-
-
 async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
                     request: Any) -> Any:
-    params = _params(engine, body, len(prompt))
+    params = sampling_params(engine.limits, body, len(prompt))
     note(request, prompt=len(prompt))
     text = TextStream(engine.texts.decode, body.stop)
     sent = time.perf_counter()
