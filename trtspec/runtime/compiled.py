@@ -204,8 +204,9 @@ class CompiledRunner:
                 if self._owner._warmed and not self._owner._warming and \
                         _graphs_compiled() > graphs:
                     self._owner.late_compiles += 1  # a request waited for the compiler
-                    self.warn(f"warning: compiled a graph after warm-up (rows {nb}, width "
-                              f"{tb}): the request that needed it waited for the compiler")
+                    if self._owner.late_compiles == 1:  # said once; counted always
+                        self.warn(f"warning: compiled a graph after warm-up (rows {nb}, width "
+                                  f"{tb}): the step that needed it waited for the compiler")
             except Exception as e:  # any compiler failure: the same math, eagerly
                 self._give_up(e)
                 compiled = False

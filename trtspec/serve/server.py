@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -126,13 +127,18 @@ class Engine:
             ids, end, keep = delta.token_ids, delta.finish_reason, None
             if end == "stop" and ids and ids[-1] in stops:  # a stop token's own text is not
                 ids = ids[:-1]  # sent (as vLLM)
-            piece = text.push(ids)
-            if text.stopped:  # a stop string: the scheduler keeps the tokens up to it
-                end, keep = "stop", text.tokens_used
-            elif end == "error":
-                piece = ""
-            elif end is not None:
-                piece += text.flush()
+            try:
+                piece = text.push(ids)
+                if text.stopped:  # a stop string: the scheduler keeps the tokens up to it
+                    end, keep = "stop", text.tokens_used
+                elif end == "error":
+                    piece = ""
+                elif end is not None:
+                    piece += text.flush()
+            except Exception as e:  # the text side failed: this request ends, with an error
+                logging.getLogger("trtspec.serve").error("decoding a request's text failed "
+                                                         "(%s: %s)", type(e).__name__, e)
+                piece, end = "", "error"
             with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown)
                 loop.call_soon_threadsafe(queue.put_nowait, (delta, piece, end))
             return keep
@@ -319,7 +325,9 @@ async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
         return out
 
     def failed() -> ApiError:
-        return ApiError(500, f"the model failed: {engine.scheduler.error}", "server_error")
+        why = f"the model failed: {engine.scheduler.error}" if engine.scheduler.error else \
+            "this request failed on the server (see its log)"
+        return ApiError(500, why, "server_error")
 
     if not body.stream:
         watcher = asyncio.create_task(_cancel_on_disconnect(request, engine, ticket))
