@@ -259,7 +259,7 @@ def soak(args: argparse.Namespace) -> int:
         finally:
             stop_server(proc)
         said = [line.strip() for line in Path(log.name).read_text().splitlines()
-                if line.strip() and "stopped (" not in line][:4]  # its start-up lines
+                if line.startswith(("trtspec serve: http", "policy:", "note:"))]  # start-up
     kinds = {k: sum(o.kind == k for o in outcomes) for k in ("completed", "dropped", "lost")}
     growth = rss_end / rss_warm - 1 if rss_end else float("inf")
     checks = [

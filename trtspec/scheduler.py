@@ -107,16 +107,18 @@ class DraftPolicy:
 
         if not self.schedule:
             return name(self.draft_len)
-        parts, low = [], 1
-        for limit, d in self.schedule:
-            if low > slots:
-                break
+        spans: list[list] = []  # [name, low, high], neighbours with one name merged
+        low = 1
+        for limit, d in (*self.schedule, (slots, 0)):
             high = min(limit, slots)
-            parts.append(f"{name(d)} at {low}{'' if high == low else f'–{high}'}")
-            low = limit + 1
-        if low <= slots:
-            parts.append(f"plain decoding at {low}{'' if slots == low else f'–{slots}'}")
-        return ", ".join(parts) + " running"
+            if low <= high:
+                if spans and spans[-1][0] == name(d):
+                    spans[-1][2] = high
+                else:
+                    spans.append([name(d), low, high])
+            low = max(low, limit + 1)
+        return ", ".join(f"{n} at {a}{'' if a == b else f'–{b}'}" for n, a, b in spans) + \
+            " running"
 
     def for_running(self, running: int) -> int | str:
         if not self.schedule:
