@@ -87,14 +87,18 @@ class OpenBuild:
         """Every graph a batch of ``batch`` rows needs, now (a live cache is kept)."""
         return self.target_runner().warm_up(batch)
 
-    def proposer(self, method: str) -> Proposer | None:
-        """A fresh proposer for one of the recipe's methods (or none)."""
-        if method == PLAIN:
-            return None
-        chosen = {m.method: m for m in self.recipe.methods}.get(method)
-        if chosen is None:
+    def check_method(self, method: str) -> None:
+        """RecipeError unless ``method`` is one of the recipe's (or none)."""
+        if method != PLAIN and method not in self.method_names:
             raise RecipeError(f"method {method}: the recipe has "
                               f"{', '.join(self.method_names)} (or {PLAIN})")
+
+    def proposer(self, method: str) -> Proposer | None:
+        """A fresh proposer for one of the recipe's methods (or none)."""
+        self.check_method(method)
+        if method == PLAIN:
+            return None
+        chosen = {m.method: m for m in self.recipe.methods}[method]
         draft = self.model(self.manifest.artifact("draft").path) \
             if isinstance(chosen, DraftModel) else None
         return make_proposer(chosen, self.target_runner(), draft=draft,
@@ -104,11 +108,11 @@ class OpenBuild:
         """Plain decoding for ``none`` or D = 0; else the method at a fixed D, or adaptive
         (each request's D per round, at most the recipe's adaptive cap, costed by the build's
         cost curve)."""
+        self.check_method(method)
         runner = self.target_runner()
-        proposer = self.proposer(method)  # checks the name first
-        if proposer is None or draft_len == 0:
+        if method == PLAIN or draft_len == 0:  # no draft model loaded for nothing
             return SpecExecutor(runner, eos_token_ids=self.eos_token_ids)
-        return executor_for(runner, proposer, method, draft_len,
+        return executor_for(runner, self.proposer(method), method, draft_len,
                             curve=self.manifest.cost_curve, cap=self.recipe.adaptive_cap,
                             eos_token_ids=self.eos_token_ids, say=self.say)
 

@@ -226,7 +226,7 @@ class Scheduler:
             self._end(ticket, "abort")
         self._admit()
         live = [b for b, t in enumerate(self._tickets)
-                if t is not None and t.request.finish_reason is None]
+                if t is not None and t.request.finish_reason is None and not t.cancelled]
         if live:
             draft_len = self.policy.for_running(len(live))
             for delta in self.executor.round(self._rows, live, draft_len):
@@ -287,6 +287,9 @@ class Scheduler:
         ticket = self._tickets[delta.index]
         assert ticket is not None and ticket.request is not None
         keep = self._notify(ticket, delta)
+        if ticket.cancelled and ticket.reported == "error":  # its client callback failed
+            self._free(delta.index, "error")
+            return
         if keep is not None:  # a stop string: the client keeps the first ``keep`` tokens
             self._stop_at(ticket, keep)
         if ticket.request.finish_reason is not None:
@@ -298,12 +301,14 @@ class Scheduler:
         later."""
         request = ticket.request
         assert request is not None
-        extra = max(0, len(request.output) - keep)
+        stats = request.stats
+        extra = max(0, len(request.output) - keep)  # 1 ≤ keep: the first token stays
         del request.output[keep:]
-        request.stats.emitted_tokens -= extra
-        request.stats.discarded_tokens += extra
-        if request.finish_reason is None:
-            request.stats.close_request()
+        if request.finish_reason is not None and stats.verification_rounds:
+            stats.request_al.pop()  # its AL was fixed before the trim: fixed again below
+        stats.emitted_tokens -= extra
+        stats.discarded_tokens += extra
+        stats.close_request()
         request.finish_reason, ticket.reported, ticket.final_sent = "stop", "stop", True
 
     def _notify(self, ticket: Ticket, delta: Delta) -> int | None:
@@ -314,13 +319,16 @@ class Scheduler:
         if ticket.on_delta is None:
             return None
         try:
-            return ticket.on_delta(delta)
+            keep = ticket.on_delta(delta)
+            if keep is not None and (type(keep) is not int or keep < 1):
+                raise ValueError(f"on_delta returned {keep!r}, not a token count ≥ 1")
         except Exception as e:
             logging.getLogger("trtspec.scheduler").error(
                 "a request's client callback failed (%s: %s): the request is ended",
                 type(e).__name__, e)
-            ticket.cancelled = True
+            ticket.cancelled, ticket.reported = True, "error"
             return None
+        return None if keep is None else min(keep, len(ticket.token_ids))
 
     def _free(self, slot: int, reason: str | None) -> None:
         """Release a slot; ``reason`` ends a request that had not finished (a cancel). The

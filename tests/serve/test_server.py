@@ -296,8 +296,8 @@ def bad_server():
 
 
 def test_a_full_queue_is_429_and_health_and_models_answer() -> None:
-    engine = toy(slots=1, max_waiting=0)
-    slow_down(engine)  # the first request must still hold its slot when the second comes
+    engine = toy(method="none", slots=1, max_waiting=0)  # one token per 10 ms step: the first
+    slow_down(engine)  # request holds its slot for 40 s, however loaded the machine is
     with serving(engine) as url:
         assert requests.get(url.removesuffix("/v1") + "/health").status_code == 200
         assert requests.get(url + "/models").json()["data"][0]["owned_by"] == "trtspec"
@@ -1011,3 +1011,34 @@ def test_vllm_extensions_are_honoured_or_refused_and_null_means_default() -> Non
             assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
         assert requests.post(f"{root}/completions", timeout=30, json={
             **body, "min_p": 0, "repetition_penalty": 1}).status_code == 200
+
+
+def test_a_request_whose_text_fails_to_decode_ends_at_once_and_the_server_goes_on() -> None:
+    engine = toy(slots=2)
+    decode, calls = engine.texts.decode, [0]
+
+    def flaky(ids):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "test")
+        return decode(ids)
+
+    engine.texts.decode = flaky
+    slow_down(engine)
+    with serving(engine) as url:
+        body = {"model": "toy", "prompt": "1 2 3", "max_tokens": 400, "ignore_eos": True,
+                "stream": True}
+        began = time.time()
+        with requests.post(f"{url}/completions", json=body, stream=True, timeout=30) as r:
+            lines = [line for line in r.iter_lines() if line]
+        assert time.time() - began < 2  # not after 400 tokens
+        assert lines[-2].startswith(b'data: {"error"') and lines[-1] == b"data: [DONE]"
+        deadline = time.time() + 5
+        while metric(url, "trtspec:num_requests_running") and time.time() < deadline:
+            time.sleep(0.05)
+        assert metric(url, "trtspec:num_requests_running") == 0
+        assert metric(url, 'trtspec:request_success_total{finish_reason="error"}') == 1
+        after = openai.OpenAI(base_url=url, api_key="x").completions.create(
+            model="toy", prompt="1 2 3", max_tokens=4)
+        assert after.usage.completion_tokens == 4
+        assert requests.get(url.removesuffix("/v1") + "/health").status_code == 200

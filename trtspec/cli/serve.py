@@ -198,6 +198,7 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
                           say=lambda line: click.echo(line, err=True))
     recipe = build.recipe
     method = method or build.method_names[0]
+    build.check_method(method)  # before any warm-up
     d = recipe.condition_draft_lengths(build.manifest.draft_lengths)[0] if draft_len is None \
         else draft_len  # an int, or adaptive
     slots = slots or recipe.limits.max_batch_size

@@ -156,7 +156,7 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
                 finish = choice.finish_reason or finish
         if finish is None:  # cut off: not a completion, whatever came before
             raise ConnectionError("the stream ended without a finish_reason")
-    except (openai.APIError, _transport_error(), ConnectionError) as e:
+    except (openai.APIError, *_transport_errors(), ConnectionError) as e:
         reason = str(e).splitlines()[0] if str(e) else ""
         return {"error": f"{type(e).__name__}: {reason}"[:300], "start_s": started,
                 "token_times_s": [], "output_tokens": 0, "e2e_s": time.perf_counter() - start,
@@ -172,15 +172,16 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
             "text_chars": len("".join(text)), **_counters(spec)}
 
 
-def _transport_error() -> type[Exception]:
-    """The HTTP library's base error, which the openai client lets through while a stream is
-    read (a server that dies mid-stream): httpx's, or the httpx2 that newer clients use."""
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP libraries' base errors, which the openai client lets through while a stream
+    is read (a server that dies mid-stream): httpx's, and the httpx2 newer clients use."""
+    found: list[type[Exception]] = [OSError]
     for name in ("httpx2", "httpx"):
         try:
-            return __import__(name).HTTPError
+            found.append(__import__(name).HTTPError)
         except (ImportError, AttributeError):
             continue
-    return OSError
+    return tuple(found)
 
 
 SPEC_FIELDS = ("proposed_tokens", "accepted_draft_tokens", "emitted_tokens",

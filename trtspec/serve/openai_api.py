@@ -119,7 +119,11 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
     "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
     "guided_grammar": (None,), "prompt_logprobs": (None,), "use_beam_search": (None, False),
-    "length_penalty": (None, 1),
+    "length_penalty": (None, 1), "allowed_token_ids": (None,), "bad_words": (None, []),
+    "logits_processors": (None,), "structured_outputs": (None,),
+    "truncate_prompt_tokens": (None,), "chat_template": (None,),
+    "chat_template_kwargs": (None, {}), "add_generation_prompt": (None, True),
+    "continue_final_message": (None, False),
 }
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import threading
 import time
 import uuid
@@ -135,10 +134,10 @@ class Engine:
                     piece = ""
                 elif end is not None:
                     piece += text.flush()
-            except Exception as e:  # the text side failed: this request ends, with an error
-                logging.getLogger("trtspec.serve").error("decoding a request's text failed "
-                                                         "(%s: %s)", type(e).__name__, e)
-                piece, end = "", "error"
+            except Exception:  # the text side failed: the client gets an error, and raising
+                with contextlib.suppress(RuntimeError):  # tells the scheduler to end the
+                    loop.call_soon_threadsafe(queue.put_nowait, (delta, "", "error"))
+                raise  # request now (it logs why)
             with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown)
                 loop.call_soon_threadsafe(queue.put_nowait, (delta, piece, end))
             return keep
