@@ -217,9 +217,14 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
     from trtspec.recipe import load_recipe
     from trtspec.runtime.kinds import runner_kind
 
+    from transformers import AutoTokenizer
+
+    from trtspec.models import resolve
+
     model = tmp_path / "tiny-llama"
     tiny = tiny_llama()
-    tiny.save_pretrained(model)
+    tiny.save_pretrained(model)  # eval and serve open the build with its tokenizer
+    AutoTokenizer.from_pretrained(resolve("smollm2-135m-instruct")).save_pretrained(model)
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(TINY_RECIPE.format(model=model))
     main(["build", str(recipe), "--engines", str(tmp_path / "engines")])
