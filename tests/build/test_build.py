@@ -212,14 +212,12 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
 
     import torch
     from conftest import tiny_llama
-
-    from trtspec.engine import OpenBuild
-    from trtspec.recipe import load_recipe
-    from trtspec.runtime.kinds import runner_kind
-
     from transformers import AutoTokenizer
 
+    from trtspec.engine import OpenBuild
     from trtspec.models import resolve
+    from trtspec.recipe import load_recipe
+    from trtspec.runtime.kinds import runner_kind
 
     model = tmp_path / "tiny-llama"
     tiny = tiny_llama()
