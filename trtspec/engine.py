@@ -83,9 +83,10 @@ class OpenBuild:
                                         eos_token_id=lm.tokenizer.eos_token_id, say=self.say)
         return self._runner
 
-    def warm_up(self, batch: int) -> float:
-        """Every graph a batch of ``batch`` rows needs, now (a live cache is kept)."""
-        return self.target_runner().warm_up(batch)
+    def warm_up(self, batch: int, watch: bool = False) -> float:
+        """Every graph a batch of ``batch`` rows needs, now (a live cache is kept); ``watch``:
+        a server, which says if a request ever waits for a compiler after this."""
+        return self.target_runner().warm_up(batch, watch=watch)
 
     def check_method(self, method: str) -> None:
         """RecipeError unless ``method`` is one of the recipe's (or none)."""

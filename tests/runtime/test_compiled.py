@@ -216,7 +216,7 @@ def test_warm_up_keeps_a_live_cache_and_a_late_compile_is_said(cache_dir) -> Non
     model = tiny_llama(vocab=64, layers=2, seed=9)
     said: list[str] = []
     runner = make_runner(model, "compiled", cache_dir=cache_dir, warn=said.append)
-    runner.warm_up(2)
+    runner.warm_up(2, watch=True)  # as a server does
     runner.prefill([[1, 2, 3], [4, 5]])
     runner.score([[6], [7]])
     before = runner.lengths()

@@ -202,7 +202,7 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     d = recipe.condition_draft_lengths(build.manifest.draft_lengths)[0] if draft_len is None \
         else draft_len  # an int, or adaptive
     slots = slots or recipe.limits.max_batch_size
-    build.warm_up(slots)  # graphs for that batch, before any request (a no-op when eager)
+    build.warm_up(slots, watch=True)  # graphs for that batch, before any request
     executor = build.executor(method, d)
     limits = Limits(max_input_len=recipe.limits.max_input_len,
                     max_seq_len=recipe.limits.max_seq_len)

@@ -57,10 +57,10 @@ class Runner(Protocol):
         when the model has no layers to skip."""
         ...
 
-    def warm_up(self, batch: int) -> float:
+    def warm_up(self, batch: int, watch: bool = False) -> float:
         """Prepare every kernel a batch of ``batch`` rows can need, so no request waits for a
-        compiler; returns seconds. A live KV cache is kept as it was. A no-op for eager
-        runners."""
+        compiler; returns seconds. A live KV cache is kept as it was. ``watch`` (a server):
+        say when a later step compiles anyway. A no-op for eager runners."""
         ...
 
 

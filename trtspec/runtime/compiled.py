@@ -101,7 +101,7 @@ class CompiledRunner:
         self._owner = self  # whose KV cache this runner reads and writes (see view)
         self._warmed: set[int] = set()  # batch sizes warm_up has compiled for
         self.late_compiles = 0  # graphs compiled after a warm-up: each made a request wait
-        self._warming = False
+        self._warming = self._watch = False
         self.compiled, self.warn, self.cache_dir = compile, warn, cache_dir
         self._eager = _layer_fn(self._hq, self._hkv, self._d, self._eps)
         self._graph: Callable[..., torch.Tensor] = self._eager
@@ -203,8 +203,8 @@ class CompiledRunner:
                 self.shapes.add((nb, tb))
                 if self._owner._warmed and not self._owner._warming and \
                         _graphs_compiled() > graphs:
-                    self._owner.late_compiles += 1  # a request waited for the compiler
-                    if self._owner.late_compiles == 1:  # said once; counted always
+                    self._owner.late_compiles += 1  # a step waited for the compiler
+                    if self._owner._watch and self._owner.late_compiles == 1:  # said once
                         self.warn(f"warning: compiled a graph after warm-up (rows {nb}, width "
                                   f"{tb}): the step that needed it waited for the compiler")
             except Exception as e:  # any compiler failure: the same math, eagerly
@@ -256,16 +256,18 @@ class CompiledRunner:
     def lengths(self) -> list[int]:
         return list(self._lengths)
 
-    def warm_up(self, batch: int = 1, widths: Sequence[int] = (1, 2, PROJECT_ROWS + 1)
-                ) -> float:
+    def warm_up(self, batch: int = 1, widths: Sequence[int] = (1, 2, PROJECT_ROWS + 1),
+                watch: bool = False) -> float:
         """Compile (or load from inductor's cache) every graph a batch of ``batch`` rows can
         need; returns seconds. Widths 1, 2 and one past PROJECT_ROWS cover every width
         (_project switches there); one row, two rows and the whole batch cover every row range
         (part of the batch has strides the whole batch lacks, and a one-row view's strides are
         those of this batch size). It runs on scratch rows: a live KV cache is put back as it
-        was. A batch size already warmed up returns at once; a view warms up its owner."""
+        was. A batch size already warmed up returns at once; a view warms up its owner. With
+        ``watch`` (a server) a graph compiled later is said (once): a request waited for it."""
         if self._owner is not self:
-            return self._owner.warm_up(batch, widths)
+            return self._owner.warm_up(batch, widths, watch)
+        self._watch |= watch
         began = time.perf_counter()
         if batch in self._warmed or not self.compiled:
             return 0.0

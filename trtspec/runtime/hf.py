@@ -190,7 +190,7 @@ class HFRunner:
         return HFRunner(layer_skip_view(self.model, num_layers), eos_token_id=self._eos,
                         vocab_size=self._vocab)
 
-    def warm_up(self, batch: int) -> float:
+    def warm_up(self, batch: int, watch: bool = False) -> float:
         return 0.0  # eager: nothing to compile
 
     def _require_cache(self, rows: int) -> RowCache:

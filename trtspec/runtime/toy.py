@@ -119,7 +119,7 @@ class ToyRunner:
     def layer_skip(self, num_layers: int, share_cache: bool = True) -> ToyRunner:
         raise ValueError("the toy backend has no layers to skip")
 
-    def warm_up(self, batch: int) -> float:
+    def warm_up(self, batch: int, watch: bool = False) -> float:
         return 0.0  # nothing is compiled
 
 
