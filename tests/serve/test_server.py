@@ -52,6 +52,16 @@ def metric(url: str, name: str) -> float:
                if line.startswith(name) and (line[len(name)] in " {"))
 
 
+def settled(url: str, finish_reason: str, ended: int) -> None:
+    """Nothing runs within 20 s, and ``ended`` requests ended with ``finish_reason``."""
+    deadline = time.time() + 20
+    while metric(url, "trtspec:num_requests_running") and time.time() < deadline:
+        time.sleep(0.05)
+    assert metric(url, "trtspec:num_requests_running") == 0
+    assert metric(url, f'trtspec:request_success_total{{finish_reason="{finish_reason}"}}') \
+        == ended
+
+
 def toy(method: str = "draft_model", slots: int = 8, draft_len: int = 4, **kw):
     return toy_engine(method, draft_len, slots, kw.get("max_waiting", 256), "toy")
 
@@ -212,11 +222,7 @@ def test_clients_that_drop_mid_stream_free_their_slots() -> None:
             with requests.post(f"{url}/completions", json=body, stream=True, timeout=30) as r:
                 for _line in zip(range(3), r.iter_lines(), strict=False):
                     pass  # read a little, then hang up
-        deadline = time.time() + 20
-        while metric(url, "trtspec:num_requests_running") and time.time() < deadline:
-            time.sleep(0.05)
-        assert metric(url, "trtspec:num_requests_running") == 0
-        assert metric(url, 'trtspec:request_success_total{finish_reason="abort"}') == 6
+        settled(url, "abort", 6)
         done = openai.OpenAI(base_url=url, api_key="x").completions.create(
             model="toy", prompt="1 2 3", max_tokens=5)
         assert done.choices[0].finish_reason in ("length", "stop")
@@ -1033,11 +1039,7 @@ def test_a_request_whose_text_fails_to_decode_ends_at_once_and_the_server_goes_o
             lines = [line for line in r.iter_lines() if line]
         assert time.time() - began < 2  # not after 400 tokens
         assert lines[-2].startswith(b'data: {"error"') and lines[-1] == b"data: [DONE]"
-        deadline = time.time() + 5
-        while metric(url, "trtspec:num_requests_running") and time.time() < deadline:
-            time.sleep(0.05)
-        assert metric(url, "trtspec:num_requests_running") == 0
-        assert metric(url, 'trtspec:request_success_total{finish_reason="error"}') == 1
+        settled(url, "error", 1)
         after = openai.OpenAI(base_url=url, api_key="x").completions.create(
             model="toy", prompt="1 2 3", max_tokens=4)
         assert after.usage.completion_tokens == 4
