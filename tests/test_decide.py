@@ -11,10 +11,9 @@ from trtspec.decide import (
     NO_GO,
     apply_where,
     decide,
-    gate_percentile,
     judge,
-    paired_regression,
 )
+from trtspec.gates import gate_percentile, paired_regression
 from trtspec.recipe import Decide
 
 CRITERIA = Decide(min_speedup=1.05, max_ttft_p99_regression=0.10, max_e2e_p99_regression=0.10,
@@ -250,3 +249,58 @@ def test_decide_command_writes_report_and_exits_as_a_ci_gate(tmp_path, capsys) -
         (tmp_path / "audited" / "report.md").read_text()
     assert "Not run: `trtspec audit" in (tmp_path / "unaudited" / "report.md").read_text()
     assert "ngram/D4/c1" in capsys.readouterr().out
+
+
+def in_turns(condition: str, speedup: float, turns: int, size: int, seed: int = 0) -> list[dict]:
+    """Records of c > 1 turns: each arm's turn shares a shock (``block`` names the turn)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in range(turns):
+        shock_b, shock_s = rng.lognormal(0, 0.2, 2)
+        for i in range(size):
+            rid = f"t{t}r{i}"
+            b = record(condition, "baseline", rid, 0.05 * shock_b * rng.lognormal(0, 0.05))
+            s = record(condition, "spec", rid, 0.05 / speedup * shock_s * rng.lognormal(0, 0.05))
+            out += [b | {"block": f"0.{t}"}, s | {"block": f"0.{t}"}]
+    return out
+
+
+def test_turns_are_the_unit_at_concurrency() -> None:
+    v = judge(in_turns("ngram/D4/c4", 1.5, turns=10, size=16), "ngram/D4/c4", CRITERIA, False)
+    assert (v.unit, v.units, v.requests) == ("turn", 10, 160)
+    naive = judge([{k: x for k, x in r.items() if k != "block"}
+                   for r in in_turns("ngram/D4/c4", 1.5, turns=10, size=16)],
+                  "ngram/D4/c4", CRITERIA, False)
+    assert naive.unit == "request" and naive.ci[1] - naive.ci[0] < 0.5 * (v.ci[1] - v.ci[0])
+    assert "these records name no turn" in naive.caveats[0]
+    # 3 turns of 16: plenty of requests, too few independent units for an interval
+    few = judge(in_turns("ngram/D4/c4", 1.5, turns=3, size=16), "ngram/D4/c4", CRITERIA, False)
+    assert few.verdict == INCONCLUSIVE and few.ci[0] != few.ci[0]
+    assert few.reasons[0] == ("3 independent turns (of 16 request(s) each) are too few for an "
+                              "interval (< 8): measure about 80 more paired requests")
+
+
+def test_many_cells_share_one_error_rate() -> None:
+    # one cell whose CI just clears 1.05: GO alone, not among 20 cells at a family-wise 2.5 %
+    edge = paired("ngram/D4/c1", 0.050, 0.050 / 1.18, n=30, noise=0.12, seed=0)
+    alone = judge(edge, "ngram/D4/c1", CRITERIA, greedy=False)
+    assert alone.verdict == GO and alone.family == 1 and alone.level == 0.025
+    others = [r for k in range(19) for r in paired(f"ngram/D{k + 5}/c1", 0.05, 0.05, n=30,
+                                                   noise=0.12, seed=k)]
+    family = decide(edge + others, CRITERIA, greedy=False)
+    cell = next(v for v in family if v.condition == "ngram/D4/c1" and v.category == "all")
+    assert cell.family == 40 and cell.verdict == INCONCLUSIVE  # 20 conditions × (all + c)
+    assert "but not at the family-wise level" in cell.reasons[0]
+    assert cell.p_go > cell.level and cell.ci[0] > 1.05
+
+
+def test_apply_where_chooses_by_the_lower_bound() -> None:
+    steady = paired("ngram/D2/c1", 0.050, 0.050 / 1.5, n=40, noise=0.02)
+    lucky = paired("ngram/D4/c1", 0.050, 0.050 / 1.6, n=20, noise=0.35, seed=2)
+    verdicts = decide(steady + lucky, CRITERIA, greedy=False)
+    overall = {v.condition: v for v in verdicts if v.category == "all"}
+    assert overall["ngram/D4/c1"].speedup > overall["ngram/D2/c1"].speedup
+    assert overall["ngram/D4/c1"].ci[0] < overall["ngram/D2/c1"].ci[0]
+    assert {v.verdict for v in overall.values()} == {GO}
+    best = apply_where(verdicts)["ngram"]["best_d"]["c1"]
+    assert best[0] == 2 and best[2] == overall["ngram/D2/c1"].ci[0]

@@ -5,9 +5,16 @@ costs more per round is a NO-GO. For each condition (method × D × concurrency)
 category within it:
 
 * **speedup** = baseline / spec median of the recipe's ``decide.primary_metric`` (TPOT, E2E or
-  E2E per output token), with a 95 % CI from a *paired* bootstrap: requests are resampled, and
-  each resampled request brings its baseline and spec measurement together (same prompt, seed).
-* **gates** (each a statistic, never a single number):
+  E2E per output token), with a 95 % CI from a *paired* bootstrap that resamples the
+  independent unit (:mod:`trtspec.stats`): the request at c = 1, where the arms alternate
+  request by request; the turn (the requests that ran together, ``block``) at c > 1 or with
+  open-loop arrivals, where requests share batches and shocks. Each resampled unit brings its
+  baseline and spec measurements together (same prompt, seed). Fewer than ``MIN_UNITS`` units
+  give no interval (INCONCLUSIVE, with how many more requests are needed).
+* **the speedup tests**: one-sided p-values against ``min_speedup`` from the same replicates,
+  judged over every cell of the report at once (Holm), so the chance of any wrong GO, and of
+  any wrong NO-GO, stays ≤ α = 2.5 % (or the α of an eval's last look, ``--until-decided``).
+* **gates** (:mod:`trtspec.gates`; each a statistic, never a single number):
   - TTFT and E2E regression = spec / baseline percentile − 1, with a paired-bootstrap 95 % CI.
     The percentile follows the sample: p99 from ``P99_MIN`` paired requests, p90 from
     ``P90_MIN``, the median below that (a p99 of 8 requests is their maximum). The gate fails
@@ -23,10 +30,11 @@ category within it:
   - on a GPU, peak memory must leave ``min_gpu_memory_headroom`` free.
   - a request that failed at an endpoint and was never measured again holds the verdict at
     INCONCLUSIVE (the failures may be the slowest requests).
-* **verdict**: NO-GO when a gate fails or the CI's upper bound < ``min_speedup``; INCONCLUSIVE
-  when something holds it (see above, a CI straddling ``min_speedup``, too few requests, no
-  audit where one is required); GO otherwise. When the arms do not differ, noise moves a
-  verdict between GO and INCONCLUSIVE, not to NO-GO (each test errs at most 2.5 % one-sided).
+* **verdict**: NO-GO when a gate fails or the speedup is shown below ``min_speedup``;
+  GO when it is shown above and nothing holds; INCONCLUSIVE otherwise (a CI straddling
+  ``min_speedup``, a CI that clears it but not at the family's level, too few requests or
+  units, no audit where one is required). When the arms do not differ, noise moves a verdict
+  between GO and INCONCLUSIVE, not to NO-GO.
 
 The cost model (:mod:`trtspec.cost_model`) estimates α, the per-token acceptance probability of
 Leviathan et al. (accepted / (accepted + rejected rounds), the i.i.d. maximum-likelihood
@@ -44,11 +52,20 @@ from typing import Any
 
 import numpy as np
 
+from trtspec.gates import greedy_gate, latency_gates, memory_gate, unit_of
 from trtspec.metrics import RequestTiming, condition_parts, failed, unanswered
 from trtspec.recipe import Decide
+from trtspec.stats import (
+    ALPHA,
+    MIN_UNITS,
+    Interval,
+    holm,
+    holm_threshold,
+    speedup_interval,
+    units_to_resolve,
+)
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
-P99_MIN, P90_MIN = 100, 20  # paired requests a gate needs before it may use p99 / p90
 
 
 @dataclass
@@ -62,6 +79,13 @@ class Verdict:
     reasons: list[str] = field(default_factory=list)  # why not GO
     caveats: list[str] = field(default_factory=list)  # what a reviewer should know anyway
     greedy: dict[str, int] | None = None  # identical / ties / diverged, at temperature 0
+    unit: str = "request"  # what the CI resampled: requests, or turns that ran together
+    units: int = 0  # independent units behind the CI
+    p_go: float = float("nan")  # one-sided p of H₀: speedup ≤ min_speedup
+    p_no_go: float = float("nan")  # one-sided p of H₀: speedup ≥ min_speedup
+    level: float = float("nan")  # what p was compared with: α / (m − rank), Holm
+    alpha: float = float("nan")  # the family-wise error per direction of its family
+    family: int = 0  # cells judged together (Holm)
 
     @property
     def speedup_text(self) -> str:
@@ -100,35 +124,19 @@ def pairs(records: Sequence[dict[str, Any]], condition: str, category: str | Non
             if k in arms["baseline"]]
 
 
-def _paired_bootstrap(base: np.ndarray, spec: np.ndarray, statistic: Any, resamples: int,
-                      seed: int) -> tuple[float, tuple[float, float]]:
-    """statistic(base, spec) and its 95 % paired-bootstrap CI: requests are resampled with
-    their baseline and spec measurement together. ``statistic`` takes [n] or [resamples, n]
-    arrays and reduces the last axis."""
-    point = float(statistic(base, spec))
-    idx = np.random.default_rng(seed).integers(0, len(base), size=(resamples, len(base)))
-    low, high = np.percentile(statistic(base[idx], spec[idx]), [2.5, 97.5])
-    return point, (float(low), float(high))
+def _units(matched: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[list[Any], str]:
+    """Unit ids per pair and the unit's name: "turn" when a turn holds several requests."""
+    units = [unit_of(b) for b, _ in matched]
+    return units, "turn" if len(set(units)) < len(units) else "request"
 
 
-def paired_speedup(base: np.ndarray, spec: np.ndarray, resamples: int = 2000, seed: int = 0
-                   ) -> tuple[float, tuple[float, float]]:
-    """median(base) / median(spec) and its 95 % paired-bootstrap CI."""
-    return _paired_bootstrap(
-        base, spec, lambda b, s: np.median(b, axis=-1) / np.median(s, axis=-1), resamples, seed)
-
-
-def gate_percentile(n: int) -> int:
-    """The percentile a latency gate can estimate from n paired requests."""
-    return 99 if n >= P99_MIN else 90 if n >= P90_MIN else 50
-
-
-def paired_regression(base: np.ndarray, spec: np.ndarray, q: float, resamples: int = 2000,
-                      seed: int = 0) -> tuple[float, tuple[float, float]]:
-    """percentile_q(spec) / percentile_q(base) − 1 and its 95 % paired-bootstrap CI."""
-    return _paired_bootstrap(
-        base, spec, lambda b, s: np.percentile(s, q, axis=-1) / np.percentile(b, q, axis=-1) - 1,
-        resamples, seed)
+def paired_speedup(base: np.ndarray, spec: np.ndarray, resamples: int = 2000, seed: int = 0,
+                   units: Sequence[Any] | None = None) -> tuple[float, tuple[float, float]]:
+    """median(base) / median(spec) and its 95 % paired-bootstrap CI, resampling ``units``
+    (default: each request its own)."""
+    units = list(range(len(base))) if units is None else units
+    iv = speedup_interval(base, spec, units, 1.0, resamples=resamples, seed=seed)
+    return iv.point, iv.ci
 
 
 def requests_to_resolve(n: int, point: float, ci: tuple[float, float], limit: float
@@ -136,43 +144,74 @@ def requests_to_resolve(n: int, point: float, ci: tuple[float, float], limit: fl
     """Paired requests that would narrow a CI straddling ``limit`` until it excludes it,
     assuming the CI's side that crosses the limit shrinks as 1/√n; None when the estimate
     sits on the limit."""
-    near = point - ci[0] if point > limit else ci[1] - point  # the side that crosses
-    margin = abs(point - limit)
-    if margin <= 0.01 * max(abs(limit), 1e-9):
-        return None
-    return max(n + 1, int(min(1e6, n * (near / margin) ** 2)) + 1)
+    return units_to_resolve(n, point, ci, limit)
+
+
+@dataclass
+class _Cell:
+    """A cell before the family's speedup tests: its verdict so far and what it found."""
+
+    verdict: Verdict
+    interval: Interval | None
+    fails: list[str]
+    holds: list[str]
+    per_unit: float  # paired requests per independent unit
 
 
 def judge(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
           greedy: bool, category: str | None = None, seed: int = 0,
           audit: dict[str, Any] | None = None, needs_audit: bool = False,
-          divergences: dict[tuple[str, str], dict[str, Any]] | None = None) -> Verdict:
-    """``audit`` is audit.json (None: not run); ``needs_audit``: no GO without it;
-    ``divergences``: (condition, request id) → the eval's divergences.jsonl entry.
+          divergences: dict[tuple[str, str], dict[str, Any]] | None = None,
+          alpha: float = ALPHA) -> Verdict:
+    """One cell judged alone (a family of one): see :func:`decide`."""
+    return _settle([_assess(records, condition, criteria, greedy, category, seed, audit,
+                            needs_audit, divergences or {})], criteria, alpha)[0]
+
+
+def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
+            greedy: bool, category: str | None, seed: int, audit: dict[str, Any] | None,
+            needs_audit: bool, divergences: dict[tuple[str, str], dict[str, Any]]) -> _Cell:
+    """Everything but the speedup test. ``audit`` is audit.json (None: not run);
+    ``needs_audit``: no GO without it; ``divergences``: (condition, request id) → the eval's
+    divergences.jsonl entry.
 
     Three kinds of finding: ``fails`` (a demonstrated problem: NO-GO), ``holds`` (not shown
     either way: INCONCLUSIVE at best) and ``caveats`` (the verdict stands; say it)."""
     matched = pairs(records, condition, category)
     metric = criteria.primary_metric
-    values = [(_metric(b, metric), _metric(s, metric)) for b, s in matched]
-    values = [(b, s) for b, s in values if b is not None and s is not None and s > 0]
+    kept = [(b, s, _metric(b, metric), _metric(s, metric)) for b, s in matched]
+    kept = [k for k in kept if k[2] is not None and k[3] is not None and k[3] > 0]
     label = category or "all"
     lost = len(unanswered([r for r in records if r["condition"] == condition
                            and (category is None or r["category"] == category)]))
     holds = [f"{lost} request(s) failed at the endpoint and have no measurement (a failure "
              "can hide the slowest requests): resume the eval to measure them"] if lost else []
-    if len(values) < criteria.min_requests:
-        return Verdict(condition, label, INCONCLUSIVE, float("nan"), (float("nan"),) * 2,
-                       len(values), [f"{len(values)} paired requests < min_requests "
-                                     f"{criteria.min_requests}", *holds])
-    base, spec = (np.array(x) for x in zip(*values, strict=True))
-    speedup, ci = paired_speedup(base, spec, seed=seed)
-    fails, gate_holds, caveats = _latency_gates(matched, criteria, seed)
+    nan = float("nan")
+    if len(kept) < criteria.min_requests:
+        return _Cell(Verdict(condition, label, INCONCLUSIVE, nan, (nan, nan), len(kept)),
+                     None, [], [f"{len(kept)} paired requests < min_requests "
+                                f"{criteria.min_requests}", *holds], 1.0)
+    units, unit = _units([(b, s) for b, s, *_ in kept])
+    base = np.array([k[2] for k in kept])
+    spec = np.array([k[3] for k in kept])
+    count = len(set(units))
+    per_unit = len(kept) / count
+    caveats = []
+    if unit == "request" and any(b.get("block") is None for b, *_ in kept) \
+            and int(condition.rsplit("/c", 1)[-1] or 1) > 1:
+        caveats.append("these records name no turn (an older eval): the CI resamples requests "
+                       "one by one and is too narrow if requests that ran together shared "
+                       "shocks")
+    interval = speedup_interval(base, spec, units, criteria.min_speedup, unit, seed=seed) \
+        if count >= MIN_UNITS else None
+    point = float(np.median(base) / np.median(spec))
+    fails, gate_holds, gate_caveats = latency_gates(matched, criteria, seed)
     holds += gate_holds
-    fails += _memory_gate(matched, criteria)
+    caveats += gate_caveats
+    fails += memory_gate(matched, criteria)
     counts = None
     if greedy:
-        counts, why, pending, note = _greedy_gate(matched, criteria, divergences or {})
+        counts, why, pending, note = greedy_gate(matched, criteria, divergences)
         fails += why
         holds += pending
         caveats += note
@@ -182,9 +221,6 @@ def judge(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
         fails.append(f"exactness audit failed (p = {audited['p_value']:.2g} < "
                      f"{audited['threshold']:.2g}): the output distribution is not the "
                      "target's")
-    if ci[1] < criteria.min_speedup:
-        fails.append(f"speedup CI {ci[0]:.2f}–{ci[1]:.2f}× is below "
-                     f"{criteria.min_speedup:.2f}×")
     if needs_audit and not audited:
         holds.append(f"{method} has no exactness audit: run `trtspec audit <eval dir>` (or set "
                      "decide.require_audit: false)")
@@ -192,123 +228,93 @@ def judge(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
         holds.append(f"the exactness audit of {method} is weak (too few rejections seen to test "
                      "the residual): re-run `trtspec audit` with more --samples or a --prompt "
                      "where drafts are rejected")
-    if ci[0] < criteria.min_speedup <= ci[1]:
-        holds.append(f"speedup CI {ci[0]:.2f}–{ci[1]:.2f}× straddles "
-                     f"{criteria.min_speedup:.2f}×: measure more requests")
-    verdict = NO_GO if fails else INCONCLUSIVE if holds else GO
-    return Verdict(condition, label, verdict, speedup, ci, len(values), fails or holds, caveats,
-                   counts)
+    if interval is None:
+        more = int(np.ceil((MIN_UNITS - count) * per_unit))
+        holds.insert(0, f"{count} independent {unit}s (of {per_unit:.0f} request(s) each) are "
+                        f"too few for an interval (< {MIN_UNITS}): measure about {more} more "
+                        "paired requests")
+    ci = interval.ci if interval else (nan, nan)
+    verdict = Verdict(condition, label, INCONCLUSIVE, point, ci, len(kept), [], caveats, counts,
+                      unit=unit, units=count,
+                      p_go=interval.p_go if interval else nan,
+                      p_no_go=interval.p_no_go if interval else nan)
+    return _Cell(verdict, interval, fails, holds, per_unit)
 
 
-def _latency_gates(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide,
-                   seed: int) -> tuple[list[str], list[str], list[str]]:
-    """TTFT and E2E regression gates: (fails, holds, caveats). A CI above the limit fails; a
-    CI that straddles it holds the verdict at INCONCLUSIVE when the estimate itself is over the
-    limit, and is a caveat when the estimate is within it."""
-    fails, holds, caveats = [], [], []
-    for name, limit in (("ttft_s", criteria.max_ttft_p99_regression),
-                        ("e2e_s", criteria.max_e2e_p99_regression)):
-        both = [(b[name], s[name]) for b, s in matched
-                if b.get(name) is not None and s.get(name) is not None and b[name] > 0]
-        if len(both) < 2:
+def _settle(cells: list[_Cell], criteria: Decide, alpha: float) -> list[Verdict]:
+    """The speedup tests of a family of cells, by Holm at family-wise error ``alpha`` per
+    direction, then each cell's verdict: NO-GO when a gate fails or the speedup is shown below
+    ``min_speedup``; GO when it is shown above and nothing holds; INCONCLUSIVE otherwise."""
+    tested = [c for c in cells if c.interval is not None]
+    m = criteria.min_speedup
+    p_go = [c.interval.p_go for c in tested]
+    p_no = [c.interval.p_no_go for c in tested]
+    go, no_go = holm(p_go, alpha), holm(p_no, alpha)
+    shown: set[int] = set()  # ids of the cells whose speedup is shown above min_speedup
+    holm_note = f" (Holm over {len(tested)} cells)" if len(tested) > 1 else ""
+    for i, c in enumerate(tested):
+        v, iv = c.verdict, c.interval
+        assert iv is not None
+        v.family, v.alpha = len(tested), alpha
+        span = f"CI {iv.ci[0]:.2f}–{iv.ci[1]:.2f}×"
+        if no_go[i]:
+            v.level = holm_threshold(p_no, i, alpha)
+            c.fails.append(f"speedup {span} is below {m:.2f}×: p = {iv.p_no_go:.2g} ≤ "
+                           f"{v.level:.2g}{holm_note}")
             continue
-        q = gate_percentile(len(both))
-        stat = f"{name.removesuffix('_s').upper()} {'median' if q == 50 else f'p{q}'}"
-        base, spec = (np.array(x) for x in zip(*both, strict=True))
-        point, (low, high) = paired_regression(base, spec, q, seed=seed)
-        span = f"95 % CI {100 * low:+.0f} … {100 * high:+.0f} %, limit {100 * limit:.0f} %"
-        if low > limit:
-            fails.append(f"{stat} regressed {100 * point:.0f} % ({span}, {len(both)} requests)")
+        v.level = holm_threshold(p_go, i, alpha)
+        if go[i]:
+            shown.add(id(c))
             continue
-        if high <= limit:
-            continue
-        n = requests_to_resolve(len(both), point, (low, high), limit)
-        more = f"about {n} paired requests would resolve it" if n else \
-            "the estimate sits on the limit"
-        if point > limit:
-            holds.append(f"{stat} regression of {100 * point:+.0f} % measured but not "
-                         f"demonstrated ({span}); {more}")
+        needed = units_to_resolve(iv.units, iv.point, iv.ci, m)
+        more = (f"about {int(np.ceil(needed * c.per_unit))} paired requests would resolve it"
+                if needed else "the estimate sits on the threshold")
+        if iv.ci[0] > m or iv.ci[1] < m:  # the 95 % CI clears it, the family's level does not
+            above = iv.ci[0] > m
+            p, level = (iv.p_go, v.level) if above else (iv.p_no_go, holm_threshold(p_no, i, alpha))
+            c.holds.insert(0, f"speedup {span} is {'above' if above else 'below'} {m:.2f}× but "
+                              f"not at the family-wise level: p = {p:.2g} > {level:.2g}"
+                              f"{holm_note}; measure more requests")
         else:
-            caveats.append(f"{stat} regression of {100 * limit:.0f} % not ruled out (measured "
-                           f"{100 * point:+.0f} %, {span}); {more}")
-    return fails, holds, caveats
-
-
-def _memory_gate(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide
-                 ) -> list[str]:
-    peaks = [(s["cuda_max_allocated_mb"], s["cuda_total_mb"]) for _, s in matched
-             if s.get("cuda_max_allocated_mb") is not None and s.get("cuda_total_mb")]
-    if peaks:
-        used, total = max(peaks)
-        if 1 - used / total < criteria.min_gpu_memory_headroom:
-            return [f"GPU memory headroom {100 * (1 - used / total):.0f} % < "
-                    f"{100 * criteria.min_gpu_memory_headroom:.0f} % (peak "
-                    f"{used / 1024:.1f} of {total / 1024:.1f} GiB)"]
-    return []
-
-
-TIE_MARGINS = {"float32": 0.01, "float16": 0.1, "bfloat16": 0.5}  # logits, by runner dtype
-
-
-def tie_margin(criteria: Decide, dtype: str | None) -> float:
-    """The logit margin under which a greedy divergence is a numerical tie: the recipe's
-    ``greedy_tie_margin``, else one by the dtype the margin was measured in (a few ulps of a
-    logit of magnitude ~20, with room for rounding that builds up over the layers)."""
-    if criteria.greedy_tie_margin is not None:
-        return criteria.greedy_tie_margin
-    return TIE_MARGINS.get(dtype or "", TIE_MARGINS["bfloat16"])
-
-
-def _greedy_gate(matched: list[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide,
-                 divergences: dict[tuple[str, str], dict[str, Any]]
-                 ) -> tuple[dict[str, int], list[str], list[str], list[str]]:
-    """(counts, fails, holds, caveats). A spec output that differs from its baseline is a
-    numerical tie when the target's logit margin between the two tokens at the first
-    difference is within the tie margin, a divergence when it is not (or when one output
-    stopped where the other went on), and unmeasured when the eval recorded no margin."""
-    differ = [s for b, s in matched if b.get("output_digest") != s.get("output_digest")]
-    ties = unmeasured = 0
-    margins = set()
-    for s in differ:
-        d = divergences.get((s["condition"], s["request_id"]))
-        if d is None:
-            unmeasured += 1
-        elif d.get("margin") is not None and d["margin"] <= tie_margin(criteria, d.get("dtype")):
-            ties += 1
-            margins.add(tie_margin(criteria, d.get("dtype")))
-    n, diverged = len(matched), len(differ) - ties - unmeasured
-    counts = {"identical": n - len(differ), "ties": ties, "diverged": diverged,
-              "unmeasured": unmeasured}
-    tol = "/".join(f"{m:g}" for m in sorted(margins))
-    tie_text = f"{ties} at a numerical tie (logit margin ≤ {tol})"
-    fails = [f"greedy identity {100 * (n - len(differ)) / n:.1f} %: {diverged} of {n} spec "
-             "outputs differ from the baseline beyond a numerical tie"
-             + (f" (+{tie_text})" if ties else "")] if diverged else []
-    holds = [f"greedy identity: {unmeasured} of {n} spec outputs differ from the baseline "
-             "with no logit margin recorded (an endpoint eval, or an eval stopped before "
-             "measuring them: `--resume` it)"] if unmeasured else []
-    caveats = [f"greedy identity: {n - ties} of {n} outputs identical, {tie_text}"] \
-        if ties and not fails else []
-    return counts, fails, holds, caveats
+            c.holds.insert(0, f"speedup {span} straddles {m:.2f}×: measure more requests "
+                              f"({more})")
+    for c in cells:
+        c.verdict.verdict = NO_GO if c.fails else \
+            GO if id(c) in shown and not c.holds else INCONCLUSIVE
+        c.verdict.reasons = c.fails or c.holds
+    return [c.verdict for c in cells]
 
 
 def decide(records: Sequence[dict[str, Any]], criteria: Decide, greedy: bool, seed: int = 0,
            audit: dict[str, Any] | None = None, needs_audit: bool = False,
-           divergences: Sequence[dict[str, Any]] = ()) -> list[Verdict]:
-    """A verdict per condition (category 'all') and per category within it."""
+           divergences: Sequence[dict[str, Any]] = (),
+           alphas: dict[str, float] | None = None) -> list[Verdict]:
+    """A verdict per condition (category 'all') and per category within it.
+
+    The speedup tests of every cell a report judges form one family: Holm keeps the chance of
+    any wrong GO (and of any wrong NO-GO) ≤ α. ``alphas`` (condition → α) comes from an eval
+    that looked at its data more than once (``--until-decided``): each condition is judged at
+    the α its last look spent, and the cells of one look form a family."""
     by_pair = {(d["condition"], d["request_id"]): d for d in divergences}
-    out = []
+    cells = []
     for condition in sorted({r["condition"] for r in records}):
         for category in [None, *sorted({r["category"] for r in records
                                         if r["condition"] == condition})]:
-            out.append(judge(records, condition, criteria, greedy, category, seed, audit,
-                             needs_audit, by_pair))
-    return out
+            cells.append(_assess(records, condition, criteria, greedy, category, seed, audit,
+                                 needs_audit, by_pair))
+    families: dict[float, list[_Cell]] = {}
+    for c in cells:
+        families.setdefault((alphas or {}).get(c.verdict.condition, ALPHA), []).append(c)
+    for alpha, family in families.items():
+        _settle(family, criteria, alpha)
+    return [c.verdict for c in cells]
 
 
 def apply_where(verdicts: Sequence[Verdict]) -> dict[str, dict[str, Any]]:
-    """Per method: the conditions that are GO, and per concurrency the best GO draft length
-    (an int, or "adaptive")."""
+    """Per method: the conditions that are GO, and per concurrency the GO draft length (an
+    int, or "adaptive") with the highest CI lower bound, [D, speedup, CI low]. The lower bound,
+    not the point estimate: among many GO cells the highest estimate is the one most likely
+    inflated by noise (the winner's curse)."""
     table: dict[str, dict[str, Any]] = {}
     for v in verdicts:
         if v.category != "all":
@@ -319,8 +325,8 @@ def apply_where(verdicts: Sequence[Verdict]) -> dict[str, dict[str, Any]]:
         if v.verdict == GO:
             entry["go"].append(v.condition)
             best = entry["best_d"].get(c)
-            if best is None or v.speedup > best[1]:
-                entry["best_d"][c] = (d, v.speedup)
+            if best is None or v.ci[0] > best[2]:
+                entry["best_d"][c] = (d, v.speedup, v.ci[0])
     return table
 
 

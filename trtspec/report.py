@@ -14,13 +14,12 @@ from trtspec.decide import (
     GO,
     INCONCLUSIVE,
     NO_GO,
-    P90_MIN,
-    P99_MIN,
     Verdict,
     apply_where,
     decide,
     requests_to_resolve,
 )
+from trtspec.gates import P90_MIN, P99_MIN
 from trtspec.metrics import arm_throughput, drop_unpaired, failed
 from trtspec.recipe import Recipe
 
@@ -32,6 +31,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     from trtspec.eval import in_process
     from trtspec.eval.folder import arms_of, completeness
     from trtspec.eval.run import DIVERGENCES, read_jsonl
+    from trtspec.eval.sequential import read_sequential
     from trtspec.files import write_atomic
 
     out = Path(out_dir)
@@ -40,9 +40,11 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     greedy = recipe.sampling.temperature == 0
     audit = read_audit(out)
     audit_applies = in_process(out)
+    sequential = read_sequential(out)
     verdicts = decide(records, recipe.decide, greedy, recipe.sampling.seed, audit,
                       needs_audit=recipe.decide.require_audit and audit_applies,
-                      divergences=read_jsonl(out / DIVERGENCES))
+                      divergences=read_jsonl(out / DIVERGENCES),
+                      alphas=sequential["alphas"] if sequential else None)
     if expected and measured < expected:  # the rest may be the slow half: no GO yet
         for v in verdicts:
             if v.verdict == "GO":
@@ -61,6 +63,8 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                 "throughput": arm_throughput(records),
                 "draft_lengths": chosen_draft_lengths(records),
                 "verdicts": [asdict(v) for v in verdicts], "apply_where": apply_where(verdicts),
+                "sequential": sequential,
+                "workload_sources": sorted({str(r.get("source")) for r in records}),
                 "cost_model": models, "audit": audit,
                 "audit_applies": audit_applies, "unpaired_records": unpaired,
                 "measured_records": measured, "expected_records": expected}
@@ -97,8 +101,9 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
     c = recipe.decide
     lines = [
         f"# Speculative decoding: go / no-go — {recipe.name} ({eval_id})", "",
-        f"Criteria: primary metric **{c.primary_metric}**, GO when the 95 % paired-bootstrap "
-        f"CI of the speedup clears **{c.min_speedup:.2f}×** and no gate fails (TTFT tail "
+        f"Criteria: primary metric **{c.primary_metric}**, GO when the speedup is shown above "
+        f"**{c.min_speedup:.2f}×** and no gate fails. " + _error_text(verdicts, decision)
+        + " Gates (TTFT tail "
         f"regression ≤ {100 * c.max_ttft_p99_regression:.0f} %, E2E tail regression ≤ "
         f"{100 * c.max_e2e_p99_regression:.0f} %, each failing only when its paired-bootstrap "
         f"95 % CI lies above the limit; the tail is p99 from {P99_MIN} paired requests, p90 "
@@ -115,8 +120,8 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
           if decision.get("unpaired_records") else []),
         *([incomplete_note(decision), ""] if incomplete_note(decision) else []),
         "## Verdict per condition", "",
-        "| condition | verdict | speedup | 95 % CI | requests | why | caveats |",
-        "|---|---|---:|---|---:|---|---|"]
+        "| condition | verdict | speedup | 95 % CI | requests (units) | p vs level | why | "
+        "caveats |", "|---|---|---:|---|---:|---|---|---|"]
     for v in verdicts:
         if v.category == "all":
             lines.append(_row(v))
@@ -130,17 +135,20 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
     decided = [v for v in verdicts if v.category != "all" and v.speedup == v.speedup]
     lines += ["", "## Per category", ""]
     if decided:
-        lines += ["| condition | category | verdict | speedup | 95 % CI | requests | why | "
-                  "caveats |", "|---|---|---|---:|---|---:|---|---|",
+        lines += ["| condition | category | verdict | speedup | 95 % CI | requests (units) | "
+                  "p vs level | why | caveats |", "|---|---|---|---:|---|---:|---|---|---|",
                   *(_row(v, True) for v in decided), ""]
     undecided = sorted({v.category for v in verdicts if v.category != "all"} -
                        {v.category for v in decided})
     if undecided:
         lines.append(f"No verdict for {', '.join(undecided)}: fewer than {c.min_requests} "
-                     "paired requests per category (raise eval.per_category).")
-    lines += ["", "## Apply where", ""]
+                     f"paired requests per category ({_more_requests_text(decision)}).")
+    lines += ["", "## Apply where", "", "Per concurrency, the GO draft length whose CI lower bound "
+              "is highest (the highest point estimate among many GO cells is the one most "
+              "likely inflated by noise).", ""]
     for method, entry in decision["apply_where"].items():
-        best = ", ".join(f"{c}: D={d} ({s:.2f}×)" for c, (d, s) in entry["best_d"].items())
+        best = ", ".join(f"{c}: D={d} ({s:.2f}×, CI from {low:.2f}×)"
+                         for c, (d, s, low) in entry["best_d"].items())
         lines.append(f"- **{method}**: GO for {', '.join(entry['go']) or 'no condition'}"
                      + (f"; best D per concurrency: {best}" if best else ""))
     if decision["cost_model"]:
@@ -297,8 +305,39 @@ def _audit_section(decision: dict[str, Any]) -> list[str]:
 def _row(v: Verdict, with_category: bool = False) -> str:
     mark = f"**{v.verdict}**" if v.verdict == GO else v.verdict  # plain words: fonts vary
     cat = f" {v.category} |" if with_category else ""
-    return (f"| {v.condition} |{cat} {mark} | {v.speedup_text} | {v.ci_text} | {v.requests} | "
-            f"{'; '.join(v.reasons) or '—'} | {'; '.join(v.caveats) or '—'} |")
+    units = f" ({v.units} {v.unit}s)" if v.unit == "turn" and v.units else ""
+    test = "—" if v.p_go != v.p_go or v.level != v.level else (
+        f"p = {min(v.p_go, v.p_no_go):.2g} vs {v.level:.2g}")
+    return (f"| {v.condition} |{cat} {mark} | {v.speedup_text} | {v.ci_text} | {v.requests}"
+            f"{units} | {test} | {'; '.join(v.reasons) or '—'} | {'; '.join(v.caveats) or '—'} |")
+
+
+def _error_text(verdicts: list[Verdict], decision: dict[str, Any]) -> str:
+    """How the speedup tests' error is controlled, in words."""
+    families = sorted({(v.alpha, v.family) for v in verdicts if v.family}, reverse=True)
+    looks = decision.get("sequential")
+    text = ("Each cell's speedup (condition × category) has a one-sided p-value from a paired "
+            "bootstrap that resamples the independent unit: the request at c = 1, the turn "
+            "(requests that ran together) at c > 1 or with a request rate. ")
+    if not families:
+        return text
+    if looks:
+        text += (f"The eval looked at its data {len(looks['looks'])} time(s), adding requests "
+                 "to the undecided conditions (`--until-decided`); α is spent over the looks ("
+                 f"{looks['method']}), so a condition is judged at the α of its last look. ")
+    spent = "; ".join(f"{100 * a:.2g} % over {m} cells" for a, m in families)
+    return text + (f"Holm's step-down keeps the chance of any wrong GO, and of any wrong NO-GO, "
+                   f"≤ the family-wise error per direction ({spent}); 'p vs level' is the "
+                   "smaller one-sided p and what it was compared with.")
+
+
+def _more_requests_text(decision: dict[str, Any]) -> str:
+    """What raises the requests per category for this eval's workloads."""
+    sources = set(decision.get("workload_sources") or ())
+    if sources and sources <= {"builtin"} | {s for s in sources if s.startswith("speed-bench")}:
+        return "raise eval.per_category or --per-category, or run `trtspec eval --until-decided`"
+    return ("a custom JSONL runs whole: add requests of these categories to it, or run "
+            "`trtspec eval --until-decided` with a JSONL that has unused rows")
 
 
 def all_go(verdicts: list[Verdict]) -> bool:

@@ -226,3 +226,28 @@ def test_benchmark_knobs_drive_an_in_process_eval(tmp_path: Path, smollm2, capsy
         assert [r["start_s"] - sent[0]["start_s"] for r in sent] == \
             pytest.approx([o - offsets[0] for o in offsets], abs=2e-6)
         assert offsets[-1] > 0.05  # spread out, not all at once
+    # the turns alternate: blocks named in the records, the same in both arms
+    assert {r["block"] for r in records} == {"0.0"}
+    # --until-decided: a round of the workload's unused rows (one per category), then it says
+    # the rows ran out; a resume of the finished eval says it measured nothing
+    capsys.readouterr()
+    main(["eval", str(RECIPE), "--engines", str(engines), "--reports", str(reports),
+          "--eval-id", "u", "-w", str(workload), *sets, "--num-prompts", "4",
+          "--max-tokens", "5", "--ignore-eos", "--no-mlflow", "--until-decided"])
+    printed = capsys.readouterr()
+    looks = json.loads((reports / "u" / "sequential.json").read_text())
+    assert [look["n"] for look in looks["looks"]] == [4, 6]
+    assert looks["looks"][1]["verdicts"] == {"ngram/D4/c1": "INCONCLUSIVE"}  # 6 < 8 units
+    records = read_records(reports / "u")
+    assert len({r["request_id"] for r in records}) == 6 and len(records) == 12
+    assert {r["block"] for r in records if r["request_id"] in looks["looks"][1]["request_ids"]} \
+        == {"1.0", "1.1"}
+    assert "until-decided: look 2: 2 more requests for ngram/D4/c1" in printed.out
+    assert "budget of 6 requests per condition spent" in printed.out
+    assert "eval: 0/8 records · now ngram/D4/c1: loading and warming up" in printed.err
+    main(["eval", str(RECIPE), "--engines", str(engines), "--resume", str(reports / "u"),
+          "--no-mlflow", "--until-decided"])
+    printed = capsys.readouterr()
+    assert f"{reports / 'u'} was already complete (12 records): nothing was measured" \
+        in printed.out
+    assert len(read_records(reports / "u")) == 12

@@ -224,8 +224,9 @@ def test_an_eval_with_an_adaptive_condition_end_to_end(tmp_path: Path) -> None:
         for r in records:
             step = (0.010 if r["arm"] == "spec" else 0.020) * (1 + 0.01 * i)
             times = [0.05 + k * step for k in range(32)]
-            timed.append(dict(r, request_id=f"{r['request_id']}-{i}", token_times_s=times,
-                              ttft_s=times[0], e2e_s=times[-1], output_tokens=32))
+            timed.append(dict(r, request_id=f"{r['request_id']}-{i}", block=f"{i}.{r['block']}",
+                              token_times_s=times, ttft_s=times[0], e2e_s=times[-1],
+                              output_tokens=32))
     records = timed
     shutil.copyfile(Path(__file__).parents[2] / "recipes" / "cpu-smollm2.yaml",
                     out / "recipe.yaml")

@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -93,13 +94,21 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str | None
 @click.option("--model", default=None, help="the model name the endpoint serves")
 @click.option("--baseline-endpoint", default=None,
               help="the same model served without speculation (the baseline arm)")
+@click.option("--until-decided", is_flag=True,
+              help="after the plan, add requests (stratified by category, from the workloads' "
+                   "unused rows) to the conditions still INCONCLUSIVE until each is decided, "
+                   "with α spent over the looks")
+@click.option("--max-requests", type=click.IntRange(1), default=None,
+              help="with --until-decided: paired requests per condition at most [default: "
+                   "every row of the workloads]")
 def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | None,
                  num_prompts: int | None, max_tokens: int | None, ignore_eos: bool,
                  concurrency: tuple[int, ...], request_rate: float | None,
                  eval_id: str | None, resume: str | None,
                  overrides: tuple[str, ...], engines: str | None, reports: str,
                  speed_bench_dir: str | None, mlflow_uri: str | None, no_mlflow: bool,
-                 endpoint: str | None, model: str | None, baseline_endpoint: str | None) -> None:
+                 endpoint: str | None, model: str | None, baseline_endpoint: str | None,
+                 until_decided: bool, max_requests: int | None) -> None:
     """Baseline vs speculative on RECIPE's built models; records land in reports/<eval-id>/.
     Ctrl-C keeps every finished request; `--resume reports/<eval-id>` goes on."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
@@ -118,6 +127,12 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
             baseline_endpoint = baseline_endpoint or meta.get("baseline_endpoint")
     if endpoint and not model:
         raise click.UsageError("--endpoint needs --model (the name the server serves)")
+    if max_requests and not until_decided:
+        raise click.UsageError("--max-requests is the budget of --until-decided: add it")
+    if until_decided and endpoint:
+        raise click.UsageError("--until-decided runs in-process evals; an --endpoint eval "
+                               "measures its plan (raise --per-category instead)")
+    before = _records_in(resume)
     selection = Selection.make(workloads, per_category=per_category, num_prompts=num_prompts,
                                max_tokens=max_tokens, ignore_eos=ignore_eos,
                                concurrency=concurrency, request_rate=request_rate,
@@ -130,9 +145,7 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
                       MofNCompleteColumn(), TimeRemainingColumn(), transient=True,
                       console=console) as bar:
             task = bar.add_task("requests measured", total=None)
-
-            def tick(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total)
+            tick = Ticker(bar, task, sys.stderr.isatty() or sys.stdout.isatty())
 
             def say(text: str) -> None:
                 bar.console.print(text, highlight=False, markup=False)
@@ -141,7 +154,8 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
                 out = evaluate_endpoint(recipe, endpoint, model or "", baseline_endpoint,
                                         selection, eval_id, resume, reports, tick, say)
             else:
-                out = evaluate(recipe, selection, eval_id, resume, root, reports, tick, say)
+                out = evaluate(recipe, selection, eval_id, resume, root, reports, tick, say,
+                               until_decided, max_requests)
     except ManifestError as e:
         raise explain_engines(e, root, why) from None
     except Interrupted as e:
@@ -158,9 +172,54 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
                     f"(the requests in flight are measured again); continue with:\n  "
                     f"{shlex.join(again)}", fg="yellow", err=True)
         sys.exit(130)
+    if resume and _records_in(resume) == before:
+        click.echo(f"{out} was already complete ({before} records): nothing was measured; "
+                   "its table as recorded:")
     print_summary(out)
     if not no_mlflow:
         log_to_mlflow(out, mlflow_uri)
+
+
+def _records_in(folder: str | None) -> int:
+    from trtspec.eval.run import read_records
+
+    return len(read_records(Path(folder))) if folder else -1
+
+
+class Ticker:
+    """Progress of an eval: the bar on a terminal (what is being measured, done / total, time
+    left); elsewhere (CI, a log file) a plain line every ``every`` seconds, so a slow run can
+    be told from a hung one."""
+
+    def __init__(self, bar: Any, task: Any, tty: bool, every: float = 10.0,
+                 echo: Any = None) -> None:
+        import time
+
+        self.bar, self.task, self.tty, self.every = bar, task, tty, every
+        self.echo = echo or (lambda text: click.echo(text, err=True))
+        self.clock, self.last, self.first = time.monotonic, 0.0, None
+
+    def __call__(self, done: int, total: int, label: str = "") -> None:
+        if self.tty:
+            self.bar.update(self.task, completed=done, total=total,
+                            description=label or "requests measured")
+            return
+        now = self.clock()
+        if self.first is None:
+            self.first = (now, done)
+        if now - self.last < self.every and done < total:
+            return
+        self.last = now
+        since, start = now - self.first[0], self.first[1]
+        left = ""
+        if done > start and done < total:
+            left = f", about {_duration((total - done) * since / (done - start))} left"
+        self.echo(f"eval: {done}/{total} records{left}" + (f" · now {label}" if label else ""))
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def log_to_mlflow(out: Path, uri: str | None, decision: bool = False) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,12 @@ EVERYTHING = Selection()  # the recipe's workloads and settings, no --set
 def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
              eval_id: str | None = None, resume: str | Path | None = None,
              engines_root: str | Path = "engines", reports_root: str | Path = "reports",
-             progress: Callable[[int, int], None] | None = None,
-             say: Callable[[str], None] = print) -> Path:
-    """Run the recipe's eval; returns the eval folder."""
+             progress: Callable[[int, int, str], None] | None = None,
+             say: Callable[[str], None] = print, until_decided: bool = False,
+             max_requests: int | None = None) -> Path:
+    """Run the recipe's eval; returns the eval folder. ``until_decided``: then add requests
+    to the conditions still INCONCLUSIVE (:mod:`trtspec.eval.sequential`), up to
+    ``max_requests`` paired requests per condition [default: every row of the workloads]."""
     from trtspec.build import check_backend_device
     from trtspec.engine import PLAIN, OpenBuild
     from trtspec.eval.run import Condition, EvalInputs, run_eval
@@ -65,15 +68,51 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
         else:
             _check_same_build(out, manifest, manifest_path)
         build = OpenBuild(recipe, manifest)
-        inputs = EvalInputs(requests, conditions,
-                            lambda c, arm: build.executor(PLAIN if arm == "baseline" else
-                                                          c.method, c.draft_len),
-                            lambda request: build.encode(request.chat()),
-                            recipe.sampling.params(), recipe.eval.warmup, margin=build.margin,
-                            slots=recipe.limits.max_batch_size,
-                            request_rate=recipe.eval.request_rate)
-        records = run_eval(out, inputs, resume=not created, progress=progress)
+
+        def inputs(batch: Sequence[Any], chosen: Sequence[Condition], look: int) -> EvalInputs:
+            return EvalInputs(batch, chosen,
+                              lambda c, arm: build.executor(PLAIN if arm == "baseline" else
+                                                            c.method, c.draft_len),
+                              lambda request: build.encode(request.chat()),
+                              recipe.sampling.params(), recipe.eval.warmup,
+                              margin=build.margin, slots=recipe.limits.max_batch_size,
+                              request_rate=recipe.eval.request_rate, look=look)
+
+        records = run_eval(out, inputs(requests, conditions, 0), resume=not created,
+                           progress=progress)
+        if until_decided:
+            _until_decided(out, recipe, recipe_path, selection, requests, conditions, inputs,
+                           max_requests, progress, say)
     return _finish(out, records)
+
+
+def _until_decided(out: Path, recipe: Recipe, recipe_path: str | Path, selection: Selection,
+                   plan: Sequence[Any], conditions: Sequence[Any],
+                   inputs: Callable[[Sequence[Any], Sequence[Any], int], Any],
+                   max_requests: int | None, progress: Callable[[int, int, str], None] | None,
+                   say: Callable[[str], None]) -> None:
+    """The looks after the plan (:func:`trtspec.eval.sequential.until_decided`)."""
+    from trtspec.decide import decide
+    from trtspec.eval.folder import workload_pool
+    from trtspec.eval.run import DIVERGENCES, RECORDS, read_jsonl, read_records, run_eval
+    from trtspec.eval.sequential import until_decided
+
+    pool = workload_pool(recipe, selection, recipe_path)
+    budget = min(max_requests or len(pool), len(pool))
+    by_key = {c.key: c for c in conditions}
+
+    def measure(batch: Sequence[Any], keys: Sequence[str], look: int) -> None:
+        run_eval(out, inputs(batch, [by_key[k] for k in keys], look), resume=True,
+                 progress=progress)
+
+    def judge(alphas: dict[str, float]) -> dict[str, str]:
+        verdicts = decide(read_records(out / RECORDS), recipe.decide,
+                          recipe.sampling.temperature == 0, recipe.sampling.seed,
+                          divergences=read_jsonl(out / DIVERGENCES), alphas=alphas)
+        return {v.condition: v.verdict for v in verdicts if v.category == "all"}
+
+    until_decided(out, plan, pool, budget, list(by_key), measure, judge,
+                  recipe.sampling.seed, say)
 
 
 @contextlib.contextmanager
@@ -154,7 +193,7 @@ def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
                       baseline_url: str | None = None, selection: Selection = EVERYTHING,
                       eval_id: str | None = None, resume: str | Path | None = None,
                       reports_root: str | Path = "reports",
-                      progress: Callable[[int, int], None] | None = None,
+                      progress: Callable[[int, int, str], None] | None = None,
                       say: Callable[[str], None] = print) -> Path:
     """The recipe's workloads, sampling and concurrency against OpenAI-compatible servers."""
     from trtspec.eval.endpoint import check_reachable, detect_server, run_endpoint_eval

@@ -128,15 +128,17 @@ def detect_server(base_url: str, timeout: float = 5.0) -> str:
     return owner or "unknown"
 
 
-async def _one(client: Any, model: str, request: WorkloadRequest, params: SamplingParams
-               ) -> dict[str, Any]:
+async def _one(client: Any, model: str, request: WorkloadRequest, params: SamplingParams,
+               sent: float | None = None) -> dict[str, Any]:
+    """One streamed request; times run from ``sent`` (perf_counter: an open-loop arrival that
+    waited for a client) or from now."""
     import openai
 
     messages = request.chat()
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
-    started = eval_clock()  # shared by both arms and resumed runs
-    start = time.perf_counter()
+    start = time.perf_counter() if sent is None else sent
+    started = eval_clock() - (time.perf_counter() - start)  # shared by both arms and resumes
     times: list[float] = []
     text, usage, finish, spec = [], None, None, None
     try:
@@ -211,9 +213,10 @@ def _extensions(params: SamplingParams) -> dict[str, Any] | None:
 async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
                  sampling: SamplingParams, key: str, arm: str, sink: Any,
                  on_record: Callable[[], None], measured: set[str] = frozenset(),
-                 rate: float | None = None) -> list[dict[str, Any]]:
+                 rate: float | None = None, block: str = "0.0") -> list[dict[str, Any]]:
     """One turn of one arm: ``c`` closed-loop clients (a request is sent when one finishes),
-    or open-loop arrivals at ``rate`` requests/s; records of the requests not in
+    or open-loop arrivals at ``rate`` requests/s with at most ``c`` in flight (an arrival
+    waits for one to finish, and its times count the wait); records of the requests not in
     ``measured``."""
     from openai import AsyncOpenAI
 
@@ -222,18 +225,20 @@ async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
     client = AsyncOpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
                          max_retries=0)
     method, d, c = key.split("/")
-    clients = asyncio.Semaphore(int(c[1:]) if rate is None else len(batch))
+    clients = asyncio.Semaphore(int(c[1:]))
     offsets = arrival_offsets(len(batch), rate, request_seed(sampling.seed or 0, batch[0].id))
     start = time.perf_counter()
 
     async def go(i: int, r: WorkloadRequest) -> dict[str, Any] | None:
         params = sampling.model_copy(update={"seed": request_seed(sampling.seed or 0, r.id)})
+        arrival = None
         if offsets is not None:
             await asyncio.sleep(max(0.0, start + offsets[i] - time.perf_counter()))
+            arrival = time.perf_counter()
         async with clients:
-            result = await _one(client, model, r, params)
+            result = await _one(client, model, r, params, arrival)
         record = {"condition": key, "method": method, "draft_len": int(d[1:] or 0),
-                  "concurrency": int(c[1:]), "arm": arm, "request_id": r.id,
+                  "concurrency": int(c[1:]), "arm": arm, "request_id": r.id, "block": block,
                   "category": r.category, "source": r.source,
                   "context_tokens": result.pop("prompt_tokens"), "seed": params.seed,
                   "prefill_s": result["ttft_s"],
@@ -258,10 +263,11 @@ async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
 def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], url: str,
                       model: str, sampling: SamplingParams, concurrency: Sequence[int],
                       baseline_url: str | None = None, resume: bool = False,
-                      progress: Callable[[int, int], None] | None = None,
+                      progress: Callable[[int, int, str], None] | None = None,
                       rate: float | None = None) -> Path:
     """Records for the endpoint (``spec``) and, if given, the baseline endpoint, turn by turn
-    (c = 1: one request; else 4c requests from c closed-loop clients, or arriving at ``rate``)
+    (c = 1: one request; else 4c requests from c closed-loop clients; with a ``rate``,
+    max(8, 4c) arrivals, at most c in flight)
     with alternating arm order; server counters per arm go to ``server_counters.json``."""
     from trtspec.eval.run import _alternate, _batches, turn_size
 
@@ -273,6 +279,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
     done = done_keys(path)
     urls = {"spec": url, **({"baseline": baseline_url} if baseline_url else {})}
     total, finished = len(concurrency) * len(urls) * len(requests), [len(done)]
+    label = [""]
     counters_path = out / "server_counters.json"
     # raw counter deltas per condition/arm, added across batches and resumed sessions
     saved: dict[str, Any] = json.loads(counters_path.read_text()) \
@@ -281,7 +288,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
     def tick() -> None:
         finished[0] += 1
         if progress:
-            progress(finished[0], total)
+            progress(finished[0], total, label[0])
 
     with path.open("a") as sink:
         for c in concurrency:
@@ -293,11 +300,12 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
                     measured = {r.id for r in batch if (key, arm, r.id) in done}
                     if len(measured) == len(batch):
                         continue
+                    label[0] = f"{key} {arm}"
                     # the whole batch again, so a resumed request runs at the concurrency it
                     # is measured for; only what is missing is recorded
                     before = scrape(urls[arm])
                     got = asyncio.run(_batch(urls[arm], model, batch, sampling, key, arm, sink,
-                                             tick, measured, rate))
+                                             tick, measured, rate, f"0.{i}"))
                     delta = counter_delta(before, scrape(urls[arm]))
                     if delta:  # per batch: a batch measured again replaces its delta
                         entry = saved.setdefault(f"{key}/{arm}", {})

@@ -216,6 +216,22 @@ def load_requests(recipe: Recipe, selection: Selection, recipe_path: str | Path,
     return requests
 
 
+def workload_pool(recipe: Recipe, selection: Selection, recipe_path: str | Path) -> list[Any]:
+    """Every row of the eval's workloads (no per-category sample, no --num-prompts): what
+    ``eval --until-decided`` draws new requests from."""
+    from trtspec.eval.workloads import load_workload
+
+    bench = selection.speed_bench_dir or _near_recipe("data/speed-bench", recipe_path)
+    rows = []
+    for spec in selection.workloads or [w if _workload_spec(w) == w else
+                                        _near_recipe(w, recipe_path)
+                                        for w in recipe.eval.workloads]:
+        rows += load_workload(spec, bench, None, recipe.sampling.seed)
+    if selection.max_tokens is not None:
+        rows = [r.model_copy(update={"max_tokens": None}) for r in rows]
+    return rows
+
+
 def spread_sample(requests: Sequence[Any], n: int, seed: int) -> list[Any]:
     """n requests, seeded, taken from the categories in turn (each category's order shuffled),
     kept in input order: like vLLM's --num-prompts, but no category crowds out the others."""

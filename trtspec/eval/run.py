@@ -73,6 +73,7 @@ class EvalInputs:
     margin: Callable[[list[int], int, int], tuple[float, str]] | None = None
     slots: int | None = None  # the scheduler's slots [default: the condition's concurrency]
     request_rate: float | None = None  # open-loop arrivals per second; None = closed loop
+    look: int = 0  # which round of requests (eval --until-decided adds rounds): names turns
 
 
 def request_seed(base: int, request_id: str) -> int:
@@ -114,7 +115,7 @@ def done_keys(path: Path) -> set[tuple[str, str, str]]:
 
 
 def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
-             progress: Callable[[int, int], None] | None = None) -> Path:
+             progress: Callable[[int, int, str], None] | None = None) -> Path:
     """Run every condition × arm × request not yet recorded; returns records.jsonl."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,6 +128,10 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
     finished = len(done)
     with path.open("a") as sink:
         for condition in inputs.conditions:
+            if all((condition.key, arm, r.id) in done for arm in ARMS for r in inputs.requests):
+                continue  # measured already (a resumed eval): no models to load
+            if progress:
+                progress(finished, total, f"{condition.key}: loading and warming up")
             executors = {arm: inputs.make_executor(condition, arm) for arm in ARMS}
             _warm_up(executors, inputs, inputs.slots or condition.concurrency)
             turn = turn_size(condition.concurrency, inputs.request_rate, len(inputs.requests))
@@ -134,27 +139,36 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
                 for arm in _alternate(ARMS, i):
                     if all((condition.key, arm, r.id) in done for r in batch):
                         continue
+                    label = f"{condition.key} {arm}"
+                    if progress:
+                        progress(finished, total, label)
                     # the whole batch again, so a resumed request runs beside the others it
                     # is measured with; only what is missing is recorded
-                    for record in _measure(executors[arm], batch, inputs, condition, arm):
+                    for record in _measure(executors[arm], batch, inputs, condition, arm,
+                                           f"{inputs.look}.{i}"):
                         if (condition.key, arm, record["request_id"]) in done:
                             continue
                         append_line(sink, record)
                         finished += 1
                         if progress:
-                            progress(finished, total)
+                            progress(finished, total, label)
     if inputs.sampling.greedy and inputs.margin is not None:
         record_divergences(out, read_records(path), inputs)
     return path
 
 
+OPEN_LOOP_TURN = 8  # requests per turn with open-loop arrivals, at least
+
+
 def turn_size(concurrency: int, rate: float | None, total: int) -> int:
-    """Requests per turn of an arm with closed-loop clients: one at c = 1 (the arms alternate
-    request by request); at c > 1, 4c, so that clients start requests as others finish (each
-    turn ends with a drain, as the last requests finish). Open-loop arrivals (``rate``) run
-    the whole arm, ``total`` requests, as one turn."""
+    """Requests per turn of an arm, the unit the arms alternate in (A B, then B A) and the
+    decide step resamples. Closed-loop clients: one at c = 1 (the arms alternate request by
+    request); at c > 1, 4c, so that clients start requests as others finish (each turn ends
+    with a drain, as the last requests finish). Open-loop arrivals (``rate``): blocks of
+    max(8, 4c) arrivals, each arm's block sent at the same seeded offsets, so drift and
+    one-off costs land on both arms alike rather than on whichever ran second."""
     if rate is not None:
-        return total
+        return min(total, max(OPEN_LOOP_TURN, 4 * concurrency))
     return 1 if concurrency == 1 else 4 * concurrency
 
 
@@ -185,10 +199,11 @@ def _warm_up(executors: dict[str, SpecExecutor], inputs: EvalInputs, slots: int)
 
 
 def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalInputs,
-             condition: Condition, arm: str) -> list[dict[str, Any]]:
+             condition: Condition, arm: str, block: str) -> list[dict[str, Any]]:
     """One turn of an arm: the batch through the serving scheduler, sent by ``concurrency``
-    closed-loop clients (or at ``request_rate``); times run from when each request was sent,
-    so TTFT includes waiting for a slot."""
+    closed-loop clients, or arriving at ``request_rate`` with at most ``concurrency`` running
+    at once (the scheduler's slots; the rest wait); times run from when each request was sent,
+    so TTFT includes waiting for a slot. ``block`` names the turn in the records."""
     from trtspec.eval.clients import arrival_offsets, run_clients
 
     prompts = [inputs.encode(r) for r in batch]
@@ -204,8 +219,10 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
     offsets = arrival_offsets(len(batch), inputs.request_rate,
                               request_seed(inputs.sampling.seed or 0, batch[0].id))
     clock = eval_clock() - time.perf_counter()  # perf_counter → the eval's clock
-    sent, _ = run_clients(executor, prompts, params, condition.concurrency,
-                          inputs.slots or condition.concurrency, offsets)
+    slots = inputs.slots or condition.concurrency
+    if offsets is not None:  # open loop: the concurrency caps the requests running at once
+        slots = min(slots, condition.concurrency)
+    sent, _ = run_clients(executor, prompts, params, condition.concurrency, slots, offsets)
     memory = {"peak_rss_mb": peak_rss_mb()}
     if cuda:
         import torch
@@ -219,6 +236,7 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
         queue = (s.admitted - s.sent) if s.admitted is not None else None
         records.append({
             "condition": condition.key, **asdict(condition), "arm": arm, "request_id": r.id,
+            "block": block,
             "category": r.category, "source": r.source, "context_tokens": len(prompt),
             "output_tokens": len(tokens), "finish_reason": s.ticket.finish_reason,
             "output_digest": _digest(tokens), "output_token_ids": tokens,

@@ -1,0 +1,87 @@
+"""eval --until-decided on synthetic timings: rounds of new requests until decided, α spent
+over the looks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from trtspec.decide import decide
+from trtspec.eval.run import read_records
+from trtspec.eval.sequential import read_sequential, until_decided, unused_rows
+from trtspec.eval.workloads import WorkloadRequest
+from trtspec.recipe import Decide
+
+CRITERIA = Decide(min_speedup=1.05, min_requests=6)
+POOL = [WorkloadRequest(id=f"{c}-{i}", category=c, prompt=f"{c} {i}")
+        for c in ("copy", "open") for i in range(40)]
+PLAN = [r for r in POOL if int(r.id.split("-")[1]) < 4]  # 4 per category
+
+
+def run(tmp: Path, speedup: float, seed: int, budget: int = 48) -> tuple[str, int, dict]:
+    """A sequential eval of one condition whose spec arm is ``speedup`` faster (TPOT noise
+    15 % per request and arm); returns (final verdict, paired requests, sequential.json)."""
+    rng = np.random.default_rng(seed)
+    path = tmp / "records.jsonl"
+    path.write_text("")
+
+    def measure(batch, conditions, look):
+        with path.open("a") as sink:
+            for i, r in enumerate(batch):
+                for condition in conditions:
+                    for arm, tpot in (("baseline", 0.05), ("spec", 0.05 / speedup)):
+                        t = tpot * rng.lognormal(0, 0.15)
+                        sink.write(json.dumps({
+                            "condition": condition, "arm": arm, "request_id": r.id,
+                            "category": r.category, "block": f"{look}.{i}",
+                            "token_times_s": [0.05 + k * t for k in range(32)],
+                            "output_tokens": 32, "ttft_s": 0.05, "e2e_s": 0.05 + 31 * t,
+                            "output_digest": "x"}) + "\n")
+
+    def judge(alphas):
+        verdicts = decide(read_records(path), CRITERIA, greedy=False, alphas=alphas)
+        return {v.condition: v.verdict for v in verdicts if v.category == "all"}
+
+    measure(PLAN, ["ngram/D4/c1"], 0)
+    until_decided(tmp, PLAN, POOL, budget, ["ngram/D4/c1"], measure, judge, seed,
+                  say=lambda _: None)
+    looks = read_sequential(tmp)
+    verdicts = decide(read_records(path), CRITERIA, greedy=False, alphas=looks["alphas"])
+    overall = next(v for v in verdicts if v.category == "all")
+    return overall.verdict, overall.requests, looks
+
+
+def test_a_clear_speedup_stops_early_with_go(tmp_path: Path) -> None:
+    verdict, n, looks = run(tmp_path, 1.3, seed=0)
+    assert verdict == "GO" and n < 48
+    assert looks["looks"][-1]["verdicts"] == {"ngram/D4/c1": "GO"}
+    assert [look["n"] for look in looks["looks"]] == list(range(8, n + 1, 8))
+    assert sum(look["alpha"] for look in looks["looks"]) < 0.025
+
+
+def test_a_speedup_on_the_threshold_spends_the_budget(tmp_path: Path) -> None:
+    verdict, n, looks = run(tmp_path, 1.05, seed=0)
+    assert verdict == "INCONCLUSIVE" and n == 48
+    assert sum(look["alpha"] for look in looks["looks"]) == __import__("pytest").approx(0.025)
+
+
+def test_no_speedup_is_rarely_go_over_every_look(tmp_path: Path) -> None:
+    go = 0
+    for seed in range(200):
+        verdict, _, _ = run(tmp_path, 1.0, seed=seed, budget=24)
+        go += verdict == "GO"
+        (tmp_path / "sequential.json").unlink()
+    print(f"GO in {go} of 200 sequential evals at a true 1.00× (α = 2.5 %)")
+    assert go / 200 <= 0.025
+
+
+def test_new_requests_are_unused_rows_stratified_by_category() -> None:
+    from collections import Counter
+
+    used = {r.id for r in PLAN}
+    batch = unused_rows(POOL, used, Counter({"copy": 4, "open": 4}), seed=0, round_index=1)
+    assert Counter(r.category for r in batch) == {"copy": 4, "open": 4}
+    assert not used & {r.id for r in batch}
+    assert unused_rows(POOL[:4], used, Counter({"copy": 4}), 0, 1) == []  # all measured

@@ -1,0 +1,62 @@
+"""stats: the cluster bootstrap's coverage under shared shocks, Holm and alpha spending by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trtspec.stats import holm, holm_threshold, look_alphas, speedup_interval, spent
+
+
+def shocked(seed: int, turns: int = 24, size: int = 8, speedup: float = 1.2
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TPOTs of turns that ran together: each arm's turn shares one shock (load on a shared
+    machine), and each request adds its own noise. The spec arm is ``speedup`` faster, so the
+    true ratio of the population medians is ``speedup``."""
+    rng = np.random.default_rng(seed)
+    turn = np.repeat(np.arange(turns), size)
+    base = 0.05 * np.exp(rng.normal(0, 0.25, turns)[turn] + rng.normal(0, 0.1, turns * size))
+    spec = 0.05 / speedup * np.exp(rng.normal(0, 0.25, turns)[turn]
+                                   + rng.normal(0, 0.1, turns * size))
+    return base, spec, turn
+
+
+def test_turn_bootstrap_covers_the_true_speedup_where_the_request_bootstrap_does_not() -> None:
+    covered = {"turn": 0, "request": 0}
+    for seed in range(200):
+        base, spec, turn = shocked(seed)
+        for unit, units in (("turn", turn), ("request", np.arange(len(base)))):
+            ci = speedup_interval(base, spec, units, 1.05, resamples=1000, seed=seed).ci
+            covered[unit] += ci[0] <= 1.2 <= ci[1]
+    print(f"95 % CI coverage over 200 replicates: turns {covered['turn'] / 200:.3f}, "
+          f"requests one by one {covered['request'] / 200:.3f}")
+    assert covered["turn"] >= 0.93 * 200
+    assert covered["request"] < 0.80 * 200  # the naive CI is far too narrow here
+
+
+def test_interval_and_p_values_by_hand() -> None:
+    # every pair is exactly 2× faster: each resample's ratio of medians is 2
+    iv = speedup_interval(np.array([2.0, 4, 6, 8]), np.array([1.0, 2, 3, 4]), [0, 0, 1, 1],
+                          1.05, resamples=999)
+    assert iv.point == 2.0 and iv.ci == (2.0, 2.0) and iv.units == 2
+    assert iv.p_go == pytest.approx(1 / 1000) and iv.p_no_go == 1.0  # (1 + 0) / (1 + 999)
+
+
+def test_holm_by_hand() -> None:
+    p = [0.01, 0.04, 0.03, 0.005]
+    # sorted 0.005 ≤ 0.05/4, 0.01 ≤ 0.05/3, 0.03 > 0.05/2: stop; 0.04 is not tested
+    assert holm(p, 0.05) == [True, False, False, True]
+    assert [holm_threshold(p, i, 0.05) for i in range(4)] == pytest.approx(
+        [0.05 / 3, 0.05, 0.05 / 2, 0.05 / 4])
+    assert holm([0.02], 0.025) == [True] and holm([0.03], 0.025) == [False]
+
+
+def test_alpha_spending_by_hand() -> None:
+    assert spent(0.0) == 0 and spent(1.0) == pytest.approx(0.025)
+    assert spent(0.5) == pytest.approx(0.025 * math.log(1 + (math.e - 1) / 2))
+    looks = look_alphas([8, 16, 24], 24)
+    assert sum(looks) == pytest.approx(0.025)
+    assert looks[0] == pytest.approx(0.025 * math.log(1 + (math.e - 1) / 3))
+    assert looks[0] > looks[1] > looks[2] > 0  # Pocock-type: the early looks spend more

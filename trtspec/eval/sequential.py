@@ -1,0 +1,156 @@
+"""``trtspec eval --until-decided``: add requests to the conditions still INCONCLUSIVE, in rounds,
+until each is decided or the budget is spent, with the error controlled over the looks.
+
+Terms:
+
+* **look** — one decision over the records so far. Look 1 follows the eval's plan; each later
+  look follows a **round**: new requests, stratified by category (the plan's share of each
+  category), measured for the conditions whose verdict over all categories was INCONCLUSIVE.
+* **budget** N — the most paired requests a condition may get (``--max-requests``, default:
+  every row of the workloads).
+* **α per look** — alpha spending (:func:`trtspec.stats.look_alphas`): look k of a condition
+  with n_k paired requests tests at spent(n_k / N) − spent(n_{k−1} / N), so over every look the
+  chance of a wrong GO (or a wrong NO-GO) stays ≤ α. Within a look, Holm over its cells.
+
+New requests are rows of the workloads the eval has not measured (the built-in workload and
+SPEED-Bench hold more than a plan takes); when they run out, the eval says so and stops rather
+than measuring the same prompts again as if they were new. ``sequential.json`` in the eval
+folder records each look (its requests, conditions and α) so that ``trtspec decide`` judges
+each condition at the α of its last look, and a resumed eval replays the same rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trtspec.files import write_atomic
+from trtspec.stats import ALPHA, look_alphas
+
+SEQUENTIAL = "sequential.json"
+METHOD = ("alpha spending: Lan–DeMets Pocock-type α·ln(1 + (e − 1)·n/N), each look tested at "
+          "its increment")
+
+
+def read_sequential(out: Path) -> dict[str, Any] | None:
+    path = Path(out) / SEQUENTIAL
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def unused_rows(pool: Sequence[Any], used: set[str], shares: Counter, seed: int,
+                round_index: int) -> list[Any]:
+    """The next round's requests: per category, as many as ``shares`` says, drawn (seeded)
+    from the rows of ``pool`` not in ``used``; fewer where a category runs out."""
+    rng = random.Random(seed * 7919 + round_index)
+    by_category: dict[str, list[Any]] = {}
+    for r in pool:
+        if r.id not in used:
+            by_category.setdefault(r.category, []).append(r)
+    picked = []
+    for category, want in sorted(shares.items()):
+        rows = by_category.get(category, [])
+        picked += rng.sample(rows, min(want, len(rows)))
+    order = {r.id: i for i, r in enumerate(pool)}
+    return sorted(picked, key=lambda r: order[r.id])
+
+
+class Looks:
+    """The looks of a sequential eval, as stored in ``sequential.json``."""
+
+    def __init__(self, out: Path, budget: int, alpha: float = ALPHA) -> None:
+        stored = read_sequential(out) or {}
+        self.out, self.budget, self.alpha = out, stored.get("budget", budget), alpha
+        self.looks: list[dict[str, Any]] = stored.get("looks", [])
+
+    def alpha_at(self, n: int) -> float:
+        """α of a look at which the conditions it judges have ``n`` paired requests."""
+        sizes = [look["n"] for look in self.looks if look["n"] < n] + [n]
+        return look_alphas(sorted(set(sizes)), self.budget, self.alpha)[-1]
+
+    def add(self, n: int, conditions: Sequence[str], request_ids: Sequence[str],
+            verdicts: dict[str, str]) -> None:
+        self.looks.append({"n": n, "alpha": self.alpha_at(n), "conditions": list(conditions),
+                           "request_ids": list(request_ids), "verdicts": verdicts})
+        self.save()
+
+    def alphas(self) -> dict[str, float]:
+        """condition → the α of its last look."""
+        out: dict[str, float] = {}
+        for look in self.looks:
+            for c in look["conditions"]:
+                out[c] = look["alpha"]
+        return out
+
+    def save(self) -> None:
+        write_atomic(self.out / SEQUENTIAL, json.dumps({
+            "method": METHOD, "alpha": self.alpha, "budget": self.budget,
+            "looks": self.looks, "alphas": self.alphas()}, indent=2) + "\n")
+
+
+def until_decided(out: Path, plan: Sequence[Any], pool: Sequence[Any], budget: int,
+                  conditions: Sequence[str], measure: Callable[[Sequence[Any], Sequence[str],
+                                                                int], None],
+                  judge: Callable[[dict[str, float]], dict[str, str]], seed: int,
+                  say: Callable[[str], None] = print) -> Looks:
+    """Look after the plan, then add rounds to the undecided conditions until none is left,
+    the budget is spent or the workloads run out. ``measure(requests, conditions, look)``
+    records the requests for those conditions; ``judge(alphas)`` returns condition → verdict
+    (over all categories) at the given α per condition."""
+    looks = Looks(out, budget)
+    shares = Counter(r.category for r in plan)
+    used = {r.id for r in plan}
+    n, active = len(plan), list(conditions)
+    for look in looks.looks:  # a resumed eval: the rounds it already chose, measured again
+        used |= set(look["request_ids"])
+    if not looks.looks:
+        looks.add(n, active, [r.id for r in plan], _verdicts(judge, looks, active, n))
+    by_id = {r.id: r for r in pool}
+    for k, look in enumerate(looks.looks[1:], 1):  # resume: fill in what a kill left out
+        missing = [i for i in look["request_ids"] if i not in by_id]
+        if missing:
+            raise ValueError(f"{out / SEQUENTIAL}: look {k + 1} measured {missing[0]}, which the "
+                             "workloads no longer hold: start a new eval")
+        measure([by_id[i] for i in look["request_ids"]], look["conditions"], k)
+        if not look["verdicts"]:  # killed before it was judged
+            look["verdicts"] = _verdicts(judge, looks, look["conditions"], look["n"])
+            looks.save()
+    last = looks.looks[-1]
+    n = last["n"]
+    active = [c for c in last["conditions"] if last["verdicts"].get(c) == "INCONCLUSIVE"]
+    while active:
+        room = budget - n
+        if room <= 0:
+            say(f"until-decided: budget of {budget} requests per condition spent; "
+                f"{len(active)} condition(s) still INCONCLUSIVE: {', '.join(active)}")
+            break
+        want = Counter({c: k for c, k in shares.items()})
+        batch = unused_rows(pool, used, want, seed, len(looks.looks))[:room]
+        if not batch:
+            say(f"until-decided: the workloads have no unused rows left ({len(used)} measured); "
+                f"{len(active)} condition(s) still INCONCLUSIVE: {', '.join(active)}. Add rows "
+                "to the workload rather than measuring the same prompts again")
+            break
+        n += len(batch)
+        used |= {r.id for r in batch}
+        say(f"until-decided: look {len(looks.looks) + 1}: {len(batch)} more requests for "
+            f"{', '.join(active)} ({n} per condition, budget {budget}, "
+            f"α this look {looks.alpha_at(n):.2g})")
+        looks.looks.append({"n": n, "alpha": looks.alpha_at(n), "conditions": active,
+                            "request_ids": [r.id for r in batch], "verdicts": {}})
+        looks.save()  # the round is chosen before it is measured: a resume replays it
+        measure(batch, active, len(looks.looks) - 1)
+        looks.looks[-1]["verdicts"] = _verdicts(judge, looks, active, n)
+        looks.save()
+        active = [c for c in active if looks.looks[-1]["verdicts"][c] == "INCONCLUSIVE"]
+    return looks
+
+
+def _verdicts(judge: Callable[[dict[str, float]], dict[str, str]], looks: Looks,
+              conditions: Sequence[str], n: int) -> dict[str, str]:
+    alphas = {**looks.alphas(), **{c: looks.alpha_at(n) for c in conditions}}
+    verdicts = judge(alphas)
+    return {c: verdicts.get(c, "INCONCLUSIVE") for c in conditions}

@@ -1,0 +1,150 @@
+"""The statistics a verdict rests on: a paired bootstrap that resamples the independent unit,
+Holm's step-down over the cells a report judges, and alpha spending over repeated looks.
+
+Terms:
+
+* **pair** — one request measured in both arms (same prompt, seed, sampling), a (baseline,
+  spec) value of the primary metric.
+* **unit** — the smallest group of pairs that is independent of the others. At c = 1 the arms
+  alternate request by request and a request shares nothing with the next: the unit is the
+  request. At c > 1 (or with open-loop arrivals) a turn's requests share batches, a machine's
+  passing load and each other's timing, so the unit is the turn (``block`` in a record): a
+  shock shared by a turn moves all of its requests at once, and resampling them one by one
+  would count it many times as if it were independent evidence (a CI that is too narrow).
+* **speedup** — median(baseline) / median(spec) over the pairs; its CI resamples units with
+  replacement, each bringing all of its pairs (a cluster bootstrap, percentile interval), with
+  the replicates' log-distance from the estimate widened by √(G/(G − 1)) for G units (a
+  bootstrap of G units sees (G − 1)/G of their variance; it matters at small G).
+* **p-values** — one-sided, from the same replicates: ``p_go`` tests H₀: speedup ≤ m against
+  speedup > m (small: a GO is shown), ``p_no_go`` tests H₀: speedup ≥ m (small: a NO-GO is
+  shown), p = (1 + replicates on the wrong side) / (1 + replicates). A percentile CI at level
+  1 − 2a has its lower bound above m exactly when p_go < a, so the two always agree.
+* **Holm** — over the m cells of a report (conditions × categories), the family-wise error
+  (the chance that any GO, or any NO-GO, is wrong) stays ≤ α: sort p ascending and reject while
+  p₍ᵢ₎ ≤ α / (m − i + 1).
+* **alpha spending** — an eval that looks at its data after each round of new requests and
+  stops when decided spends α over the looks: with information fraction t = n / N (paired
+  requests per condition now, over the budget N), the cumulative α is α·ln(1 + (e − 1)·t) (the
+  Lan–DeMets Pocock-type function) and each look tests at its increment. Testing each look at
+  its increment (a Bonferroni bound over looks) is conservative and needs no assumption about
+  how the looks correlate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+ALPHA = 0.025  # one-sided, per direction: a 95 % two-sided CI
+RESAMPLES = 4000  # p resolves to 1/4001: enough for Holm over ~50 cells at α = 2.5 %
+MIN_UNITS = 8  # fewer independent units: no interval (a bootstrap of 3 turns is not one)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A paired speedup over independent units, with its CI and one-sided p-values."""
+
+    point: float
+    ci: tuple[float, float]
+    units: int  # independent units resampled
+    unit: str  # "request" or "turn"
+    p_go: float  # H₀: speedup ≤ threshold
+    p_no_go: float  # H₀: speedup ≥ threshold
+
+
+def cluster_members(units: Sequence[Hashable]) -> list[np.ndarray]:
+    """Indices of the pairs in each unit, in first-seen order."""
+    groups: dict[Hashable, list[int]] = {}
+    for i, u in enumerate(units):
+        groups.setdefault(u, []).append(i)
+    return [np.array(v) for v in groups.values()]
+
+
+def cluster_replicates(base: np.ndarray, spec: np.ndarray, units: Sequence[Hashable],
+                       statistic, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
+    """statistic(base, spec) over ``resamples`` cluster-bootstrap samples: units drawn with
+    replacement, each with all of its pairs. ``statistic`` reduces the last axis of [n] arrays."""
+    members = cluster_members(units)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(members), size=(resamples, len(members)))  # [R, G]
+    sizes = {len(m) for m in members}
+    if len(sizes) == 1:  # equal units (every request its own, or full turns): one gather
+        table = np.stack(members)  # [G, k]
+        idx = table[draws].reshape(resamples, -1)  # [R, G·k]
+        return np.asarray(statistic(base[idx], spec[idx]))
+    out = np.empty(resamples)
+    for r in range(resamples):
+        idx = np.concatenate([members[g] for g in draws[r]])
+        out[r] = statistic(base[idx], spec[idx])
+    return out
+
+
+def ratio_of_medians(b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    return np.median(b, axis=-1) / np.median(s, axis=-1)
+
+
+def speedup_interval(base: np.ndarray, spec: np.ndarray, units: Sequence[Hashable],
+                     threshold: float, unit: str = "request", level: float = 0.95,
+                     resamples: int = RESAMPLES, seed: int = 0) -> Interval:
+    """median(base) / median(spec), its cluster-bootstrap CI at ``level`` and its one-sided
+    p-values against ``threshold``."""
+    point = float(ratio_of_medians(base, spec))
+    reps = cluster_replicates(base, spec, units, ratio_of_medians, resamples, seed)
+    g = len(set(units))
+    if g > 1:  # a bootstrap of g units has (g − 1)/g of their variance: widen (on a log scale)
+        reps = point * np.exp(np.log(reps / point) * math.sqrt(g / (g - 1)))
+    tail = (1 - level) / 2
+    low, high = np.quantile(reps, [tail, 1 - tail])
+    p_go = (1 + int(np.sum(reps <= threshold))) / (1 + resamples)
+    p_no_go = (1 + int(np.sum(reps >= threshold))) / (1 + resamples)
+    return Interval(point, (float(low), float(high)), len(set(units)), unit, p_go, p_no_go)
+
+
+def holm(p_values: Sequence[float], alpha: float = ALPHA) -> list[bool]:
+    """Which hypotheses Holm's step-down rejects at family-wise error ``alpha``."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    m = len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (m - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def holm_threshold(p_values: Sequence[float], i: int, alpha: float = ALPHA) -> float:
+    """The level hypothesis ``i`` is compared with in Holm's step-down (α / (m − rank))."""
+    rank = sorted(range(len(p_values)), key=lambda j: p_values[j]).index(i)
+    return alpha / (len(p_values) - rank)
+
+
+def spent(t: float, alpha: float = ALPHA) -> float:
+    """Cumulative α spent at information fraction t ∈ [0, 1] (Pocock-type Lan–DeMets)."""
+    t = min(max(t, 0.0), 1.0)
+    return alpha * math.log(1 + (math.e - 1) * t)
+
+
+def look_alphas(sizes: Sequence[int], budget: int, alpha: float = ALPHA) -> list[float]:
+    """The α each look tests at: the increment of :func:`spent` from the previous look's
+    paired requests per condition to this one's, with ``budget`` the most there can be."""
+    out, before = [], 0.0
+    for n in sizes:
+        now = spent(n / budget, alpha)
+        out.append(now - before)
+        before = now
+    return out
+
+
+def units_to_resolve(units: int, point: float, ci: tuple[float, float], limit: float
+                     ) -> int | None:
+    """Independent units that would narrow a CI straddling ``limit`` until it excludes it,
+    assuming the side that crosses the limit shrinks as 1/√units; None when the estimate sits
+    on the limit."""
+    near = point - ci[0] if point > limit else ci[1] - point  # the side that crosses
+    margin = abs(point - limit)
+    if margin <= 0.01 * max(abs(limit), 1e-9):
+        return None
+    return max(units + 1, int(min(1e6, units * (near / margin) ** 2)) + 1)
