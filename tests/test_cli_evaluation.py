@@ -47,3 +47,24 @@ def test_eval_from_another_folder_looks_in_the_recipe_s_project_and_says_so(
     assert f"looked in {project / 'engines'}: the project of" in err
     assert "--engines or $TRTSPEC_ENGINES choose another" in err
     assert not (tmp_path / "somewhere" / "reports").exists()
+
+
+def test_progress_off_a_terminal_is_a_line_every_few_seconds_with_time_left() -> None:
+    from trtspec.cli.evaluation import Ticker
+
+    lines: list[str] = []
+    now = [100.0]
+    tick = Ticker(None, None, tty=False, every=10.0, echo=lines.append)
+    tick.clock = lambda: now[0]
+    tick(0, 40, "ngram/D4/c1: loading and warming up")
+    now[0] += 300  # warm-up: not counted in the rate
+    tick(0, 40, "ngram/D4/c1 baseline")
+    for done in range(1, 11):  # one record every 3 s
+        now[0] += 3
+        tick(done, 40, "ngram/D4/c1 spec")
+    assert lines == ["eval: 0/40 records · now ngram/D4/c1: loading and warming up",
+                     "eval: 0/40 records · now ngram/D4/c1 baseline",
+                     "eval: 4/40 records, about 1m48s left · now ngram/D4/c1 spec",
+                     "eval: 8/40 records, about 1m36s left · now ngram/D4/c1 spec"]
+    tick(40, 40, "ngram/D4/c1 spec")  # the last one always
+    assert lines[-1] == "eval: 40/40 records · now ngram/D4/c1 spec"

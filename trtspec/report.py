@@ -19,6 +19,7 @@ from trtspec.decide import (
     decide,
     requests_to_resolve,
 )
+from trtspec.eval.confirm import side_by_side
 from trtspec.gates import P90_MIN, P99_MIN
 from trtspec.metrics import arm_throughput, drop_unpaired, failed
 from trtspec.recipe import Recipe
@@ -63,7 +64,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                 "throughput": arm_throughput(records),
                 "draft_lengths": chosen_draft_lengths(records),
                 "verdicts": [asdict(v) for v in verdicts], "apply_where": apply_where(verdicts),
-                "sequential": sequential,
+                "sequential": sequential, "confirmation": side_by_side(out, verdicts),
                 "workload_sources": sorted({str(r.get("source")) for r in records}),
                 "cost_model": models, "audit": audit,
                 "audit_applies": audit_applies, "unpaired_records": unpaired,
@@ -143,6 +144,7 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
     if undecided:
         lines.append(f"No verdict for {', '.join(undecided)}: fewer than {c.min_requests} "
                      f"paired requests per category ({_more_requests_text(decision)}).")
+    lines += ["", *decision.get("confirmation", [])]
     lines += ["", "## Apply where", "", "Per concurrency, the GO draft length whose CI lower bound "
               "is highest (the highest point estimate among many GO cells is the one most "
               "likely inflated by noise).", ""]

@@ -101,6 +101,10 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str | None
 @click.option("--max-requests", type=click.IntRange(1), default=None,
               help="with --until-decided: paired requests per condition at most [default: "
                    "every row of the workloads]")
+@click.option("--confirm", "confirm", default=None,
+              type=click.Path(exists=True, file_okay=False),
+              help="re-measure only what that decided eval chose (reports/<eval-id>) on "
+                   "requests it has not seen; the report shows both verdicts")
 def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | None,
                  num_prompts: int | None, max_tokens: int | None, ignore_eos: bool,
                  concurrency: tuple[int, ...], request_rate: float | None,
@@ -108,7 +112,7 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
                  overrides: tuple[str, ...], engines: str | None, reports: str,
                  speed_bench_dir: str | None, mlflow_uri: str | None, no_mlflow: bool,
                  endpoint: str | None, model: str | None, baseline_endpoint: str | None,
-                 until_decided: bool, max_requests: int | None) -> None:
+                 until_decided: bool, max_requests: int | None, confirm: str | None) -> None:
     """Baseline vs speculative on RECIPE's built models; records land in reports/<eval-id>/.
     Ctrl-C keeps every finished request; `--resume reports/<eval-id>` goes on."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
@@ -129,6 +133,9 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
         raise click.UsageError("--endpoint needs --model (the name the server serves)")
     if max_requests and not until_decided:
         raise click.UsageError("--max-requests is the budget of --until-decided: add it")
+    if confirm and (resume or endpoint):
+        raise click.UsageError("--confirm starts a new in-process eval: drop "
+                               + ("--resume" if resume else "--endpoint"))
     if until_decided and endpoint:
         raise click.UsageError("--until-decided runs in-process evals; an --endpoint eval "
                                "measures its plan (raise --per-category instead)")
@@ -155,7 +162,7 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
                                         selection, eval_id, resume, reports, tick, say)
             else:
                 out = evaluate(recipe, selection, eval_id, resume, root, reports, tick, say,
-                               until_decided, max_requests)
+                               until_decided, max_requests, confirm)
     except ManifestError as e:
         raise explain_engines(e, root, why) from None
     except Interrupted as e:
@@ -205,7 +212,7 @@ class Ticker:
                             description=label or "requests measured")
             return
         now = self.clock()
-        if self.first is None:
+        if self.first is None or done == self.first[1]:  # the rate counts from a record
             self.first = (now, done)
         if now - self.last < self.every and done < total:
             return

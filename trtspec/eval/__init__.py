@@ -36,15 +36,26 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
              engines_root: str | Path = "engines", reports_root: str | Path = "reports",
              progress: Callable[[int, int, str], None] | None = None,
              say: Callable[[str], None] = print, until_decided: bool = False,
-             max_requests: int | None = None) -> Path:
+             max_requests: int | None = None, confirm: str | Path | None = None) -> Path:
     """Run the recipe's eval; returns the eval folder. ``until_decided``: then add requests
     to the conditions still INCONCLUSIVE (:mod:`trtspec.eval.sequential`), up to
-    ``max_requests`` paired requests per condition [default: every row of the workloads]."""
+    ``max_requests`` paired requests per condition [default: every row of the workloads].
+    ``confirm``: an eval folder whose chosen setting is measured again on requests it has not
+    seen (:mod:`trtspec.eval.confirm`)."""
     from trtspec.build import check_backend_device
     from trtspec.engine import PLAIN, OpenBuild
     from trtspec.eval.run import Condition, EvalInputs, run_eval
     from trtspec.manifest import open_built
 
+    fresh, chosen, confirms = None, None, {}
+    if confirm:
+        from trtspec.eval.confirm import CONFIRMS, confirm_plan
+
+        selection, _, chosen, fresh = confirm_plan(Path(confirm), recipe_path,
+                                                   load_recipe(recipe_path).sampling.seed)
+        confirms = {CONFIRMS: str(Path(confirm).absolute())}
+        say(f"confirming {', '.join(chosen)} (chosen by {confirm}) on {len(fresh)} requests it "
+            "did not measure")
     if resume:  # the folder's overrides decide which build is meant
         selection = resumed_selection(Path(resume), selection, recipe_path)
     recipe = load_recipe(recipe_path, selection.all_overrides())
@@ -58,10 +69,14 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
     lengths = recipe.condition_draft_lengths(manifest.draft_lengths)  # adaptive is one too
     conditions = list(dict.fromkeys(Condition(m.method, d, c) for m in recipe.methods
                                     for d in lengths for c in recipe.eval.concurrency))
+    if chosen is not None:
+        conditions = [c for c in conditions if c.key in chosen]
     out, recipe, requests, selection, created = start(
-        recipe_path, selection, eval_id, resume, reports_root, "",
+        recipe_path, selection, eval_id or (f"{Path(confirm).name}-confirm" if confirm else None),
+        resume, reports_root, "",
         lambda _, requests: {"conditions": [c.key for c in conditions], "client": "scheduler",
-                             "expected_records": len(conditions) * 2 * len(requests)}, say)
+                             "expected_records": len(conditions) * 2 * len(requests),
+                             **confirms}, say, fresh)
     with _kept_on_failure(out, created, total=len(conditions) * 2 * len(requests)):
         if created:
             shutil.copyfile(manifest_path, out / "manifest.json")

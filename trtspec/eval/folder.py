@@ -137,7 +137,7 @@ def completeness(out: Path, records: Sequence[dict[str, Any]]) -> tuple[int, int
     return len({(r["condition"], r["arm"], r["request_id"]) for r in records}), expected
 
 
-def _stored_selection(out: Path) -> Selection:
+def stored_selection(out: Path) -> Selection:
     meta = stored_meta(out)
     if "selection" in meta:
         return Selection(**{k: tuple(v) if isinstance(v, list) else v
@@ -153,7 +153,7 @@ def resumed_selection(out: Path, given: Selection, recipe_path: str | Path) -> S
     same recipe digest and the same requests as eval.json recorded (`--concurrency 1` where the
     recipe's is [1], --set items in another order, a workload file given by another path).
     Otherwise an error naming each value that differs."""
-    meta, stored = stored_meta(out), _stored_selection(out)
+    meta, stored = stored_meta(out), stored_selection(out)
     changed = {f.name: getattr(given, f.name) for f in dataclasses.fields(Selection)
                if f.name != "legacy" and getattr(given, f.name) not in (None, (), False)
                and getattr(given, f.name) != getattr(stored, f.name)}
@@ -256,8 +256,8 @@ def spread_sample(requests: Sequence[Any], n: int, seed: int) -> list[Any]:
 
 def start(recipe_path: str | Path, selection: Selection, eval_id: str | None,
           resume: str | Path | None, reports_root: str | Path, tag: str,
-          extra: Callable[[Recipe, list[Any]], dict[str, Any]], say: Callable[[str], None]
-          ) -> tuple[Path, Recipe, list[Any], Selection, bool]:
+          extra: Callable[[Recipe, list[Any]], dict[str, Any]], say: Callable[[str], None],
+          requests: list[Any] | None = None) -> tuple[Path, Recipe, list[Any], Selection, bool]:
     """(the eval folder, the recipe as this eval runs it, its requests, the selection, whether
     this call created the folder).
 
@@ -265,7 +265,7 @@ def start(recipe_path: str | Path, selection: Selection, eval_id: str | None,
     is written. A resumed eval takes its selection from the folder and must be the same eval:
     the same recipe digest (after overrides), requests and endpoint, else it stops and says
     what differs. ``extra`` adds what the caller stores (endpoints, conditions, the number of
-    records a complete eval has)."""
+    records a complete eval has); ``requests`` replaces the selection's (a confirmation)."""
     if resume:
         out = Path(resume)
         selection = resumed_selection(out, selection, recipe_path)
@@ -276,7 +276,8 @@ def start(recipe_path: str | Path, selection: Selection, eval_id: str | None,
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"{out} exists: pass --resume {out} to continue that eval, "
                                   "or choose another --eval-id")
-    requests = load_requests(recipe, selection, recipe_path, say)
+    if requests is None:
+        requests = load_requests(recipe, selection, recipe_path, say)
     meta = {"recipe": recipe.name, "recipe_digest": recipe.digest(),
             "overrides": selection.all_overrides(),
             "workloads": list(selection.workloads or recipe.eval.workloads),
