@@ -20,6 +20,7 @@ from trtspec.decide import (
     requests_to_resolve,
 )
 from trtspec.eval.confirm import side_by_side
+from trtspec.eval.sequential import looks_lines
 from trtspec.gates import P90_MIN, P99_MIN
 from trtspec.metrics import arm_throughput, drop_unpaired, failed
 from trtspec.recipe import Recipe
@@ -144,7 +145,7 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
     if undecided:
         lines.append(f"No verdict for {', '.join(undecided)}: fewer than {c.min_requests} "
                      f"paired requests per category ({_more_requests_text(decision)}).")
-    lines += ["", *decision.get("confirmation", [])]
+    lines += ["", *decision.get("confirmation", []), "", *looks_lines(decision.get("sequential"))]
     lines += ["", "## Apply where", "", "Per concurrency, the GO draft length whose CI lower bound "
               "is highest (the highest point estimate among many GO cells is the one most "
               "likely inflated by noise).", ""]

@@ -85,3 +85,14 @@ def test_new_requests_are_unused_rows_stratified_by_category() -> None:
     assert Counter(r.category for r in batch) == {"copy": 4, "open": 4}
     assert not used & {r.id for r in batch}
     assert unused_rows(POOL[:4], used, Counter({"copy": 4}), 0, 1) == []  # all measured
+
+
+def test_the_report_says_how_many_requests_each_verdict_needed(tmp_path: Path) -> None:
+    from trtspec.eval.sequential import looks_lines
+
+    _, n, looks = run(tmp_path, 1.3, seed=0)
+    lines = looks_lines(looks)
+    assert lines[0] == "## Looks (`--until-decided`)"
+    assert lines[-1].startswith(f"| {len(looks['looks'])} | {n} | ")
+    assert lines[-1].endswith("| ngram/D4/c1 | ngram/D4/c1: GO |")
+    assert looks_lines(None) == []

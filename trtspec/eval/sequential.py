@@ -149,6 +149,22 @@ def until_decided(out: Path, plan: Sequence[Any], pool: Sequence[Any], budget: i
     return looks
 
 
+def looks_lines(looks: dict[str, Any] | None) -> list[str]:
+    """Report lines: the looks of an ``--until-decided`` eval (its ``sequential.json``), so a
+    reader sees how many requests each verdict needed."""
+    if not looks:
+        return []
+    lines = ["## Looks (`--until-decided`)", "",
+             f"Budget {looks['budget']} paired requests per condition; {looks['method']}.", "",
+             "| look | requests per condition | α this look | conditions judged | verdicts |",
+             "|---:|---:|---:|---|---|"]
+    for k, look in enumerate(looks["looks"], 1):
+        verdicts = ", ".join(f"{c}: {v}" for c, v in look.get("verdicts", {}).items()) or "—"
+        lines.append(f"| {k} | {look['n']} | {look['alpha']:.2g} | "
+                     f"{', '.join(look['conditions'])} | {verdicts} |")
+    return lines
+
+
 def _verdicts(judge: Callable[[dict[str, float]], dict[str, str]], looks: Looks,
               conditions: Sequence[str], n: int) -> dict[str, str]:
     alphas = {**looks.alphas(), **{c: looks.alpha_at(n) for c in conditions}}
