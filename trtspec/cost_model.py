@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.decide import paired_speedup, pairs, tpot
+from trtspec.gates import unit_of
 from trtspec.metrics import condition_parts
 
 
@@ -105,7 +106,8 @@ def cost_model(records: Sequence[dict[str, Any]], condition: str, seed: int = 0
                                   for _, s, _, _ in both]))
     c = max(0.0, (round_time / step - 1) / mean_drafts) if mean_drafts else 0.0
     measured, ci = paired_speedup(np.array([tb for *_, tb, _ in both]),
-                                  np.array([ts for *_, ts in both]), seed=seed)
+                                  np.array([ts for *_, ts in both]), seed=seed,
+                                  units=[unit_of(b) for b, *_ in both])
     predicted = expected_emitted(alpha, positions, rounds) / (1 + mean_drafts * c)
     return {"alpha": alpha, "c": c, "draft_len": d, "mean_drafts": mean_drafts,
             "predicted_speedup": predicted, "measured_speedup": measured,

@@ -34,8 +34,11 @@ def plots(verdicts: list[Verdict], decision: dict[str, Any], records: list[dict[
         points.sort(key=lambda p: p[0])
         xs = [x for x, _ in points]
         ys = [v.speedup for _, v in points]
-        err = [[y - v.ci[0] for y, (_, v) in zip(ys, points, strict=True)],
-               [v.ci[1] - y for y, (_, v) in zip(ys, points, strict=True)]]
+        # no interval (too few independent units): a point without a bar
+        err = [[y - v.ci[0] if v.ci[0] == v.ci[0] else 0.0 for y, (_, v) in
+                zip(ys, points, strict=True)],
+               [v.ci[1] - y if v.ci[1] == v.ci[1] else 0.0 for y, (_, v) in
+                zip(ys, points, strict=True)]]
         ax.errorbar(xs, ys, yerr=err, marker="*" if adaptive else "o", capsize=4,
                     markersize=11 if adaptive else 6, linestyle="none" if adaptive else "-",
                     label=f"{method} {c}" + (" adaptive (at mean D)" if adaptive else ""))
