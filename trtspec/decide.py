@@ -83,6 +83,7 @@ class Verdict:
     units: int = 0  # independent units behind the CI
     p_go: float = float("nan")  # one-sided p of H₀: speedup ≤ min_speedup
     p_no_go: float = float("nan")  # one-sided p of H₀: speedup ≥ min_speedup
+    p: float = float("nan")  # the p of the side the estimate is on (p_go above, p_no_go below)
     level: float = float("nan")  # what p was compared with: α / (m − rank), Holm
     alpha: float = float("nan")  # the family-wise error per direction of its family
     family: int = 0  # cells judged together (Holm)
@@ -180,7 +181,7 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
     matched = pairs(records, condition, category)
     metric = criteria.primary_metric
     kept = [(b, s, _metric(b, metric), _metric(s, metric)) for b, s in matched]
-    kept = [k for k in kept if k[2] is not None and k[3] is not None and k[3] > 0]
+    kept = [k for k in kept if k[2] is not None and k[3] is not None and k[2] > 0 and k[3] > 0]
     label = category or "all"
     lost = len(unanswered([r for r in records if r["condition"] == condition
                            and (category is None or r["category"] == category)]))
@@ -241,7 +242,8 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
     return _Cell(verdict, interval, fails, holds, per_unit)
 
 
-def _settle(cells: list[_Cell], criteria: Decide, alpha: float) -> list[Verdict]:
+def _settle(cells: list[_Cell], criteria: Decide, alpha: float, least: int = 0
+            ) -> list[Verdict]:
     """The speedup tests of a family of cells, by Holm at family-wise error ``alpha`` per
     direction, then each cell's verdict: NO-GO when a gate fails or the speedup is shown below
     ``min_speedup``; GO when it is shown above and nothing holds; INCONCLUSIVE otherwise."""
@@ -249,31 +251,32 @@ def _settle(cells: list[_Cell], criteria: Decide, alpha: float) -> list[Verdict]
     m = criteria.min_speedup
     p_go = [c.interval.p_go for c in tested]
     p_no = [c.interval.p_no_go for c in tested]
-    go, no_go = holm(p_go, alpha), holm(p_no, alpha)
+    m_family = max(len(tested), least)  # cells it is counted as (≥ those tested here)
+    go, no_go = holm(p_go, alpha, m_family), holm(p_no, alpha, m_family)
     shown: set[int] = set()  # ids of the cells whose speedup is shown above min_speedup
-    holm_note = f" (Holm over {len(tested)} cells)" if len(tested) > 1 else ""
+    holm_note = f" (Holm over {m_family} cells)" if m_family > 1 else ""
     for i, c in enumerate(tested):
         v, iv = c.verdict, c.interval
         assert iv is not None
-        v.family, v.alpha = len(tested), alpha
+        v.family, v.alpha = m_family, alpha
         span = f"CI {iv.ci[0]:.2f}–{iv.ci[1]:.2f}×"
+        # the side the estimate is on: its p and the level Holm compared it with
+        below = no_go[i] or (not go[i] and iv.point < m)
+        v.p, v.level = (iv.p_no_go, holm_threshold(p_no, i, alpha, m_family)) if below else \
+            (iv.p_go, holm_threshold(p_go, i, alpha, m_family))
         if no_go[i]:
-            v.level = holm_threshold(p_no, i, alpha)
-            c.fails.append(f"speedup {span} is below {m:.2f}×: p = {iv.p_no_go:.2g} ≤ "
+            c.fails.append(f"speedup {span} is below {m:.2f}×: p = {v.p:.2g} ≤ "
                            f"{v.level:.2g}{holm_note}")
             continue
-        v.level = holm_threshold(p_go, i, alpha)
         if go[i]:
             shown.add(id(c))
             continue
         needed = units_to_resolve(iv.units, iv.point, iv.ci, m)
-        more = (f"about {int(np.ceil(needed * c.per_unit))} paired requests would resolve it"
-                if needed else "the estimate sits on the threshold")
+        more = (f"about {int(np.ceil(needed * c.per_unit))} paired requests in all would "
+                "narrow the 95 % CI past it" if needed else "the estimate sits on the threshold")
         if iv.ci[0] > m or iv.ci[1] < m:  # the 95 % CI clears it, the family's level does not
-            above = iv.ci[0] > m
-            p, level = (iv.p_go, v.level) if above else (iv.p_no_go, holm_threshold(p_no, i, alpha))
-            c.holds.insert(0, f"speedup {span} is {'above' if above else 'below'} {m:.2f}× but "
-                              f"not at the family-wise level: p = {p:.2g} > {level:.2g}"
+            c.holds.insert(0, f"speedup {span} is {'below' if below else 'above'} {m:.2f}× but "
+                              f"not at the family-wise level: p = {v.p:.2g} > {v.level:.2g}"
                               f"{holm_note}; measure more requests")
         else:
             c.holds.insert(0, f"speedup {span} straddles {m:.2f}×: measure more requests "
@@ -288,13 +291,16 @@ def _settle(cells: list[_Cell], criteria: Decide, alpha: float) -> list[Verdict]
 def decide(records: Sequence[dict[str, Any]], criteria: Decide, greedy: bool, seed: int = 0,
            audit: dict[str, Any] | None = None, needs_audit: bool = False,
            divergences: Sequence[dict[str, Any]] = (),
-           alphas: dict[str, float] | None = None) -> list[Verdict]:
+           alphas: dict[str, float] | None = None,
+           families: dict[str, int] | None = None) -> list[Verdict]:
     """A verdict per condition (category 'all') and per category within it.
 
     The speedup tests of every cell a report judges form one family: Holm keeps the chance of
     any wrong GO (and of any wrong NO-GO) ≤ α. ``alphas`` (condition → α) comes from an eval
     that looked at its data more than once (``--until-decided``): each condition is judged at
-    the α its last look spent, and the cells of one look form a family."""
+    the α its last look spent, and the cells of one look form a family, counted at least as
+    large as ``families`` (condition → the family size it was tested in at that look: Holm
+    over a family that later looks shrank would be too lenient)."""
     by_pair = {(d["condition"], d["request_id"]): d for d in divergences}
     cells = []
     for condition in sorted({r["condition"] for r in records}):
@@ -302,11 +308,12 @@ def decide(records: Sequence[dict[str, Any]], criteria: Decide, greedy: bool, se
                                         if r["condition"] == condition})]:
             cells.append(_assess(records, condition, criteria, greedy, category, seed, audit,
                                  needs_audit, by_pair))
-    families: dict[float, list[_Cell]] = {}
+    by_alpha: dict[float, list[_Cell]] = {}
     for c in cells:
-        families.setdefault((alphas or {}).get(c.verdict.condition, ALPHA), []).append(c)
-    for alpha, family in families.items():
-        _settle(family, criteria, alpha)
+        by_alpha.setdefault((alphas or {}).get(c.verdict.condition, ALPHA), []).append(c)
+    for alpha, family in by_alpha.items():
+        least = max(((families or {}).get(c.verdict.condition, 0) for c in family), default=0)
+        _settle(family, criteria, alpha, least)
     return [c.verdict for c in cells]
 
 
@@ -366,6 +373,6 @@ def serve_policy(decision: dict[str, Any], method: str | None = None) -> ServePo
         method = max(go, key=lambda m: len(go[m]["go"]), default="none")
     if method == "none":
         return ServePolicy("none", (), tuple(go))
-    best = go[method]["best_d"]  # "c4" → [D, speedup]
+    best = go[method]["best_d"]  # "c4" → [D, speedup, CI low]
     return ServePolicy(method, tuple((c, best[f"c{c}"][0] if f"c{c}" in best else 0)
                                      for c in levels), tuple(go))

@@ -14,6 +14,7 @@ in words; :mod:`trtspec.decide` turns them into verdicts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +49,9 @@ def paired_regression(base: np.ndarray, spec: np.ndarray, q: float, resamples: i
     units = list(range(len(base))) if units is None else units
     point = float(stat(base, spec))
     reps = cluster_replicates(base, spec, units, stat, resamples, seed)
+    g = len(set(units))
+    if g > 1:  # as for the speedup: a bootstrap of g units sees (g − 1)/g of their variance
+        reps = point + (reps - point) * math.sqrt(g / (g - 1))
     low, high = np.percentile(reps, [2.5, 97.5])
     return point, (float(low), float(high))
 

@@ -138,8 +138,9 @@ class Decide(Strict):
 
     primary_metric: Literal["tpot_p50", "e2e_p50", "throughput"] = Field(
         "tpot_p50", description="speedup of median TPOT, median E2E, or E2E per output token")
-    min_speedup: float = Field(1.05, gt=0, description="GO needs the speedup's whole 95 % CI "
-                               "at or above this; NO-GO when all of it is below")
+    min_speedup: float = Field(1.05, gt=0, description="GO needs the speedup shown above this "
+                               "(one-sided, Holm over the report's cells); NO-GO when shown "
+                               "below")
     # The tail a latency gate judges is p99 from 100 paired requests, p90 from 20, else the
     # median; the gate fails only when the regression's 95 % CI lies above the limit.
     max_ttft_p99_regression: float = Field(0.10, ge=0, description="TTFT tail regression limit "

@@ -309,8 +309,7 @@ def _row(v: Verdict, with_category: bool = False) -> str:
     mark = f"**{v.verdict}**" if v.verdict == GO else v.verdict  # plain words: fonts vary
     cat = f" {v.category} |" if with_category else ""
     units = f" ({v.units} {v.unit}s)" if v.unit == "turn" and v.units else ""
-    test = "—" if v.p_go != v.p_go or v.level != v.level else (
-        f"p = {min(v.p_go, v.p_no_go):.2g} vs {v.level:.2g}")
+    test = "—" if v.p != v.p or v.level != v.level else f"p = {v.p:.2g} vs {v.level:.2g}"
     return (f"| {v.condition} |{cat} {mark} | {v.speedup_text} | {v.ci_text} | {v.requests}"
             f"{units} | {test} | {'; '.join(v.reasons) or '—'} | {'; '.join(v.caveats) or '—'} |")
 
@@ -329,9 +328,10 @@ def _error_text(verdicts: list[Verdict], decision: dict[str, Any]) -> str:
                  "to the undecided conditions (`--until-decided`); α is spent over the looks ("
                  f"{looks['method']}), so a condition is judged at the α of its last look. ")
     spent = "; ".join(f"{100 * a:.2g} % over {m} cells" for a, m in families)
-    return text + (f"Holm's step-down keeps the chance of any wrong GO, and of any wrong NO-GO, "
-                   f"≤ the family-wise error per direction ({spent}); 'p vs level' is the "
-                   "smaller one-sided p and what it was compared with.")
+    return text + (f"Holm's step-down keeps the chance of any wrong GO, and of any wrong "
+                   f"speedup NO-GO, ≤ the family-wise error per direction ({spent}); 'p vs "
+                   "level' is the one-sided p on the side of the estimate and what it was "
+                   "compared with. The gates are tested per cell at 2.5 %, outside that family.")
 
 
 def _more_requests_text(decision: dict[str, Any]) -> str:

@@ -18,7 +18,8 @@ Terms:
 * **p-values** — one-sided, from the same replicates: ``p_go`` tests H₀: speedup ≤ m against
   speedup > m (small: a GO is shown), ``p_no_go`` tests H₀: speedup ≥ m (small: a NO-GO is
   shown), p = (1 + replicates on the wrong side) / (1 + replicates). A percentile CI at level
-  1 − 2a has its lower bound above m exactly when p_go < a, so the two always agree.
+  1 − 2a has its lower bound above m when p_go < a, up to one replicate (the +1 and the
+  quantile's interpolation), so the two agree but for a p within 1/R of the level.
 * **Holm** — over the m cells of a report (conditions × categories), the family-wise error
   (the chance that any GO, or any NO-GO, is wrong) stays ≤ α: sort p ascending and reject while
   p₍ᵢ₎ ≤ α / (m − i + 1).
@@ -96,6 +97,9 @@ def speedup_interval(base: np.ndarray, spec: np.ndarray, units: Sequence[Hashabl
     g = len(set(units))
     if g > 1:  # a bootstrap of g units has (g − 1)/g of their variance: widen (on a log scale)
         reps = point * np.exp(np.log(reps / point) * math.sqrt(g / (g - 1)))
+    reps = np.where(np.isfinite(reps), reps, np.nan)
+    if np.isnan(reps).any():  # a replicate with no value (a zero median) supports neither side
+        reps = np.nan_to_num(reps, nan=threshold)
     tail = (1 - level) / 2
     low, high = np.quantile(reps, [tail, 1 - tail])
     p_go = (1 + int(np.sum(reps <= threshold))) / (1 + resamples)
@@ -103,11 +107,12 @@ def speedup_interval(base: np.ndarray, spec: np.ndarray, units: Sequence[Hashabl
     return Interval(point, (float(low), float(high)), len(set(units)), unit, p_go, p_no_go)
 
 
-def holm(p_values: Sequence[float], alpha: float = ALPHA) -> list[bool]:
-    """Which hypotheses Holm's step-down rejects at family-wise error ``alpha``."""
+def holm(p_values: Sequence[float], alpha: float = ALPHA, m: int | None = None) -> list[bool]:
+    """Which hypotheses Holm's step-down rejects at family-wise error ``alpha``; ``m`` counts
+    the family as larger than the p-values given (the rest as never rejected: conservative)."""
+    m = max(m or 0, len(p_values))
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])
     rejected = [False] * len(p_values)
-    m = len(p_values)
     for rank, i in enumerate(order):
         if p_values[i] > alpha / (m - rank):
             break
@@ -115,10 +120,11 @@ def holm(p_values: Sequence[float], alpha: float = ALPHA) -> list[bool]:
     return rejected
 
 
-def holm_threshold(p_values: Sequence[float], i: int, alpha: float = ALPHA) -> float:
+def holm_threshold(p_values: Sequence[float], i: int, alpha: float = ALPHA,
+                   m: int | None = None) -> float:
     """The level hypothesis ``i`` is compared with in Holm's step-down (α / (m − rank))."""
     rank = sorted(range(len(p_values)), key=lambda j: p_values[j]).index(i)
-    return alpha / (len(p_values) - rank)
+    return alpha / (max(m or 0, len(p_values)) - rank)
 
 
 def spent(t: float, alpha: float = ALPHA) -> float:

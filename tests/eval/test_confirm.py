@@ -70,3 +70,14 @@ def test_the_report_shows_both_verdicts(tmp_path: Path) -> None:
     lines = side_by_side(second, [here])
     assert "| ngram/D2/c1 | first | GO | 1.30× (1.20–1.40×) | INCONCLUSIVE | 1.08× " \
            "(0.98–1.20×) |" in lines
+
+
+@pytest.mark.parametrize("extra", [["--until-decided"], ["--workload", "builtin"],
+                                   ["--set", "sampling.max_tokens=8"]])
+def test_confirm_refuses_what_would_change_the_setting(tmp_path: Path, capsys, extra) -> None:
+    first = decided(tmp_path, ["ngram/D2/c1"])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(RECIPE), "--confirm", str(first), "--no-mlflow", *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--confirm" in err and f"drop {extra[0]}" in err and "Traceback" not in err

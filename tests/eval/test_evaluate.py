@@ -246,7 +246,7 @@ def test_benchmark_knobs_drive_an_in_process_eval(tmp_path: Path, smollm2, capsy
     assert "budget of 6 requests per condition spent" in printed.out
     assert "eval: 0/8 records · now ngram/D4/c1: loading and warming up" in printed.err
     main(["eval", str(RECIPE), "--engines", str(engines), "--resume", str(reports / "u"),
-          "--no-mlflow", "--until-decided"])
+          "--no-mlflow"])  # it resumes as the sequential eval it is
     printed = capsys.readouterr()
     assert f"{reports / 'u'} was already complete (12 records): nothing was measured" \
         in printed.out

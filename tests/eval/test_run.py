@@ -133,7 +133,8 @@ def test_greedy_divergences_are_located_and_measured(tmp_path: Path) -> None:
 def test_arms_alternate_strictly_and_peak_rss_is_a_peak() -> None:
     import mmap
 
-    from trtspec.eval.run import _alternate, peak_rss_mb, reset_peak_rss
+    from trtspec.eval.clients import peak_rss_mb, reset_peak_rss
+    from trtspec.eval.run import _alternate
 
     assert [_alternate(ARMS, i) for i in range(4)] == [ARMS, ARMS[::-1], ARMS, ARMS[::-1]]
     reset_peak_rss()

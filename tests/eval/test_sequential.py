@@ -40,15 +40,17 @@ def run(tmp: Path, speedup: float, seed: int, budget: int = 48) -> tuple[str, in
                             "output_tokens": 32, "ttft_s": 0.05, "e2e_s": 0.05 + 31 * t,
                             "output_digest": "x"}) + "\n")
 
-    def judge(alphas):
-        verdicts = decide(read_records(path), CRITERIA, greedy=False, alphas=alphas)
-        return {v.condition: v.verdict for v in verdicts if v.category == "all"}
+    def judge(alphas, families):
+        verdicts = decide(read_records(path), CRITERIA, greedy=False, alphas=alphas,
+                          families=families)
+        return {v.condition: (v.verdict, v.family) for v in verdicts if v.category == "all"}
 
     measure(PLAN, ["ngram/D4/c1"], 0)
     until_decided(tmp, PLAN, POOL, budget, ["ngram/D4/c1"], measure, judge, seed,
                   say=lambda _: None)
     looks = read_sequential(tmp)
-    verdicts = decide(read_records(path), CRITERIA, greedy=False, alphas=looks["alphas"])
+    verdicts = decide(read_records(path), CRITERIA, greedy=False, alphas=looks["alphas"],
+                      families=looks["families"])
     overall = next(v for v in verdicts if v.category == "all")
     return overall.verdict, overall.requests, looks
 
@@ -96,3 +98,24 @@ def test_the_report_says_how_many_requests_each_verdict_needed(tmp_path: Path) -
     assert lines[-1].startswith(f"| {len(looks['looks'])} | {n} | ")
     assert lines[-1].endswith("| ngram/D4/c1 | ngram/D4/c1: GO |")
     assert looks_lines(None) == []
+
+
+def test_spending_holds_the_error_where_full_alpha_at_every_look_does_not() -> None:
+    """The power check of the spending: at a true speedup exactly on the threshold (the worst
+    case for a wrong GO), five looks each tested at the full 2.5 % say GO far more often than
+    2.5 %; the spent α per look keeps it under."""
+    from trtspec.stats import look_alphas, speedup_interval
+
+    sizes = [8, 16, 24, 32, 40]
+    spend = look_alphas(sizes, 40)
+    wrong = {"spent": 0, "full α each look": 0}
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        base = 0.05 * rng.lognormal(0, 0.15, 40)
+        spec = 0.05 / 1.05 * rng.lognormal(0, 0.15, 40)
+        for name, alphas in (("spent", spend), ("full α each look", [0.025] * 5)):
+            wrong[name] += any(
+                speedup_interval(base[:n], spec[:n], range(n), 1.05, resamples=1000,
+                                 seed=seed).p_go <= a for n, a in zip(sizes, alphas, strict=True))
+    print(f"wrong GO over 5 looks at a true 1.05×, 200 replicates: {wrong}")
+    assert wrong["spent"] <= 0.025 * 200 < 1.5 * 0.025 * 200 <= wrong["full α each look"]

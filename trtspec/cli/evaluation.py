@@ -100,7 +100,7 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str | None
                    "with α spent over the looks")
 @click.option("--max-requests", type=click.IntRange(1), default=None,
               help="with --until-decided: paired requests per condition at most [default: "
-                   "every row of the workloads]")
+                   "4× the plan, at most every row of the workloads]")
 @click.option("--confirm", "confirm", default=None,
               type=click.Path(exists=True, file_okay=False),
               help="re-measure only what that decided eval chose (reports/<eval-id>) on "
@@ -133,9 +133,17 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
         raise click.UsageError("--endpoint needs --model (the name the server serves)")
     if max_requests and not until_decided:
         raise click.UsageError("--max-requests is the budget of --until-decided: add it")
-    if confirm and (resume or endpoint):
-        raise click.UsageError("--confirm starts a new in-process eval: drop "
-                               + ("--resume" if resume else "--endpoint"))
+    if confirm and (resume or endpoint or until_decided):
+        raise click.UsageError("--confirm starts a new in-process eval of the chosen setting: "
+                               "drop " + ("--resume" if resume else "--endpoint" if endpoint
+                                          else "--until-decided"))
+    knobs = {"--workload": workloads, "--per-category": per_category,
+             "--num-prompts": num_prompts, "--max-tokens": max_tokens, "--ignore-eos": ignore_eos,
+             "--concurrency": concurrency, "--request-rate": request_rate, "--set": overrides}
+    if confirm and any(knobs.values()):
+        given = ", ".join(k for k, v in knobs.items() if v)
+        raise click.UsageError(f"--confirm measures with the confirmed eval's workloads, knobs "
+                               f"and overrides: drop {given}")
     if until_decided and endpoint:
         raise click.UsageError("--until-decided runs in-process evals; an --endpoint eval "
                                "measures its plan (raise --per-category instead)")
@@ -152,7 +160,7 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
                       MofNCompleteColumn(), TimeRemainingColumn(), transient=True,
                       console=console) as bar:
             task = bar.add_task("requests measured", total=None)
-            tick = Ticker(bar, task, sys.stderr.isatty() or sys.stdout.isatty())
+            tick = Ticker(bar, task, bar.console.is_terminal)
 
             def say(text: str) -> None:
                 bar.console.print(text, highlight=False, markup=False)

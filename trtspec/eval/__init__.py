@@ -39,7 +39,8 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
              max_requests: int | None = None, confirm: str | Path | None = None) -> Path:
     """Run the recipe's eval; returns the eval folder. ``until_decided``: then add requests
     to the conditions still INCONCLUSIVE (:mod:`trtspec.eval.sequential`), up to
-    ``max_requests`` paired requests per condition [default: every row of the workloads].
+    ``max_requests`` paired requests per condition [default: 4× the plan, at most every row
+    of the workloads]. A resumed eval goes on as it started (sequential, confirmation).
     ``confirm``: an eval folder whose chosen setting is measured again on requests it has not
     seen (:mod:`trtspec.eval.confirm`)."""
     from trtspec.build import check_backend_device
@@ -48,9 +49,17 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
     from trtspec.manifest import open_built
 
     fresh, chosen, confirms = None, None, {}
+    if resume:  # a sequential or confirmation eval resumes as one
+        stored = meta_if_any(Path(resume))
+        until_decided = until_decided or bool(stored.get("until_decided"))
+        max_requests = max_requests or stored.get("max_requests")
+        confirm = confirm or stored.get("confirms")
     if confirm:
         from trtspec.eval.confirm import CONFIRMS, confirm_plan
 
+        if until_decided:
+            raise RecipeError("--confirm measures the chosen setting once, on new requests: "
+                              "drop --until-decided")
         selection, _, chosen, fresh = confirm_plan(Path(confirm), recipe_path,
                                                    load_recipe(recipe_path).sampling.seed)
         confirms = {CONFIRMS: str(Path(confirm).absolute())}
@@ -71,11 +80,15 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
                                     for d in lengths for c in recipe.eval.concurrency))
     if chosen is not None:
         conditions = [c for c in conditions if c.key in chosen]
+        if not conditions:
+            raise RecipeError(f"--confirm {confirm}: {recipe_path} does not run "
+                              f"{', '.join(chosen)} (pass the recipe that eval ran)")
     out, recipe, requests, selection, created = start(
         recipe_path, selection, eval_id or (f"{Path(confirm).name}-confirm" if confirm else None),
         resume, reports_root, "",
         lambda _, requests: {"conditions": [c.key for c in conditions], "client": "scheduler",
                              "expected_records": len(conditions) * 2 * len(requests),
+                             "until_decided": until_decided, "max_requests": max_requests,
                              **confirms}, say, fresh)
     with _kept_on_failure(out, created, total=len(conditions) * 2 * len(requests)):
         if created:
@@ -113,18 +126,20 @@ def _until_decided(out: Path, recipe: Recipe, recipe_path: str | Path, selection
     from trtspec.eval.sequential import until_decided
 
     pool = workload_pool(recipe, selection, recipe_path)
-    budget = min(max_requests or len(pool), len(pool))
+    budget = min(max_requests or 4 * len(plan), len(pool))
     by_key = {c.key: c for c in conditions}
 
     def measure(batch: Sequence[Any], keys: Sequence[str], look: int) -> None:
         run_eval(out, inputs(batch, [by_key[k] for k in keys], look), resume=True,
                  progress=progress)
 
-    def judge(alphas: dict[str, float]) -> dict[str, str]:
+    def judge(alphas: dict[str, float], families: dict[str, int]
+              ) -> dict[str, tuple[str, int]]:
         verdicts = decide(read_records(out / RECORDS), recipe.decide,
                           recipe.sampling.temperature == 0, recipe.sampling.seed,
-                          divergences=read_jsonl(out / DIVERGENCES), alphas=alphas)
-        return {v.condition: v.verdict for v in verdicts if v.category == "all"}
+                          divergences=read_jsonl(out / DIVERGENCES), alphas=alphas,
+                          families=families)
+        return {v.condition: (v.verdict, v.family) for v in verdicts if v.category == "all"}
 
     until_decided(out, plan, pool, budget, list(by_key), measure, judge,
                   recipe.sampling.seed, say)

@@ -5,12 +5,14 @@ is sent, so it includes queueing for a slot, as a server's client sees it."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from trtspec.executor import Delta, SpecExecutor
 from trtspec.sampling import SamplingParams
@@ -83,3 +85,32 @@ def run_clients(executor: SpecExecutor, prompts: Sequence[list[int]],
                 continue
         scheduler.step()
     return [s for s in sent if s is not None], start
+
+
+def reset_peak_rss() -> None:
+    """Start a new peak-RSS window (Linux: writing 5 to clear_refs resets VmHWM)."""
+    with contextlib.suppress(OSError):  # not Linux, or not allowed: then a lifetime peak
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident set since :func:`reset_peak_rss` (VmHWM), in MiB; where
+    /proc is missing, the lifetime peak from getrusage."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes vs KiB
+
+
+def cuda_in_use() -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())

@@ -43,10 +43,18 @@ def confirm_plan(original: Path, recipe_path: str | Path, seed: int
     """(the original's selection, the recipe as it ran, the chosen condition keys, new
     requests: as many per category as the original measured, from its workloads' unused
     rows)."""
+    from trtspec.eval.folder import meta_if_any
     from trtspec.eval.run import read_records
 
+    if not (original / "eval.json").is_file():
+        raise RecipeError(f"--confirm {original}: not an eval folder (no eval.json): pass "
+                          "reports/<eval-id>")
     selection = stored_selection(original)
     recipe = load_recipe(recipe_path, selection.all_overrides())
+    ran = meta_if_any(original).get("recipe_digest")
+    if ran and ran not in recipe.digests():
+        raise RecipeError(f"--confirm {original}: {recipe_path} is not the recipe that eval ran "
+                          "(its digest differs): confirm with the same recipe")
     keys = chosen_conditions(original)
     records = read_records(original)
     seen = {r["request_id"] for r in records}

@@ -15,7 +15,6 @@ killing the process loses only the requests in flight.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -25,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trtspec.eval.clients import cuda_in_use, peak_rss_mb, reset_peak_rss
 from trtspec.eval.workloads import WorkloadRequest
 from trtspec.executor import SpecExecutor
 from trtspec.metrics import failed, on_eval_clock, unanswered
@@ -125,7 +125,8 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
                               "another --eval-id")
     done = done_keys(path)
     total = len(inputs.conditions) * len(ARMS) * len(inputs.requests)
-    finished = len(done)
+    finished = sum((c.key, arm, r.id) in done for c in inputs.conditions for arm in ARMS
+                   for r in inputs.requests)  # of this call's: a round counts its own
     with path.open("a") as sink:
         for condition in inputs.conditions:
             if all((condition.key, arm, r.id) in done for arm in ARMS for r in inputs.requests):
@@ -133,7 +134,7 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
             if progress:
                 progress(finished, total, f"{condition.key}: loading and warming up")
             executors = {arm: inputs.make_executor(condition, arm) for arm in ARMS}
-            _warm_up(executors, inputs, inputs.slots or condition.concurrency)
+            _warm_up(executors, inputs, _slots(inputs, condition))
             turn = turn_size(condition.concurrency, inputs.request_rate, len(inputs.requests))
             for i, batch in enumerate(_batches(inputs.requests, turn)):
                 for arm in _alternate(ARMS, i):
@@ -183,6 +184,13 @@ def _alternate(arms: tuple[str, ...], batch_index: int) -> tuple[str, ...]:
     return arms if batch_index % 2 == 0 else arms[::-1]
 
 
+def _slots(inputs: EvalInputs, condition: Condition) -> int:
+    """The scheduler's slots: the build's batch, capped at c with open-loop arrivals (where c
+    caps the requests running at once). Warm-up compiles for the same number."""
+    slots = inputs.slots or condition.concurrency
+    return min(slots, condition.concurrency) if inputs.request_rate is not None else slots
+
+
 def _warm_up(executors: dict[str, SpecExecutor], inputs: EvalInputs, slots: int) -> None:
     """Compiled graphs for the scheduler's batch of ``slots`` rows, then ``inputs.warmup``
     requests per arm, untimed."""
@@ -207,7 +215,7 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
     from trtspec.eval.clients import arrival_offsets, run_clients
 
     prompts = [inputs.encode(r) for r in batch]
-    cuda = _cuda_in_use()
+    cuda = cuda_in_use()
     if cuda:
         import torch
 
@@ -219,10 +227,8 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
     offsets = arrival_offsets(len(batch), inputs.request_rate,
                               request_seed(inputs.sampling.seed or 0, batch[0].id))
     clock = eval_clock() - time.perf_counter()  # perf_counter → the eval's clock
-    slots = inputs.slots or condition.concurrency
-    if offsets is not None:  # open loop: the concurrency caps the requests running at once
-        slots = min(slots, condition.concurrency)
-    sent, _ = run_clients(executor, prompts, params, condition.concurrency, slots, offsets)
+    sent, _ = run_clients(executor, prompts, params, condition.concurrency,
+                          _slots(inputs, condition), offsets)
     memory = {"peak_rss_mb": peak_rss_mb()}
     if cuda:
         import torch
@@ -319,35 +325,6 @@ def _digest(token_ids: list[int]) -> str:
     import hashlib
 
     return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:16]
-
-
-def reset_peak_rss() -> None:
-    """Start a new peak-RSS window (Linux: writing 5 to clear_refs resets VmHWM)."""
-    with contextlib.suppress(OSError):  # not Linux, or not allowed: then a lifetime peak
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_rss_mb() -> float:
-    """The process's peak resident set since :func:`reset_peak_rss` (VmHWM), in MiB; where
-    /proc is missing, the lifetime peak from getrusage."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-    import sys
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes vs KiB
-
-
-def _cuda_in_use() -> bool:
-    import sys
-
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:

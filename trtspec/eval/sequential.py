@@ -32,6 +32,7 @@ from trtspec.files import write_atomic
 from trtspec.stats import ALPHA, look_alphas
 
 SEQUENTIAL = "sequential.json"
+Judge = Callable[[dict[str, float], dict[str, int]], dict[str, tuple[str, int]]]
 METHOD = ("alpha spending: Lan–DeMets Pocock-type α·ln(1 + (e − 1)·n/N), each look tested at "
           "its increment")
 
@@ -71,35 +72,36 @@ class Looks:
         sizes = [look["n"] for look in self.looks if look["n"] < n] + [n]
         return look_alphas(sorted(set(sizes)), self.budget, self.alpha)[-1]
 
-    def add(self, n: int, conditions: Sequence[str], request_ids: Sequence[str],
-            verdicts: dict[str, str]) -> None:
-        self.looks.append({"n": n, "alpha": self.alpha_at(n), "conditions": list(conditions),
-                           "request_ids": list(request_ids), "verdicts": verdicts})
-        self.save()
+    def last(self, key: str) -> dict[str, Any]:
+        """condition → its last look's ``key`` (its α, or its Holm family size)."""
+        out: dict[str, Any] = {}
+        for look in self.looks:
+            for c in look["conditions"]:
+                if look.get(key) is not None:
+                    out[c] = look[key]
+        return out
 
     def alphas(self) -> dict[str, float]:
         """condition → the α of its last look."""
-        out: dict[str, float] = {}
-        for look in self.looks:
-            for c in look["conditions"]:
-                out[c] = look["alpha"]
-        return out
+        return self.last("alpha")
 
     def save(self) -> None:
         write_atomic(self.out / SEQUENTIAL, json.dumps({
             "method": METHOD, "alpha": self.alpha, "budget": self.budget,
-            "looks": self.looks, "alphas": self.alphas()}, indent=2) + "\n")
+            "looks": self.looks, "alphas": self.alphas(), "families": self.last("family")},
+            indent=2) + "\n")
 
 
 def until_decided(out: Path, plan: Sequence[Any], pool: Sequence[Any], budget: int,
                   conditions: Sequence[str], measure: Callable[[Sequence[Any], Sequence[str],
                                                                 int], None],
-                  judge: Callable[[dict[str, float]], dict[str, str]], seed: int,
-                  say: Callable[[str], None] = print) -> Looks:
+                  judge: Judge, seed: int, say: Callable[[str], None] = print) -> Looks:
     """Look after the plan, then add rounds to the undecided conditions until none is left,
     the budget is spent or the workloads run out. ``measure(requests, conditions, look)``
-    records the requests for those conditions; ``judge(alphas)`` returns condition → verdict
-    (over all categories) at the given α per condition."""
+    records the requests for those conditions; ``judge(alphas, families)`` returns condition →
+    (verdict over all categories, the Holm family size it was judged in), at the given α per
+    condition, with at least the given family size for the conditions of earlier looks (the
+    family each was tested in then)."""
     looks = Looks(out, budget)
     shares = Counter(r.category for r in plan)
     used = {r.id for r in plan}
@@ -107,7 +109,9 @@ def until_decided(out: Path, plan: Sequence[Any], pool: Sequence[Any], budget: i
     for look in looks.looks:  # a resumed eval: the rounds it already chose, measured again
         used |= set(look["request_ids"])
     if not looks.looks:
-        looks.add(n, active, [r.id for r in plan], _verdicts(judge, looks, active, n))
+        looks.looks.append({"n": n, "alpha": looks.alpha_at(n), "conditions": active,
+                            "request_ids": [r.id for r in plan], "verdicts": {}})
+        _judge(judge, looks)
     by_id = {r.id: r for r in pool}
     for k, look in enumerate(looks.looks[1:], 1):  # resume: fill in what a kill left out
         missing = [i for i in look["request_ids"] if i not in by_id]
@@ -116,11 +120,11 @@ def until_decided(out: Path, plan: Sequence[Any], pool: Sequence[Any], budget: i
                              "workloads no longer hold: start a new eval")
         measure([by_id[i] for i in look["request_ids"]], look["conditions"], k)
         if not look["verdicts"]:  # killed before it was judged
-            look["verdicts"] = _verdicts(judge, looks, look["conditions"], look["n"])
-            looks.save()
+            _judge(judge, looks, k)
     last = looks.looks[-1]
     n = last["n"]
     active = [c for c in last["conditions"] if last["verdicts"].get(c) == "INCONCLUSIVE"]
+    budget = looks.budget  # a resumed eval keeps the budget its α was spent over
     while active:
         room = budget - n
         if room <= 0:
@@ -143,8 +147,7 @@ def until_decided(out: Path, plan: Sequence[Any], pool: Sequence[Any], budget: i
                             "request_ids": [r.id for r in batch], "verdicts": {}})
         looks.save()  # the round is chosen before it is measured: a resume replays it
         measure(batch, active, len(looks.looks) - 1)
-        looks.looks[-1]["verdicts"] = _verdicts(judge, looks, active, n)
-        looks.save()
+        _judge(judge, looks)
         active = [c for c in active if looks.looks[-1]["verdicts"][c] == "INCONCLUSIVE"]
     return looks
 
@@ -165,8 +168,16 @@ def looks_lines(looks: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _verdicts(judge: Callable[[dict[str, float]], dict[str, str]], looks: Looks,
-              conditions: Sequence[str], n: int) -> dict[str, str]:
-    alphas = {**looks.alphas(), **{c: looks.alpha_at(n) for c in conditions}}
-    verdicts = judge(alphas)
-    return {c: verdicts.get(c, "INCONCLUSIVE") for c in conditions}
+def _judge(judge: Judge, looks: Looks, k: int = -1) -> None:
+    """Judge look ``k``'s conditions at its α (earlier looks' conditions at theirs, each in a
+    family at least as large as the one it was tested in), and store verdicts and family."""
+    k = k % len(looks.looks)
+    look = looks.looks[k]
+    earlier = Looks.__new__(Looks)
+    earlier.looks = looks.looks[:k]
+    alphas = {**earlier.alphas(), **{c: look["alpha"] for c in look["conditions"]}}
+    families = {c: m for c, m in earlier.last("family").items() if c not in look["conditions"]}
+    judged = judge(alphas, families)
+    look["verdicts"] = {c: judged.get(c, ("INCONCLUSIVE", 0))[0] for c in look["conditions"]}
+    look["family"] = max((judged[c][1] for c in look["conditions"] if c in judged), default=0)
+    looks.save()
