@@ -1,78 +1,266 @@
-"""The exactness audit passes the real sampler and flags deliberately broken ones (its power)."""
+"""The exactness audit samples x₀ … x₃ through the scheduler (staggered admissions, rounds
+after a rejection and rollback, adaptive D, a populated suffix tree), passes the real sampler
+and flags deliberately broken ones: wrong verifiers and a scheduler that leaks one row's state
+into another (its power)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from broken_verifiers import accept_if_p_ge_q_verify, naive_resample_verify
 from conftest import tiny_llama
 
 import trtspec.executor
-from trtspec.audit import PROMPTS, audit_method, audit_params, audit_prompt
+from trtspec.adaptive import ADAPTIVE
+from trtspec.audit import (
+    PROMPTS,
+    audit_lengths,
+    audit_method,
+    audit_params,
+    audit_prompt,
+)
+from trtspec.audit import SAMPLES as DEFAULT_SAMPLES
+from trtspec.audit_sampling import draw, exact_fit
+from trtspec.engine import executor_for
 from trtspec.executor import SpecExecutor
 from trtspec.propose import make_proposer, method_named
+from trtspec.propose.draft_model import DraftModelProposer
 from trtspec.runtime.hf import HFRunner
+from trtspec.runtime.toy import MarkovLM, ToyRunner
 from trtspec.sampling import SamplingParams
 
 PARAMS = SamplingParams(temperature=1.0, seed=7)
-PROMPT = [3, 5, 7, 3, 5, 7, 3, 5]  # repetitive: n-gram lookup proposes after most x₀
+PROMPT = [3, 5, 7, 3, 5, 7, 3, 5]  # repetitive: n-gram lookup and suffix trees propose
+SLOTS = 4
+SAMPLES = 2000
 
 
-SAMPLES = {"draft_model": 3000, "ngram": 10000}  # ngram proposes only after x₀ ∈ {3, 5, 7}
+def copying_target(vocab: int = 16) -> MarkovLM:
+    """An order-2 Markov target that mostly goes on with the prompt's cycle 3 → 5 → 7 (the
+    cycle's next token gets the row's largest logit + 1: p ≈ 0.4), else wanders, so n-gram
+    drafts are often right and often rejected."""
+    table = torch.randn((vocab * vocab, vocab), generator=torch.Generator().manual_seed(5))
+    for a, b, c in ((3, 5, 7), (5, 7, 3), (7, 3, 5)):
+        table[a * vocab + b, c] = table[a * vocab + b].max() + 1.0
+    return MarkovLM(vocab, 2, table=table)
 
 
-def tiny_executor(method: str, draft_len: int = 2) -> SpecExecutor:
-    target = HFRunner(tiny_llama(vocab=32, seed=0, logit_scale=25.0))
-    draft = HFRunner(tiny_llama(vocab=32, seed=1, logit_scale=25.0)) \
-        if method == "draft_model" else None
-    return SpecExecutor(target, make_proposer(method_named(method), target, draft=draft),
-                        draft_len)
+TARGET = copying_target()
+DRAFT = TARGET.diverged(0.5, seed=6)
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram"])
-def test_audit_passes_the_real_sampler(method: str) -> None:
-    result = audit_prompt(tiny_executor(method), PROMPT, PARAMS, SAMPLES[method], batch=2000)
+def toy_executor(method: str, draft_len: int | str = 4) -> SpecExecutor:
+    proposer = DraftModelProposer(ToyRunner(DRAFT)) if method == "draft_model" \
+        else make_proposer(method_named(method))
+    return executor_for(ToyRunner(TARGET), proposer, method, draft_len, time_models=False)
+
+
+def audit(executor: SpecExecutor, samples: int = SAMPLES, prompt=PROMPT):
+    return audit_prompt(executor, prompt, PARAMS, samples, SLOTS)
+
+
+@pytest.mark.parametrize("method, draft_len", [("draft_model", 4), ("ngram", 4),
+                                               ("suffix", 4), ("draft_model", ADAPTIVE)])
+def test_audit_passes_the_real_sampler_through_the_scheduler(method: str, draft_len) -> None:
+    executor = toy_executor(method, draft_len)
+    result = audit(executor)
     assert result.p_value >= 1e-3, result
-    assert result.dof >= 10 and result.speculated > 0.15 and result.rejected > 0.1, result
+    assert result.dof >= 30 and result.draft_len == draft_len, result
+    # the audit saw what it claims to test: drafts, x₃ after a rejection, staggered admission
+    assert result.speculated > 0.5 and result.rejected > 0.15, result
+    assert result.staggered > 0.9, result
+    if method == "suffix":  # earlier requests' outputs were there to draft from
+        assert executor.proposer.global_size > 0
 
 
 @pytest.mark.parametrize("method", ["draft_model", "ngram"])
 @pytest.mark.parametrize("broken", [naive_resample_verify, accept_if_p_ge_q_verify])
 def test_audit_flags_a_broken_verifier(method: str, broken, monkeypatch) -> None:
     monkeypatch.setattr(trtspec.executor, "verify", broken)
-    result = audit_prompt(tiny_executor(method), PROMPT, PARAMS, SAMPLES[method], batch=2000)
+    result = audit(toy_executor(method))
     assert result.p_value < 1e-6, result
 
 
+def _rows_swapped(real):
+    """Returns a function like ``real`` whose batch rows come back rotated by one row when
+    two or more rows take part: each request gets its neighbour's."""
+    def leaky(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return out.roll(1, 0) if out.shape[0] > 1 else out
+    return leaky
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_audit_flags_a_scheduler_that_leaks_target_probs_between_rows(method: str,
+                                                                    monkeypatch) -> None:
+    """A round verifies each row against its neighbour's p (a row-index bug): a single
+    request alone would never show it; rows admitted beside each other do."""
+    real = trtspec.executor.rows_to_probs
+    leaky = _rows_swapped(real)
+    monkeypatch.setattr(trtspec.executor, "rows_to_probs",
+                        lambda logits, params: leaky(logits, params) if logits.dim() == 3
+                        else real(logits, params))  # the first token (prefill) stays right
+    result = audit(toy_executor(method))
+    assert result.p_value < 1e-6, result
+
+
+def test_audit_flags_a_scheduler_that_leaks_draft_probs_between_rows(monkeypatch) -> None:
+    """Each row's drafts are verified against its neighbour's q."""
+    executor = toy_executor("draft_model")
+    propose = executor.proposer.propose
+
+    def leaky(*args, **kwargs):
+        draft = propose(*args, **kwargs)
+        draft.probs = _rows_swapped(lambda: draft.probs)()
+        return draft
+
+    monkeypatch.setattr(executor.proposer, "propose", leaky)
+    result = audit(executor)
+    assert result.p_value < 1e-6, result
+
+
+def test_the_audit_runs_on_a_transformer_s_kv_caches() -> None:
+    """A real runner: each row's KV cache is admitted, rolled back after rejections and
+    released beside the others (target and draft model)."""
+    target = HFRunner(tiny_llama(vocab=32, seed=0, logit_scale=25.0))
+    draft = HFRunner(tiny_llama(vocab=32, seed=1, logit_scale=25.0))
+    result = audit(SpecExecutor(target, DraftModelProposer(draft), 4), samples=1000)
+    assert result.p_value >= 1e-3 and result.rejected > 0.1 and result.staggered > 0.9, result
+
+
+def test_exact_fit_against_sequences_drawn_from_the_enumerated_distribution() -> None:
+    """Without the sampler: sequences drawn from the target's enumerated P(x₀ … x₃) pass,
+    sequences from the draft's fail, and a token top-k filters out is impossible (p = 0)."""
+    import numpy as np
+
+    params = SamplingParams(temperature=1.0, top_k=3)
+    rng = np.random.default_rng(0)
+
+    def drawn_from(model: MarkovLM, n: int) -> list[tuple[int, ...]]:
+        exact = model.continuation_probs(PROMPT, 4, params)
+        seqs, probs = list(exact), np.array(list(exact.values()))
+        return [seqs[i] for i in rng.choice(len(seqs), n, p=probs / probs.sum())]
+
+    runner = ToyRunner(TARGET)
+    right = exact_fit(runner, PROMPT, params, drawn_from(TARGET, 2000), rows=SLOTS)
+    assert right.p_value >= 1e-3 and right.dof >= 20 and right.impossible == 0, right
+    wrong = exact_fit(runner, PROMPT, params, drawn_from(DRAFT, 2000), rows=SLOTS)
+    assert wrong.p_value < 1e-6, wrong
+    worst = int(TARGET.next_logits(PROMPT).argmin())  # never among the top 3
+    bad = exact_fit(runner, PROMPT, params, [(worst, 3, 5, 7)] + drawn_from(TARGET, 99),
+                    rows=SLOTS)
+    assert bad.p_value == 0.0 and bad.impossible == 1
+
+
+def test_draws_are_seeded() -> None:
+    a = draw(toy_executor("ngram"), PROMPT, PARAMS, 60, SLOTS)
+    b = draw(toy_executor("ngram"), PROMPT, PARAMS, 60, SLOTS)
+    assert a.sequences == b.sequences and len(set(a.sequences)) > 10
+
+
 def test_method_verdict_uses_bonferroni_and_flags_weak_audits(monkeypatch) -> None:
-    executor = tiny_executor("draft_model")
-    good = audit_method("draft_model", executor, [PROMPT], ["p"], PARAMS, 2000, alpha=1e-3,
-                        tests=4, batch=2000)
+    def method(name: str, lengths, prompt, samples: int, tests: int):
+        return audit_method(name, lambda d: toy_executor(name, d), lengths, [prompt], ["p"],
+                            PARAMS, samples, SLOTS, alpha=1e-3, tests=tests)
+
+    good = method("draft_model", [4], PROMPT, 1000, tests=4)
     assert good.passed and not good.weak and good.threshold == pytest.approx(2.5e-4)
-    never = audit_method("ngram", tiny_executor("ngram"), [[31]], ["one token"], PARAMS, 300,
-                         alpha=1e-3, tests=1, batch=300)  # n-gram lookup rarely matches
-    assert never.prompts[0].rejected * 300 < 50 and never.weak
+    assert good.recovered_samples == round(good.prompts[0].recovered * 1000) >= 50
+    assert good.rejected_samples == round(good.prompts[0].rejected * 1000) > 0
+    never = method("ngram", [4], [15], 100, tests=1)  # little to look up: few rejections
+    assert never.recovered_samples < 50 and never.weak
     monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
-    bad = audit_method("draft_model", executor, [PROMPT], ["p"], PARAMS, 2000, alpha=1e-3,
-                       tests=4, batch=2000)
+    bad = method("draft_model", [4, ADAPTIVE], PROMPT, 1000, tests=4)
+    assert [p.draft_len for p in bad.prompts] == [4, ADAPTIVE]
     assert not bad.passed and bad.p_value < bad.threshold
 
 
-def test_audit_needs_a_distribution() -> None:
+def test_audit_needs_a_distribution_and_audits_the_eval_s_lengths() -> None:
     with pytest.raises(ValueError, match="temperature > 0"):
-        audit_prompt(tiny_executor("ngram"), PROMPT, SamplingParams(temperature=0), 10)
+        audit_prompt(toy_executor("ngram"), PROMPT, SamplingParams(temperature=0), 10, SLOTS)
     assert audit_params(SamplingParams(temperature=0, top_k=5)).temperature == 1.0
     assert audit_params(SamplingParams(temperature=0.7)).temperature == 0.7
+    assert audit_lengths([2, 4]) == [4]
+    assert audit_lengths([2, ADAPTIVE, 8, 4]) == [8, ADAPTIVE]
+    assert audit_lengths([ADAPTIVE]) == [ADAPTIVE]
 
 
 def test_audit_on_smollm2_ngram_passes_real_and_flags_naive(smollm2, monkeypatch) -> None:
-    """The actual model: n-gram lookup on the built-in copy prompt."""
+    """The actual model through the scheduler: n-gram lookup at D = 4 on the built-in copy
+    prompt, at the default sample count."""
     from trtspec.models import encode
 
     ids = encode(smollm2.tokenizer, PROMPTS[0], chat=False)
     runner = HFRunner(smollm2.model, eos_token_id=smollm2.tokenizer.eos_token_id)
-    executor = SpecExecutor(runner, make_proposer(method_named("ngram")), 1)
-    real = audit_prompt(executor, ids, PARAMS, samples=600, batch=300)
-    assert real.p_value >= 1e-3 and real.rejected > 0.1, real
+    executor = SpecExecutor(runner, make_proposer(method_named("ngram")), 4)
+    real = audit_prompt(executor, ids, PARAMS, DEFAULT_SAMPLES, SLOTS)
+    assert real.p_value >= 1e-3 and real.rejected > 0.1 and real.staggered > 0.9, real
     monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
-    broken = audit_prompt(executor, ids, PARAMS, samples=600, batch=300)
+    broken = audit_prompt(executor, ids, PARAMS, DEFAULT_SAMPLES, SLOTS)
     assert broken.p_value < 1e-6, broken
+
+
+TINY_RECIPE = """\
+name: tiny
+target: {{model: {model}, dtype: float32}}
+methods: [{{method: ngram}}, {{method: layer_skip, layers: 1}}]
+draft_lengths: [2, 3, adaptive]
+limits: {{max_batch_size: 3}}
+backend: {{kind: torch, device: cpu}}
+"""
+
+
+def test_trtspec_audit_writes_what_decide_reads_and_says_its_progress(
+        tmp_path, smollm2, capsys, monkeypatch) -> None:
+    """The command on a tiny build: every method at the eval's largest fixed D and adaptive,
+    through the build's own runner and slots; plain progress lines off a terminal."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    import trtspec.gpu
+    from trtspec.cli import main
+    from trtspec.models import resolve
+
+    monkeypatch.setattr(trtspec.gpu, "detect", lambda: [])  # a CPU machine, whatever runs it
+    model = tmp_path / "tiny-llama"
+    tiny_llama(vocab=smollm2.model.config.vocab_size, logit_scale=25.0).save_pretrained(model)
+    AutoTokenizer.from_pretrained(resolve("smollm2-135m-instruct")).save_pretrained(model)
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(TINY_RECIPE.format(model=model))
+    engines = ["--engines", str(tmp_path / "engines")]
+    main(["build", str(recipe), *engines])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["audit", str(recipe), *engines, "-n", "50", "--out", str(tmp_path / "a")])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 0, out + err
+    report = json.loads((tmp_path / "a" / "audit.json").read_text())
+    assert report["draft_lengths"] == [3, ADAPTIVE] and report["slots"] == 3
+    for method in ("ngram", "layer_skip"):
+        m = report["methods"][method]
+        assert m["passed"] and m["p_value"] >= m["threshold"] == pytest.approx(1e-3 / 4)
+        assert isinstance(m["weak"], bool)
+        assert [p["draft_len"] for p in m["prompts"]] == [3, ADAPTIVE]
+        assert f"audit {method}: 100 samples to draw" in err
+        assert f"audit {method}: 100/100 samples in" in err
+    assert "PASS" in out and "staggered" in out
+
+
+def test_progress_off_a_terminal_is_a_line_every_few_seconds_with_the_time_left() -> None:
+    from trtspec.cli.measure import AuditTicker, audit
+
+    assert next(p.default for p in audit.params if p.name == "samples") == DEFAULT_SAMPLES
+
+    lines: list[str] = []
+    now = [0.0]
+    ticker = AuditTicker(None, tty=False, every=10.0, echo=lines.append, clock=lambda: now[0])
+    ticker("ngram", 0, 300)
+    for done in range(1, 301):
+        now[0] += 0.25  # 4 samples a second
+        ticker("ngram", done, 300)
+    ticker("layer_skip", 0, 300)
+    assert lines[0] == "audit ngram: 300 samples to draw"
+    assert lines[1] == "audit ngram: 40/300 samples, about 1m05s left"  # every 10 s
+    assert lines[-2] == "audit ngram: 300/300 samples in 1m15s"
+    assert lines[-1] == "audit layer_skip: 300 samples to draw" and len(lines) == 10

@@ -1,23 +1,21 @@
-"""Exactness audit: does speculative sampling on the *actual* models emit the target's
-distribution?
+"""Exactness audit: does speculative sampling, as it runs in serve and eval, emit the target's
+distribution on the *actual* models?
 
-Terms, per prompt:
+It samples the way eval and serve run: through the :class:`~trtspec.scheduler.Scheduler`,
+``limits.max_batch_size`` slots, requests admitted between rounds while others are mid-decode,
+at the eval's draft lengths (the largest fixed D, and adaptive when the recipe lists it), with
+cross-request state (a suffix tree, the adaptive prior) populated by earlier requests. Per
+method, D and prompt (a *test*) it draws N seeded samples of the first four output tokens
+x₀ … x₃ — so a token drawn after a rejection and the rollback of the shared cache is tested
+too — and compares them with their exact probabilities by a chi-square test with a pooled
+tail. :mod:`trtspec.audit_sampling` defines x₀ … x₃, sample, warm request, speculated,
+rejected, staggered, cells and the pooled tail.
 
-* x₀ — the first output token, sampled from the prefill; x₁ — the second, produced by the
-  first verification round: an accepted draft, a token resampled from norm(max(0, p − q)) after
-  a rejection, or the bonus token.
-* exact P(x₀, x₁) = p(x₀ | prompt) · p(x₁ | prompt, x₀), from target prefills through the same
-  ``logits_to_probs`` the executor uses.
-* N seeded samples of (x₀, x₁) from the executor are tested against it: cells with expected
-  count ≥ 5 are kept, the rest pooled into one tail (chi-square with pooled tail).
-
-The default D is 1: x₁ depends only on the first draft position, and each extra position
-costs a target token per sample. A method passes when every prompt's p-value ≥ α / (number of
-tests) (Bonferroni), so a correct sampler fails the whole audit with probability ≤ α. The audit
-is only as strong as the speculation it sees: it reports the fraction of samples whose x₁ went
-through a round with drafts (``speculated``) and whose first draft was rejected (``rejected``),
-and calls a method ``weak`` when fewer than ``MIN_REJECTIONS`` rejections were seen: a wrong
-residual needs rejections to show.
+A method passes when every one of its tests has p ≥ α / (number of tests in the audit)
+(Bonferroni), so a correct sampler fails the whole audit with probability ≤ α. The audit is
+only as strong as the speculation it sees: a method is ``weak`` when fewer than
+``MIN_REJECTIONS`` of its samples had a *recovered* token (a wrong residual needs rejections
+to show); the *rejected* samples (x₃ drawn after a rejection and rollback) are reported too.
 """
 
 from __future__ import annotations
@@ -29,43 +27,51 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from trtspec.adaptive import ADAPTIVE
+from trtspec.audit_sampling import TOKENS, draw, exact_fit
 from trtspec.executor import SpecExecutor
 from trtspec.files import write_atomic
-from trtspec.metrics import chi_square_gof
-from trtspec.sampling import SamplingParams, rows_to_probs
+from trtspec.sampling import SamplingParams
 
 AUDIT = "audit.json"
 MIN_REJECTIONS = 50
-MIN_EXPECTED = 5.0
-# Two built-in continuations (no chat template): one that invites copying, so n-gram lookup
-# proposes, and one open-ended, where drafts disagree with the target more often.
-PROMPTS = (
-    "Colours: red, green, blue, red, green, blue, red, green, blue, red,",
-    "The sky looks blue because",
-)
+SAMPLES = 150  # per test: see the README for what the demo recipe's audit costs
+# The built-in prompt (no chat template) invites copying, so n-gram lookup and suffix trees
+# propose too, and at temperature 1 the target often leaves the pattern: drafts are rejected.
+# One prompt by default: each more costs as much again (--prompt adds others).
+PROMPTS = ("Colours: red, green, blue, red, green, blue, red, green, blue, red,",)
+
+Progress = Callable[[str, int, int], None]  # (method, samples drawn, samples to draw)
 
 
 @dataclass
 class PromptAudit:
+    """One test: a prompt at one D (field meanings: :mod:`trtspec.audit_sampling`)."""
+
     prompt: str
+    draft_len: int | str
     samples: int
-    speculated: float  # fraction of samples whose x₁ came from a round with ≥ 1 draft
-    rejected: float  # fraction of samples whose first draft was rejected (x₁ resampled)
+    speculated: float  # fraction of samples with a draft in a round that made x₁ … x₃
+    recovered: float  # fraction with a token among x₁ … x₃ recovered after a rejection
+    rejected: float  # fraction whose x₃ was drawn after a rejection (x₁ or x₂ recovered)
+    staggered: float  # fraction admitted while another request was mid-decode
     chi2: float
     dof: int
     p_value: float
+    kept_cells: int  # cells with expected count ≥ 5 (the rest pooled)
+    seconds: float  # sampling and exact probabilities
 
 
 @dataclass
 class MethodAudit:
     method: str
-    draft_len: int
+    draft_lengths: list[int | str]
     passed: bool
     weak: bool
     threshold: float  # the per-test p-value threshold (α / tests)
-    prompts: list[PromptAudit] = field(default_factory=list)
+    recovered_samples: int  # samples with a recovered token, all its tests (weak: too few)
+    rejected_samples: int  # samples whose x₃ came after a rejection, all its tests
+    prompts: list[PromptAudit] = field(default_factory=list)  # one per (D, prompt)
 
     @property
     def p_value(self) -> float:
@@ -73,71 +79,41 @@ class MethodAudit:
 
 
 def audit_prompt(executor: SpecExecutor, prompt: Sequence[int], params: SamplingParams,
-                 samples: int, batch: int = 250, label: str = "",
+                 samples: int, slots: int, label: str = "", draft_len: int | str | None = None,
                  progress: Callable[[int], None] | None = None) -> PromptAudit:
-    """Sample (x₀, x₁) ``samples`` times through ``executor`` and test them against the exact
-    joint distribution computed from its target."""
-    if params.greedy:
-        raise ValueError("the audit tests a distribution: use a temperature > 0")
-    prompt = list(prompt)
-    x0, x1, speculated, rejected = _sample(executor, prompt, params, samples, batch, progress)
-    target = executor.target
-    p0 = rows_to_probs(target.prefill([prompt]), [params])[0].double().cpu().numpy()  # [V]
-    heads = np.flatnonzero(p0 * samples >= MIN_EXPECTED)  # x₀ worth a cell of their own
-    p1 = rows_to_probs(target.prefill([prompt + [int(h)] for h in heads]),
-                       [params] * len(heads)).double().cpu().numpy()  # [H, V]
-    joint = p0[heads, None] * p1  # [H, V] exact P(x₀ = heads[i], x₁ = v)
-    keep = joint * samples >= MIN_EXPECTED
-    cell = np.full(joint.shape, -1)
-    cell[keep] = np.arange(int(keep.sum()))
-    row_of = {int(h): i for i, h in enumerate(heads)}
-    counts = np.zeros(int(keep.sum()) + 1)  # the last cell pools every other (x₀, x₁)
-    impossible = False
-    for a, b in zip(x0, x1, strict=True):
-        i = row_of.get(a)
-        impossible |= p0[a] == 0 or (i is not None and p1[i, b] == 0)
-        counts[cell[i, b] if i is not None and cell[i, b] >= 0 else -1] += 1
-    probs = np.append(joint[keep], max(0.0, 1.0 - joint[keep].sum()))
-    stat, dof, p = (float("inf"), 0, 0.0) if impossible else chi_square_gof(counts, probs)
-    return PromptAudit(label, samples, speculated / samples, rejected / samples, stat, dof, p)
+    """Draw ``samples`` of x₀ … x₃ through a scheduler of ``slots`` slots on ``executor`` and
+    test them against the exact joint distribution computed from its target."""
+    began = time.perf_counter()
+    drawn = draw(executor, prompt, params, samples, slots, progress=progress)
+    fit = exact_fit(executor.target, prompt, params, drawn.sequences, rows=slots)
+    d = draft_len if draft_len is not None else (
+        ADAPTIVE if executor.adaptive is not None else executor.draft_len)
+    return PromptAudit(label, d, samples, drawn.speculated / samples,
+                       drawn.recovered / samples, drawn.rejected / samples,
+                       drawn.staggered / samples, fit.chi2, fit.dof, fit.p_value,
+                       fit.kept, time.perf_counter() - began)
 
 
-def _sample(executor: SpecExecutor, prompt: list[int], params: SamplingParams, samples: int,
-            batch: int, progress: Callable[[int], None] | None
-            ) -> tuple[list[int], list[int], int, int]:
-    """(x₀, x₁) per sample, stopping each batch after its first round."""
-    x0: list[int] = []
-    x1: list[int] = []
-    speculated = rejected = 0
-    budget = executor.draft_len + 2  # room for a full first round: clip_draft keeps D
-    for start in range(0, samples, batch):
-        n = min(batch, samples - start)
-        plist = [params.model_copy(update={"seed": (params.seed or 0) + start + i,
-                                           "max_tokens": budget, "ignore_eos": True})
-                 for i in range(n)]
-        steps = executor.stream([prompt] * n, plist)
-        first, second = next(steps), next(steps)
-        steps.close()
-        x0 += [d.token_ids[0] for d in first]
-        x1 += [d.token_ids[0] for d in second]
-        speculated += sum(d.num_draft > 0 for d in second)
-        rejected += sum(d.num_draft > 0 and d.num_accepted == 0 for d in second)
-        if progress:
-            progress(n)
-    return x0, x1, speculated, rejected
-
-
-def audit_method(method: str, executor: SpecExecutor, prompts: Sequence[Sequence[int]],
-                 labels: Sequence[str], params: SamplingParams, samples: int, alpha: float,
-                 tests: int, batch: int = 250, progress: Callable[[int], None] | None = None
+def audit_method(method: str, executors: Callable[[int | str], SpecExecutor],
+                 draft_lengths: Sequence[int | str], prompts: Sequence[Sequence[int]],
+                 labels: Sequence[str], params: SamplingParams, samples: int, slots: int,
+                 alpha: float, tests: int, progress: Callable[[int], None] | None = None
                  ) -> MethodAudit:
+    """Every (D, prompt) test of one method; ``executors(D)`` makes its executor at D (one per
+    D: the prompts run on it in turn, nothing forgotten in between)."""
     threshold = alpha / tests
-    results = [audit_prompt(executor, p, params, samples, batch, label, progress)
-               for p, label in zip(prompts, labels, strict=True)]
-    return MethodAudit(method, executor.draft_len,
+    results = []
+    for d in draft_lengths:
+        executor = executors(d)
+        results += [audit_prompt(executor, p, params, samples, slots, label, d, progress)
+                    for p, label in zip(prompts, labels, strict=True)]
+    recovered = sum(round(r.recovered * r.samples) for r in results)
+    return MethodAudit(method, list(draft_lengths),
                        passed=all(r.p_value >= threshold for r in results),
-                       weak=sum(r.rejected * r.samples for r in results) < MIN_REJECTIONS,
-                       threshold=threshold, prompts=results)
+                       weak=recovered < MIN_REJECTIONS, threshold=threshold,
+                       recovered_samples=recovered,
+                       rejected_samples=sum(round(r.rejected * r.samples) for r in results),
+                       prompts=results)
 
 
 def audit_params(sampling: SamplingParams, temperature: float | None = None) -> SamplingParams:
@@ -147,13 +123,23 @@ def audit_params(sampling: SamplingParams, temperature: float | None = None) -> 
     return sampling.model_copy(update={"temperature": t})
 
 
+def audit_lengths(lengths: Sequence[int | str]) -> list[int | str]:
+    """The D's an audit runs from an eval's draft lengths: the largest fixed one (the longest
+    accepted runs, the most positions a rejection can hit) and adaptive when listed."""
+    fixed = [d for d in lengths if d != ADAPTIVE and int(d) > 0]
+    return ([max(int(d) for d in fixed)] if fixed else []) + \
+        ([ADAPTIVE] if ADAPTIVE in lengths else [])
+
+
 def run_audit(source: str | Path, overrides: Sequence[str] = (),
               engines_root: str | Path = "engines", out: str | Path | None = None,
-              prompts: Sequence[str] = (), samples: int = 1000, draft_len: int | None = None,
-              temperature: float | None = None, alpha: float = 1e-3, batch: int = 250,
-              progress: Callable[[int, int], None] | None = None) -> tuple[Path, dict[str, Any]]:
-    """Audit every speculative method of an eval folder (the models it measured) or a recipe
-    (its build); writes ``audit.json`` into the eval folder or ``out``."""
+              prompts: Sequence[str] = (), samples: int = SAMPLES,
+              draft_lengths: Sequence[int | str] = (), temperature: float | None = None,
+              alpha: float = 1e-3, progress: Progress | None = None,
+              say: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
+    """Audit every speculative method of an eval folder (the models and draft lengths it
+    measured) or a recipe (its build); writes ``audit.json`` into the eval folder or ``out``.
+    ``draft_lengths`` overrides the D's (:func:`audit_lengths` of the recipe's)."""
     from trtspec.engine import OpenBuild
     from trtspec.eval import eval_recipe, in_process
     from trtspec.manifest import load_manifest, open_built
@@ -175,25 +161,37 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
     if manifest.backend != "torch":
         raise ValueError(f"{source}: the audit runs the in-process torch executor; this build "
                          f"is {manifest.backend}")
-    d = draft_len or 1  # x₁ depends only on the first draft position: D = 1 is the cheapest
+    lengths = list(draft_lengths) or audit_lengths(
+        recipe.condition_draft_lengths(manifest.draft_lengths))
     params = audit_params(recipe.sampling.params(), temperature)
+    slots = recipe.limits.max_batch_size
     build = OpenBuild(recipe, manifest)
+    if say:
+        say(f"audit: opening {recipe.name}'s models ({slots} slots) …")
     texts = list(prompts) or list(PROMPTS)
     ids = [build.encode(t, chat=False) for t in texts]
+    build.warm_up(slots)  # the scheduler's batch, as eval and serve run it
     labels = [t if len(t) <= 60 else t[:57] + "…" for t in texts]
-    methods = [m.method for m in recipe.methods]
-    total, done = samples * len(texts) * len(methods), 0
+    methods = build.method_names
+    per_method = samples * len(texts) * len(lengths)
+    results = []
+    for m in methods:
+        done = 0
 
-    def tick(n: int) -> None:
-        nonlocal done
-        done += n
+        def tick(n: int, m: str = m) -> None:
+            nonlocal done
+            done += n
+            if progress:
+                progress(m, done, per_method)
+
         if progress:
-            progress(done, total)
-
-    results = [audit_method(m, build.executor(m, d), ids, labels, params, samples,
-                            alpha, len(methods) * len(texts), batch, tick) for m in methods]
-    report = {"recipe": recipe.name, "alpha": alpha, "samples": samples, "draft_len": d,
-              "sampling": params.model_dump(mode="json"),
+            progress(m, 0, per_method)
+        results.append(audit_method(m, lambda d, m=m: build.executor(m, d), lengths, ids,
+                                    labels, params, samples, slots, alpha,
+                                    len(methods) * len(lengths) * len(texts), tick))
+    report = {"recipe": recipe.name, "alpha": alpha, "samples": samples,
+              "draft_len": ", ".join(str(d) for d in lengths), "draft_lengths": lengths,
+              "tokens": TOKENS, "slots": slots, "sampling": params.model_dump(mode="json"),
               "methods": {r.method: {**asdict(r), "p_value": r.p_value} for r in results}}
     target_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(target_dir / AUDIT, json.dumps(report, indent=2) + "\n")

@@ -36,14 +36,29 @@ def build(recipe: str, gpu: str | None, dry_run: bool, force: bool, overrides: t
 MLFLOW_URI_HELP = "tracking URI [default: the eval's, $MLFLOW_TRACKING_URI, sqlite:///mlflow.db]"
 
 
+def _draft_lengths(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
+                   ) -> list[int | str]:
+    out: list[int | str] = []
+    for value in values:
+        if value == "adaptive":
+            out.append(value)
+        elif value.isdigit() and 1 <= int(value) <= 64:
+            out.append(int(value))
+        else:
+            raise click.BadParameter(f"{value!r}: give D as 1 … 64 or adaptive")
+    return list(dict.fromkeys(out))
+
+
 @click.command()
 @click.argument("source", type=click.Path(exists=True))
-@click.option("--samples", "-n", type=click.IntRange(50), default=1000, show_default=True,
-              help="seeded samples per method and prompt")
+@click.option("--samples", "-n", type=click.IntRange(50), default=150, show_default=True,
+              help="seeded samples per test (a method at one D on one prompt)")
 @click.option("--prompt", "prompts", multiple=True,
-              help="audit prompt (plain text, repeatable) [default: two built-in ones]")
-@click.option("--draft-len", "-D", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="D of the audited round (x₁ depends only on the first draft position)")
+              help="audit prompt (plain text, repeatable) [default: a built-in one that "
+              "invites copying]")
+@click.option("--draft-len", "-D", "draft_lengths", multiple=True, callback=_draft_lengths,
+              help="D of the audited rounds, repeatable: 1 … 64 or adaptive [default: the "
+              "eval's largest fixed D, and adaptive if it has it]")
 @click.option("--temperature", type=click.FloatRange(0, min_open=True), default=None,
               help="[default: the recipe's, or 1.0 when the recipe is greedy]")
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=1e-3,
@@ -53,42 +68,97 @@ MLFLOW_URI_HELP = "tracking URI [default: the eval's, $MLFLOW_TRACKING_URI, sqli
 @click.option("--engines", default=None, type=click.Path(), help=ENGINES_HELP)
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="where audit.json goes [default: the eval folder, or reports/<recipe>-audit-…]")
-def audit(source: str, samples: int, prompts: tuple[str, ...], draft_len: int,
+def audit(source: str, samples: int, prompts: tuple[str, ...], draft_lengths: list[int | str],
           temperature: float | None, alpha: float, overrides: tuple[str, ...],
           engines: str | None, out: str | None) -> None:
-    """Exactness audit: sample the first two output tokens through speculative sampling on the
-    actual models and test them against the target's exact probabilities (chi-square), per
-    method. SOURCE is an eval folder (audits the models it measured; `trtspec decide` then uses
-    the result as a gate) or a recipe. Exit 0 when every method passes, 1 otherwise."""
+    """Exactness audit: sample the first four output tokens through the serving scheduler
+    (staggered admissions, the eval's D, rounds after a rejection) on the actual models and
+    test them against the target's exact probabilities (chi-square), per method. SOURCE is an
+    eval folder (audits the models and D it measured; `trtspec decide` then uses the result as
+    a gate) or a recipe. Exit 0 when every method passes, 1 otherwise."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from trtspec.audit import run_audit
     from trtspec.manifest import ManifestError
 
     root, why = engines_root(source, engines)
+    tty = sys.stderr.isatty() or sys.stdout.isatty()
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), transient=True) as bar:
-        task = bar.add_task("samples drawn", total=None)
+                  TimeRemainingColumn(), transient=True, disable=not tty) as bar:
+        ticker = AuditTicker(bar, tty)
         try:
             where, report = run_audit(source, overrides, root, out, prompts, samples,
-                                      draft_len, temperature, alpha, progress=lambda d, t:
-                                      bar.update(task, completed=d, total=t))
+                                      draft_lengths, temperature, alpha, progress=ticker,
+                                      say=ticker.say)
         except ManifestError as e:
             raise explain_engines(e, root, why) from None
-    table = Table(title=f"exactness audit ({report['samples']} samples per prompt, "
-                        f"T = {report['sampling']['temperature']})")
-    for column in ("method", "result", "min p-value", "threshold", "speculated", "rejected"):
+    table = Table(title=f"exactness audit: x₀ … x₃, {report['samples']} samples per test, "
+                        f"{report['slots']} slots, T = {report['sampling']['temperature']}")
+    for column in ("method", "result", "D", "prompt", "p-value", "threshold", "speculated",
+                   "recovered", "rejected", "staggered", "seconds"):
         table.add_column(column)
     for method, m in report["methods"].items():
-        spec = sum(p["speculated"] for p in m["prompts"]) / len(m["prompts"])
-        rej = sum(p["rejected"] for p in m["prompts"]) / len(m["prompts"])
-        table.add_row(method, ("PASS" if m["passed"] else "FAIL") + (" (weak)" if m["weak"]
-                                                                      else ""),
-                      f"{m['p_value']:.3g}", f"{m['threshold']:.2g}", f"{100 * spec:.0f} %",
-                      f"{100 * rej:.0f} %")
+        result = ("PASS" if m["passed"] else "FAIL") + (" (weak)" if m["weak"] else "")
+        for p in m["prompts"]:
+            table.add_row(method, result, str(p["draft_len"]), p["prompt"],
+                          f"{p['p_value']:.3g}", f"{m['threshold']:.2g}",
+                          f"{100 * p['speculated']:.0f} %", f"{100 * p['recovered']:.0f} %",
+                          f"{100 * p['rejected']:.0f} %",
+                          f"{100 * p['staggered']:.0f} %", f"{p['seconds']:.0f}")
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     click.echo(f"audit: {where / 'audit.json'}")
     sys.exit(0 if all(m["passed"] for m in report["methods"].values()) else 1)
+
+
+class AuditTicker:
+    """Progress of an audit, per method: on a terminal a bar each (samples drawn / to draw,
+    time left); elsewhere (CI, a log file) a plain line when a method starts, every ``every``
+    seconds, and when it ends, with the time left estimated from the method's rate so far."""
+
+    def __init__(self, bar, tty: bool, every: float = 10.0, echo=None, clock=None) -> None:
+        import time
+
+        self.bar, self.tty, self.every = bar, tty, every
+        self.echo = echo or (lambda text: click.echo(text, err=True))
+        self.clock = clock or time.monotonic
+        self.tasks: dict[str, object] = {}
+        self.started: dict[str, float] = {}
+        self.last = 0.0
+
+    def say(self, text: str) -> None:
+        if self.tty:
+            self.bar.console.print(text, highlight=False, markup=False)
+        else:
+            self.echo(text)
+
+    def __call__(self, method: str, done: int, total: int) -> None:
+        now = self.clock()
+        if method not in self.started:
+            self.started[method] = now
+            if self.tty:
+                self.tasks[method] = self.bar.add_task(f"audit {method}", total=total)
+            else:
+                self.echo(f"audit {method}: {total} samples to draw")
+                self.last = now
+        if self.tty:
+            self.bar.update(self.tasks[method], completed=done, total=total)
+            return
+        if done < total and now - self.last < self.every:
+            return
+        self.last = now
+        took = now - self.started[method]
+        if done >= total:
+            self.echo(f"audit {method}: {done}/{total} samples in {_duration(took)}")
+        elif done:
+            self.echo(f"audit {method}: {done}/{total} samples, about "
+                      f"{_duration(took * (total - done) / done)} left")
+        else:
+            self.echo(f"audit {method}: 0/{total} samples ({_duration(took)} so far)")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 @click.command()
