@@ -264,3 +264,23 @@ def test_progress_off_a_terminal_is_a_line_every_few_seconds_with_the_time_left(
     assert lines[1] == "audit ngram: 40/300 samples, about 1m05s left"  # every 10 s
     assert lines[-2] == "audit ngram: 300/300 samples in 1m15s"
     assert lines[-1] == "audit layer_skip: 300 samples to draw" and len(lines) == 10
+
+
+def test_progress_on_a_terminal_is_a_bar_per_method() -> None:
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from trtspec.cli.measure import AuditTicker
+
+    screen = io.StringIO()
+    with Progress(console=Console(file=screen, force_terminal=True, width=100)) as bar:
+        ticker = AuditTicker(bar, tty=True)
+        ticker.say("audit: opening the models")
+        for method in ("ngram", "layer_skip"):
+            ticker(method, 0, 10)
+            ticker(method, 10, 10)
+        assert [t.description for t in bar.tasks] == ["audit ngram", "audit layer_skip"]
+        assert all(t.completed == t.total == 10 for t in bar.tasks)
+    assert "audit: opening the models" in screen.getvalue()
