@@ -285,22 +285,27 @@ def _audit_section(decision: dict[str, Any]) -> list[str]:
     if not decision.get("audit_applies"):
         return lines + ["Not applicable: an endpoint eval's sampler runs in the server."]
     if audit is None:
-        return lines + ["Not run: `trtspec audit <eval dir>` samples the first two output "
-                        "tokens on these models and tests them against the target's exact "
-                        "probabilities."]
+        return lines + ["Not run: `trtspec audit <eval dir>` samples the first output tokens "
+                        "on these models, through the serving scheduler, and tests them against "
+                        "the target's exact probabilities."]
     s = audit["sampling"]
-    lines += [f"{audit['samples']} samples per prompt of (x₀, x₁) at D = {audit['draft_len']}, "
-              f"temperature {s['temperature']}, top-k {s['top_k']}, top-p {s['top_p']}; "
-              "chi-square with pooled tail against the exact joint probability; a method "
-              f"passes when every p-value ≥ α / tests (α = {audit['alpha']}).", "",
-              "| method | result | prompt | p-value | speculated | first draft rejected |",
-              "|---|---|---|---:|---:|---:|"]
+    tokens = audit.get("tokens", 2)  # audits before x₀ … x₃ through the scheduler tested two
+    through = (f" through the serving scheduler ({audit['slots']} slots, staggered admissions)"
+               if "slots" in audit else "")
+    lines += [f"{audit['samples']} samples per test of the first {tokens} output tokens"
+              f"{through} at D = {audit['draft_len']}, temperature {s['temperature']}, top-k "
+              f"{s['top_k']}, top-p {s['top_p']}; chi-square with pooled tail against the exact "
+              "joint probability; a method passes when every p-value ≥ α / tests (α = "
+              f"{audit['alpha']}).", "",
+              "| method | result | D | prompt | p-value | speculated | after a rejection |",
+              "|---|---|---|---|---:|---:|---:|"]
     for method, m in audit["methods"].items():
         result = ("PASS" if m["passed"] else "FAIL") + (" (weak: few rejections)"
                                                          if m["weak"] else "")
         for p in m["prompts"]:
             prompt = p["prompt"].replace("|", "/")  # a table cell
-            lines.append(f"| {method} | {result} | {prompt} | {p['p_value']:.3g} | "
+            d = p.get("draft_len", m.get("draft_len", "—"))
+            lines.append(f"| {method} | {result} | {d} | {prompt} | {p['p_value']:.3g} | "
                          f"{100 * p['speculated']:.0f} % | {100 * p['rejected']:.0f} % |")
     return lines
 

@@ -24,9 +24,10 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys)
     workload = tmp_path / "w.jsonl"
     rows = [{"id": f"copy-{i}", "category": "copy", "prompt":
              f"Repeat exactly: the {w} fox jumps over the lazy dog. the {w} fox jumps"}
-            for i, w in enumerate(["red", "brown", "grey"])]
-    rows += [{"id": f"chat-{i}", "category": "chat", "prompt": p}
-             for i, p in enumerate(["Name a colour.", "Say hello.", "Count to three."])]
+            for i, w in enumerate(["red", "brown", "grey", "white"])]
+    rows += [{"id": f"chat-{i}", "category": "chat", "prompt": p}  # 8 in all: 8 units
+             for i, p in enumerate(["Name a colour.", "Say hello.", "Count to three.",
+                                    "Name a fruit."])]
     workload.write_text("".join(json.dumps(r) + "\n" for r in rows))
     sets = [a for s in SMALL for a in ("--set", s)]
     main(["build", str(RECIPE), "--engines", str(tmp_path / "engines"), *sets])
@@ -37,7 +38,7 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys)
     printed = capsys.readouterr().out
     assert "ngram/D4/c1" in printed and "records: " in printed
     records = read_records(out)
-    assert len(records) == 2 * 6 and {r["category"] for r in records} == {"copy", "chat"}
+    assert len(records) == 2 * 8 and {r["category"] for r in records} == {"copy", "chat"}
     assert all(r["output_tokens"] <= 32 for r in records)
     summary = json.loads((out / "summary.json").read_text())["ngram/D4/c1"]
     assert summary["spec"]["al_pooled"] > 1.0 and summary["baseline"]["al_pooled"] == 1.0
@@ -52,7 +53,7 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys)
     assert "spec/category_al/copy" in child.data.metrics
     # audit the models this eval measured, then decide: the report lands in the same run
     with pytest.raises(SystemExit) as exit_info:
-        main(["audit", str(out), "--samples", "300", "--prompt", PROMPTS[0]])
+        main(["audit", str(out), "--prompt", PROMPTS[0]])
     assert exit_info.value.code == 0
     audit = json.loads((out / "audit.json").read_text())
     assert audit["methods"]["ngram"]["passed"] and audit["sampling"]["temperature"] == 1.0
@@ -70,7 +71,7 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys)
     assert overall["verdict"] == "GO", overall
     assert exit_info.value.code == 0
     assert overall["greedy"]["diverged"] == 0
-    assert overall["greedy"]["identical"] + overall["greedy"]["ties"] == 6
+    assert overall["greedy"]["identical"] + overall["greedy"]["ties"] == 8
     verdict = overall["verdict"]
     assert "report, verdicts and audit logged to run" in capsys.readouterr().out
     parent = client.get_run(receipt["run_id"])
@@ -86,7 +87,7 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys)
     assert exit_info.value.code == 2 and "--resume" in capsys.readouterr().err
     main(["eval", str(RECIPE), "--resume", str(out), "--engines", str(tmp_path / "engines"),
           "-w", str(workload), *sets, "--no-mlflow"])  # nothing left to do
-    assert len(read_records(out)) == 12
+    assert len(read_records(out)) == 16
 
 
 def test_eval_with_mlflow_down_keeps_everything_then_syncs(tmp_path: Path, smollm2,
