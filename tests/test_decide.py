@@ -245,7 +245,7 @@ def test_decide_command_writes_report_and_exits_as_a_ci_gate(tmp_path, capsys) -
         assert decision["verdicts"][0]["verdict"] == verdict, name
         # no rejected_rounds: α solves 1 + α + α² + α³ + α⁴ = AL = (40 + 20) / 20 = 3
         assert decision["cost_model"]["ngram/D4/c1"]["alpha"] == pytest.approx(0.7413, abs=1e-4)
-    assert "| ngram | PASS | a / b | 0.3 | 90 % | 20 % |" in \
+    assert "| ngram | PASS | 1 | a / b | 0.3 | 90 % | 20 % |" in \
         (tmp_path / "audited" / "report.md").read_text()
     assert "Not run: `trtspec audit" in (tmp_path / "unaudited" / "report.md").read_text()
     assert "ngram/D4/c1" in capsys.readouterr().out

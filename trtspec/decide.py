@@ -332,9 +332,14 @@ def apply_where(verdicts: Sequence[Verdict]) -> dict[str, dict[str, Any]]:
         if v.verdict == GO:
             entry["go"].append(v.condition)
             best = entry["best_d"].get(c)
-            if best is None or v.ci[0] > best[2]:
+            if best is None or _lower_first(v.ci[0], v.speedup) > _lower_first(best[2], best[1]):
                 entry["best_d"][c] = (d, v.speedup, v.ci[0])
     return table
+
+
+def _lower_first(low: float, speedup: float) -> tuple[float, float]:
+    """Order GO cells by CI lower bound, then estimate (a decision.json without CIs: estimate)."""
+    return (low if low == low else float("-inf"), speedup)
 
 
 @dataclass(frozen=True)

@@ -304,7 +304,7 @@ def _audit_section(decision: dict[str, Any]) -> list[str]:
                                                          if m["weak"] else "")
         for p in m["prompts"]:
             prompt = p["prompt"].replace("|", "/")  # a table cell
-            d = p.get("draft_len", m.get("draft_len", "—"))
+            d = p.get("draft_len", audit["draft_len"])
             lines.append(f"| {method} | {result} | {d} | {prompt} | {p['p_value']:.3g} | "
                          f"{100 * p['speculated']:.0f} % | {100 * p['rejected']:.0f} % |")
     return lines
