@@ -322,13 +322,12 @@ def _row(v: Verdict, with_category: bool = False) -> str:
 def _error_text(verdicts: list[Verdict], decision: dict[str, Any]) -> str:
     """How the speedup tests' error is controlled, in words."""
     families = sorted({(v.alpha, v.family) for v in verdicts if v.family}, reverse=True)
-    looks = decision.get("sequential")
     text = ("Each cell's speedup (condition × category) has a one-sided p-value from a paired "
             "bootstrap that resamples the independent unit: the request at c = 1, the turn "
             "(requests that ran together) at c > 1 or with a request rate. ")
     if not families:
         return text
-    if looks:
+    if looks := decision.get("sequential"):
         text += (f"The eval looked at its data {len(looks['looks'])} time(s), adding requests "
                  "to the undecided conditions (`--until-decided`); α is spent over the looks ("
                  f"{looks['method']}), so a condition is judged at the α of its last look. ")
@@ -341,8 +340,8 @@ def _error_text(verdicts: list[Verdict], decision: dict[str, Any]) -> str:
 
 def _more_requests_text(decision: dict[str, Any]) -> str:
     """What raises the requests per category for this eval's workloads."""
-    sources = set(decision.get("workload_sources") or ())
-    if sources and sources <= {"builtin"} | {s for s in sources if s.startswith("speed-bench")}:
+    if all(s == "builtin" or s.startswith("speed-bench") for s in
+           decision.get("workload_sources") or ["custom"]):
         return "raise eval.per_category or --per-category, or run `trtspec eval --until-decided`"
     return ("a custom JSONL runs whole: add requests of these categories to it, or run "
             "`trtspec eval --until-decided` with a JSONL that has unused rows")

@@ -134,9 +134,9 @@ def test_arms_alternate_strictly_and_peak_rss_is_a_peak() -> None:
     import mmap
 
     from trtspec.eval.clients import peak_rss_mb, reset_peak_rss
-    from trtspec.eval.run import _alternate
+    from trtspec.eval.run import alternate
 
-    assert [_alternate(ARMS, i) for i in range(4)] == [ARMS, ARMS[::-1], ARMS, ARMS[::-1]]
+    assert [alternate(ARMS, i) for i in range(4)] == [ARMS, ARMS[::-1], ARMS, ARMS[::-1]]
     reset_peak_rss()
     before = peak_rss_mb()
     block = mmap.mmap(-1, 200 * 2**20)  # fresh pages (not heap the process already holds)

@@ -269,7 +269,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
     (c = 1: one request; else 4c requests from c closed-loop clients; with a ``rate``,
     max(8, 4c) arrivals, at most c in flight)
     with alternating arm order; server counters per arm go to ``server_counters.json``."""
-    from trtspec.eval.run import _alternate, _batches, turn_size
+    from trtspec.eval.run import alternate, turn_size, turns
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -295,8 +295,8 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
             key = f"endpoint/D0/c{c}"
             # an arm that never answered stops the eval after one batch (a dead endpoint)
             answered = {arm: any((key, arm, r.id) in done for r in requests) for arm in urls}
-            for i, batch in enumerate(_batches(requests, turn_size(c, rate, len(requests)))):
-                for arm in _alternate(tuple(urls), i):
+            for i, batch in enumerate(turns(requests, turn_size(c, rate, len(requests)))):
+                for arm in alternate(tuple(urls), i):
                     measured = {r.id for r in batch if (key, arm, r.id) in done}
                     if len(measured) == len(batch):
                         continue

@@ -136,8 +136,8 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
             executors = {arm: inputs.make_executor(condition, arm) for arm in ARMS}
             _warm_up(executors, inputs, _slots(inputs, condition))
             turn = turn_size(condition.concurrency, inputs.request_rate, len(inputs.requests))
-            for i, batch in enumerate(_batches(inputs.requests, turn)):
-                for arm in _alternate(ARMS, i):
+            for i, batch in enumerate(turns(inputs.requests, turn)):
+                for arm in alternate(ARMS, i):
                     if all((condition.key, arm, r.id) in done for r in batch):
                         continue
                     label = f"{condition.key} {arm}"
@@ -173,12 +173,12 @@ def turn_size(concurrency: int, rate: float | None, total: int) -> int:
     return 1 if concurrency == 1 else 4 * concurrency
 
 
-def _batches(requests: Sequence[WorkloadRequest], size: int) -> Iterator[list[WorkloadRequest]]:
+def turns(requests: Sequence[WorkloadRequest], size: int) -> Iterator[list[WorkloadRequest]]:
     for i in range(0, len(requests), size):
         yield list(requests[i: i + size])
 
 
-def _alternate(arms: tuple[str, ...], batch_index: int) -> tuple[str, ...]:
+def alternate(arms: tuple[str, ...], batch_index: int) -> tuple[str, ...]:
     """A B for even batches, B A for odd ones: neither arm always goes first, and each goes
     first equally often (one more at most)."""
     return arms if batch_index % 2 == 0 else arms[::-1]
