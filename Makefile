@@ -48,13 +48,17 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cpu.py
 	$(BIN)/python benchmarks/bench_adaptive.py
 
-# build the CPU recipe, eval it on the built-in workload until decided (at most 24 requests per
-# condition), audit, decide: under 15 min on 2 cores from a fresh clone
-DEMO_MAX_REQUESTS ?= 24
+# build the CPU recipe, eval ngram at D = 4 on the built-in workload's two groups until decided
+# (24 requests a condition, then rounds up to 48), audit, decide: under 15 min on 2 cores from a
+# fresh clone. The recipe as written (`trtspec eval recipes/cpu-smollm2.yaml`) also runs
+# layer_skip and D = 2: twice the time.
+DEMO_MAX_REQUESTS ?= 48
+DEMO_SET := --per-category 12 --set 'draft_lengths=[4]' \
+	--set 'methods=[{method: ngram, min_n: 1, max_n: 3}]'
 demo: $(STAMP)
 	$(BIN)/trtspec build recipes/cpu-smollm2.yaml
 	$(BIN)/trtspec eval recipes/cpu-smollm2.yaml --eval-id $(DEMO_ID) --until-decided \
-		--max-requests $(DEMO_MAX_REQUESTS)
+		--max-requests $(DEMO_MAX_REQUESTS) $(DEMO_SET)
 	$(BIN)/trtspec audit reports/$(DEMO_ID) || test $$? -eq 1  # 1 = a method failed: decide says NO-GO
 	$(BIN)/trtspec decide reports/$(DEMO_ID) || test $$? -eq 1  # 1 = not every condition is GO
 	@echo

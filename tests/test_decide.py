@@ -59,6 +59,44 @@ def test_each_primary_metric_has_its_own_speedup() -> None:
     assert speedups["throughput"] == pytest.approx(speedups["e2e_p50"], rel=0.01)
 
 
+def test_tpot_is_each_request_s_own_speedup_by_hand() -> None:
+    """primary_metric tpot: the geometric mean of baseline / spec per request. Ratios 2, ½, 2,
+    ½ and four of 1.5 multiply to 1.5⁴, so the mean is (1.5⁴)^(1/8) = √1.5 = 1.2247, whatever
+    each request's own TPOT. The medians' ratio of the same pairs: baseline TPOTs 10, 40, 10,
+    40, 20×4 ms → median 20; spec 5, 80, 5, 80, 13.33×4 → median 13.33; 20 / 13.33 = 1.5."""
+    base = [0.010, 0.040, 0.010, 0.040, 0.020, 0.020, 0.020, 0.020]
+    ratio = [2.0, 0.5, 2.0, 0.5, 1.5, 1.5, 1.5, 1.5]
+    records = [x for i, (b, r) in enumerate(zip(base, ratio, strict=True))
+               for x in (record("ngram/D4/c1", "baseline", f"r{i}", b),
+                         record("ngram/D4/c1", "spec", f"r{i}", b / r))]
+    few = CRITERIA.model_copy(update={"min_requests": 8})
+    tpot_ = few.model_copy(update={"primary_metric": "tpot"})
+    assert judge(records, "ngram/D4/c1", tpot_, greedy=False).speedup == \
+        pytest.approx(1.5 ** 0.5, rel=1e-9)
+    assert judge(records, "ngram/D4/c1", few, greedy=False).speedup == \
+        pytest.approx(1.5, rel=1e-9)
+
+
+def test_tpot_decides_a_workload_of_unlike_requests_the_medians_cannot() -> None:
+    """Half the requests copy (spec 1.6× faster), half do not (0.95×), baseline TPOT alike:
+    the spec median falls in the gap between the two kinds and jumps from one to the other
+    from resample to resample, so the medians' CI spans both (≈ 0.95–1.6×); each request's
+    own speedup, averaged on a log scale (√(0.95 · 1.6) = 1.233), is shown above 1.05×."""
+    rng = np.random.default_rng(0)
+    records = []
+    for i in range(16):
+        b = 0.035 * (1 + 0.03 * rng.standard_normal())
+        s = b / (0.95, 1.6)[i % 2] * (1 + 0.03 * rng.standard_normal())
+        records += [record("ngram/D4/c1", "baseline", f"r{i}", b),
+                    record("ngram/D4/c1", "spec", f"r{i}", s)]
+    few = CRITERIA.model_copy(update={"min_requests": 16})
+    tpot_ = few.model_copy(update={"primary_metric": "tpot"})
+    paired_ = judge(records, "ngram/D4/c1", tpot_, greedy=False)
+    medians = judge(records, "ngram/D4/c1", few, greedy=False)
+    assert paired_.verdict == GO and paired_.speedup == pytest.approx(1.233, rel=0.02)
+    assert medians.verdict == INCONCLUSIVE and medians.ci[0] < 1 and medians.ci[1] > 1.55
+
+
 def test_straddling_ci_is_inconclusive() -> None:
     v = judge(paired("ngram/D2/c1", 0.050, 0.048, n=20, noise=0.15, seed=3), "ngram/D2/c1",
               CRITERIA, greedy=False)

@@ -103,3 +103,28 @@ def test_an_unfinished_eval_holds_every_go_and_says_how_far_it_got(tmp_path: Pat
     assert f"the eval is incomplete ({len(records)} of {len(records) + 10} records " \
            "measured): resume it" in ngram["reasons"]
     assert "The eval is incomplete" in (out / "report.md").read_text()
+
+
+def test_a_sequential_eval_is_judged_at_its_looks_alpha_and_family_size(tmp_path: Path) -> None:
+    """decide after --until-decided: each condition at the α of its last look, in a Holm family
+    at least as large as the one that look tested it in (here 12 cells, of which this report
+    holds 9); a last round cut short (no verdicts yet) holds every GO."""
+    out = eval_folder(tmp_path)
+    records = [json.loads(x) for x in (out / "records.jsonl").open()]
+    conditions = sorted({r["condition"] for r in records})
+    look = {"n": 30, "alpha": 0.01, "conditions": conditions, "request_ids": [],
+            "verdicts": {c: "INCONCLUSIVE" for c in conditions}, "family": 12}
+    stored = {"method": "alpha spending", "alpha": 0.025, "budget": 60, "looks": [look],
+              "alphas": {c: 0.01 for c in conditions},
+              "families": {c: 12 for c in conditions}}
+    (out / "sequential.json").write_text(json.dumps(stored))
+    recipe = load_recipe(out / "recipe.yaml", ["sampling.temperature=0.7"])
+    verdicts, _ = make_decision(out, recipe, records)
+    tested = [v for v in verdicts if v.family]
+    assert tested and {(v.family, v.alpha) for v in tested} == {(12, 0.01)}
+    assert any(v.verdict == "GO" for v in verdicts)  # the clear ngram speedup survives
+    stored["looks"].append({**look, "n": 60, "alpha": 0.015, "verdicts": {}})
+    (out / "sequential.json").write_text(json.dumps(stored))
+    verdicts, _ = make_decision(out, recipe, records)
+    assert not any(v.verdict == "GO" for v in verdicts)
+    assert any("cut short" in " ".join(v.reasons) for v in verdicts)

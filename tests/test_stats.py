@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -55,8 +53,9 @@ def test_holm_by_hand() -> None:
 
 def test_alpha_spending_by_hand() -> None:
     assert spent(0.0) == 0 and spent(1.0) == pytest.approx(0.025)
-    assert spent(0.5) == pytest.approx(0.025 * math.log(1 + (math.e - 1) / 2))
+    # Hwang–Shih–DeCani, γ = −2: α(e^{2t} − 1)/(e² − 1); e = 2.71828, e² − 1 = 6.38906
+    assert spent(0.5) == pytest.approx(0.025 * 1.71828 / 6.38906, rel=1e-5)
     looks = look_alphas([8, 16, 24], 24)
     assert sum(looks) == pytest.approx(0.025)
-    assert looks[0] == pytest.approx(0.025 * math.log(1 + (math.e - 1) / 3))
-    assert looks[0] > looks[1] > looks[2] > 0  # Pocock-type: the early looks spend more
+    assert looks[0] == pytest.approx(0.025 * 0.947734 / 6.38906, rel=1e-5)  # e^{2/3} = 1.947734
+    assert 0 < looks[0] < looks[1] < looks[2]  # over half of α is kept for the last look

@@ -4,13 +4,16 @@ The verdict comes from time per token, not acceptance: a setting that is accepte
 costs more per round is a NO-GO. For each condition (method × D × concurrency), and for each
 category within it:
 
-* **speedup** = baseline / spec median of the recipe's ``decide.primary_metric`` (TPOT, E2E or
-  E2E per output token), with a 95 % CI from a *paired* bootstrap that resamples the
-  independent unit (:mod:`trtspec.stats`): the request at c = 1, where the arms alternate
-  request by request; the turn (the requests that ran together, ``block``) at c > 1 or with
-  open-loop arrivals, where requests share batches and shocks. Each resampled unit brings its
-  baseline and spec measurements together (same prompt, seed). Fewer than ``MIN_UNITS`` units
-  give no interval (INCONCLUSIVE, with how many more requests are needed).
+* **speedup** of the recipe's ``decide.primary_metric``: ``tpot``, the geometric mean over
+  requests of each request's baseline TPOT / spec TPOT (paired: a request's own length and
+  context cancel, so a workload of unlike requests needs far fewer of them); ``tpot_p50``,
+  ``e2e_p50`` and ``throughput``, baseline / spec median of TPOT, E2E or E2E per output token
+  (two benchmark runs' medians compared). With a 95 % CI from a *paired* bootstrap that
+  resamples the independent unit (:mod:`trtspec.stats`): the request at c = 1, where the arms
+  alternate request by request; the turn (the requests that ran together, ``block``) at c > 1
+  or with open-loop arrivals, where requests share batches and shocks. Each resampled unit
+  brings its baseline and spec measurements together (same prompt, seed). Fewer than
+  ``MIN_UNITS`` units give no interval (INCONCLUSIVE, with how many more requests are needed).
 * **the speedup tests**: one-sided p-values against ``min_speedup`` from the same replicates,
   judged over every cell of the report at once (Holm), so the chance of any wrong GO, and of
   any wrong NO-GO, stays ≤ α = 2.5 % (or the α of an eval's last look, ``--until-decided``).
@@ -59,13 +62,20 @@ from trtspec.stats import (
     ALPHA,
     MIN_UNITS,
     Interval,
+    geomean_of_ratios,
     holm,
     holm_threshold,
+    ratio_of_medians,
     speedup_interval,
     units_to_resolve,
 )
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
+STATISTIC = {"tpot": geomean_of_ratios}  # the others: ratio_of_medians
+SPEEDUP_MEANS = {"tpot": "the geometric mean over requests of each one's baseline / spec TPOT",
+                 "tpot_p50": "baseline / spec median TPOT",
+                 "e2e_p50": "baseline / spec median E2E",
+                 "throughput": "baseline / spec median E2E per output token"}
 
 
 @dataclass
@@ -103,9 +113,9 @@ def tpot(r: dict[str, Any]) -> float | None:
 
 
 def _metric(r: dict[str, Any], name: str) -> float | None:
-    """Per-request seconds (lower is better) whose baseline/spec median ratio is the speedup:
-    TPOT, E2E, or E2E per output token for ``throughput`` (prefill included)."""
-    if name == "e2e_p50":
+    """Per-request seconds (lower is better) the speedup compares: TPOT, E2E, or E2E per
+    output token for ``throughput`` (prefill included)."""
+    if name == "e2e_p50":  # tpot and tpot_p50: TPOT (below)
         return r["e2e_s"]
     if name == "throughput":
         return r["e2e_s"] / r["output_tokens"] if r["output_tokens"] else None
@@ -203,9 +213,10 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
         caveats.append("these records name no turn (an older eval): the CI resamples requests "
                        "one by one and is too narrow if requests that ran together shared "
                        "shocks")
-    interval = speedup_interval(base, spec, units, criteria.min_speedup, unit, seed=seed) \
-        if count >= MIN_UNITS else None
-    point = float(np.median(base) / np.median(spec))
+    statistic = STATISTIC.get(metric, ratio_of_medians)
+    interval = speedup_interval(base, spec, units, criteria.min_speedup, unit, seed=seed,
+                                statistic=statistic) if count >= MIN_UNITS else None
+    point = float(statistic(base, spec))
     fails, gate_holds, gate_caveats = latency_gates(matched, criteria, seed)
     holds += gate_holds
     caveats += gate_caveats

@@ -131,13 +131,36 @@ class Eval(Strict):
         "of builtin and SPEED-Bench workloads (a custom JSONL runs whole unless "
         "`--per-category` is given); null: every request")
     warmup: int = Field(2, ge=0, description="requests each arm runs (8 tokens) before measuring")
+    categories: dict[str, list[str]] | None = Field(
+        None, description="judge groups of categories instead of each one: group name → the "
+        "workload categories it merges (unlisted categories keep their names); null: the "
+        "workloads' own categories")
+
+    @field_validator("categories")
+    @classmethod
+    def _groups_disjoint(cls, groups: dict[str, list[str]] | None
+                         ) -> dict[str, list[str]] | None:
+        seen: dict[str, str] = {}
+        for name, members in (groups or {}).items():
+            if not members:
+                raise ValueError(f"group {name!r} lists no category")
+            if len(set(members)) < len(members):
+                raise ValueError(f"group {name!r} lists a category twice")
+            for c in members:
+                if c in seen:
+                    raise ValueError(f"category {c!r} is in two groups ({seen[c]!r} and "
+                                     f"{name!r})")
+                seen[c] = name
+        return groups
 
 
 class Decide(Strict):
     """Filled in by the decide step; validated now."""
 
-    primary_metric: Literal["tpot_p50", "e2e_p50", "throughput"] = Field(
-        "tpot_p50", description="speedup of median TPOT, median E2E, or E2E per output token")
+    primary_metric: Literal["tpot", "tpot_p50", "e2e_p50", "throughput"] = Field(
+        "tpot_p50", description="tpot: geometric mean over requests of each one's baseline / "
+        "spec TPOT (paired, the most decisive); tpot_p50, e2e_p50, throughput: baseline / spec "
+        "median of TPOT, E2E, or E2E per output token")
     min_speedup: float = Field(1.05, gt=0, description="GO needs the speedup shown above this "
                                "(one-sided, Holm over the report's cells); NO-GO when shown "
                                "below")
@@ -330,7 +353,8 @@ class Recipe(Strict):
 # Keys added after digests were first recorded: left out of Recipe.digest() while at their
 # default, so an eval started by an older trtspec can still be resumed ("": top level).
 _ADDED_LATER = (("sampling", "ignore_eos", False), ("eval", "request_rate", None),
-                ("", "max_draft_len", None), ("backend", "runner", "compiled"))
+                ("", "max_draft_len", None), ("backend", "runner", "compiled"),
+                ("eval", "categories", None))
 
 
 def _sha256(data: Any) -> str:

@@ -14,6 +14,7 @@ from trtspec.decide import (
     GO,
     INCONCLUSIVE,
     NO_GO,
+    SPEEDUP_MEANS,
     Verdict,
     apply_where,
     decide,
@@ -46,13 +47,17 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     verdicts = decide(records, recipe.decide, greedy, recipe.sampling.seed, audit,
                       needs_audit=recipe.decide.require_audit and audit_applies,
                       divergences=read_jsonl(out / DIVERGENCES),
-                      alphas=sequential["alphas"] if sequential else None)
-    if expected and measured < expected:  # the rest may be the slow half: no GO yet
+                      alphas=sequential["alphas"] if sequential else None,
+                      families=sequential.get("families") if sequential else None)
+    unjudged = bool(sequential and not sequential["looks"][-1].get("verdicts"))
+    if (expected and measured < expected) or unjudged:  # the rest may be the slow half
         for v in verdicts:
             if v.verdict == "GO":
                 v.verdict = "INCONCLUSIVE"
                 v.reasons.append(f"the eval is incomplete ({measured} of {expected} records "
-                                 "measured): resume it")
+                                 "measured): resume it" if not unjudged else
+                                 "the eval's last round of --until-decided was cut short: "
+                                 "resume it")
     models = {}
     for key in sorted({r["condition"] for r in records}):
         if not key.split("/")[1].endswith("D0") and any(
@@ -103,7 +108,8 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
     c = recipe.decide
     lines = [
         f"# Speculative decoding: go / no-go — {recipe.name} ({eval_id})", "",
-        f"Criteria: primary metric **{c.primary_metric}**, GO when the speedup is shown above "
+        f"Criteria: primary metric **{c.primary_metric}** ({SPEEDUP_MEANS[c.primary_metric]}), "
+        f"GO when the speedup is shown above "
         f"**{c.min_speedup:.2f}×** and no gate fails. " + _error_text(verdicts, decision)
         + " Gates (TTFT tail "
         f"regression ≤ {100 * c.max_ttft_p99_regression:.0f} %, E2E tail regression ≤ "

@@ -244,7 +244,7 @@ def test_benchmark_knobs_drive_an_in_process_eval(tmp_path: Path, smollm2, capsy
     assert {r["block"] for r in records if r["request_id"] in looks["looks"][1]["request_ids"]} \
         == {"1.0", "1.1"}
     assert "until-decided: look 2: 2 more requests for ngram/D4/c1" in printed.out
-    assert "budget of 6 requests per condition spent" in printed.out
+    assert "the workloads have no unused rows left (6 measured)" in printed.out
     assert "eval: 0/8 records · now ngram/D4/c1: loading and warming up" in printed.err
     main(["eval", str(RECIPE), "--engines", str(engines), "--resume", str(reports / "u"),
           "--no-mlflow"])  # it resumes as the sequential eval it is
@@ -252,3 +252,18 @@ def test_benchmark_knobs_drive_an_in_process_eval(tmp_path: Path, smollm2, capsy
     assert f"{reports / 'u'} was already complete (12 records): nothing was measured" \
         in printed.out
     assert len(read_records(reports / "u")) == 12
+    # refused before anything is measured: a budget the plan fills, a fixed-size eval made
+    # sequential on resume (its α may be spent already), a resumed budget changed
+    for args, text in (
+            (["--eval-id", "v", "-w", str(workload), *sets, "--num-prompts", "4",
+              "--until-decided", "--max-requests", "4"],
+             "--max-requests 4 leaves no room after the plan's 4 requests"),
+            (["--resume", str(reports / "k"), "--until-decided"],
+             "that eval was not started with --until-decided"),
+            (["--resume", str(reports / "u"), "--max-requests", "9"],
+             "drop --max-requests 9")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["eval", str(RECIPE), "--engines", str(engines), "--reports", str(reports),
+                  *args, "--no-mlflow"])
+        assert exit_info.value.code == 2 and text in capsys.readouterr().err
+    assert not (reports / "v").exists() and len(read_records(reports / "u")) == 12

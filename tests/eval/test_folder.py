@@ -38,18 +38,43 @@ def _request(i: int, category: str) -> WorkloadRequest:
 
 
 def test_a_custom_jsonl_runs_whole_and_builtin_follows_the_recipe(tmp_path: Path) -> None:
-    recipe = load_recipe(RECIPE)  # per_category 1
+    recipe = load_recipe(RECIPE)  # per_category 8, builtin's 8 categories in 2 groups
     said: list[str] = []
     jsonl = str(_workload(tmp_path / "w.jsonl"))
     got = load_requests(recipe, Selection.make([jsonl, "builtin"]), tmp_path, said.append)
-    assert Counter(r.source for r in got)["builtin"] == 8  # 8 categories × 1
+    assert Counter(r.category for r in got if r.source == "builtin") == {"copy_heavy": 8,
+                                                                          "open_ended": 8}
     assert sum(r.id[0] in "abc" and r.source != "builtin" for r in got) == 9  # all of it
-    assert said[0] == f"workload {jsonl}: 9 requests (all of it): a 3, b 3, c 3"
-    assert said[1].startswith("workload builtin: 8 requests (at most 1 per category): ")
+    assert said == [f"workload {jsonl}: 9 requests (all of it): a 3, b 3, c 3",
+                    "workload builtin: 16 requests (at most 8 per category): copy_heavy 8, "
+                    "open_ended 8"]
     said.clear()
     got = load_requests(recipe, Selection.make([jsonl], per_category=2), tmp_path, said.append)
     assert len(got) == 6 and said == [f"workload {jsonl}: 6 requests (at most 2 per "
-                                      "category): a 2, b 2, c 2"]
+                                      "category): a 2, b 2, c 2",
+                                      "note: eval.categories lists summarise, edit, "
+                                      "answer_from_text, code_refactor, chat, story, reasoning, "
+                                      "explain, which no workload here has (they have a, b, c); "
+                                      "unlisted categories are judged under their own names"]
+
+
+def test_groups_merge_the_categories_they_list_and_leave_the_rest() -> None:
+    recipe = load_recipe(RECIPE, ["eval.categories={copy: [summarise, edit]}",
+                                  "eval.per_category=null"])
+    said: list[str] = []
+    got = load_requests(recipe, Selection.make(["builtin"]), ROOT, said.append)
+    counts = Counter(r.category for r in got)
+    assert counts == {"copy": 12, "answer_from_text": 6, "code_refactor": 6, "chat": 6,
+                      "story": 6, "reasoning": 6, "explain": 6}
+    assert {r.id.rsplit("-", 1)[0] for r in got if r.category == "copy"} == {"summarise", "edit"}
+    typo = load_recipe(RECIPE, ["eval.categories={copy: [sumarise, edit]}"])
+    with pytest.raises(RecipeError, match=r"eval\.categories lists sumarise, which no "
+                                          r"workload here has"):  # builtin's are known
+        load_requests(typo, Selection.make(["builtin"]), ROOT, said.append)
+    with pytest.raises(RecipeError, match="category 'edit' is in two groups"):
+        load_recipe(RECIPE, ["eval.categories={a: [edit], b: [chat, edit]}"])
+    with pytest.raises(RecipeError, match="group 'a' lists a category twice"):
+        load_recipe(RECIPE, ["eval.categories={a: [edit, edit]}"])
 
 
 def test_num_prompts_spreads_over_categories_and_max_tokens_fixes_every_request() -> None:
@@ -205,12 +230,13 @@ def test_an_eval_folder_from_an_older_trtspec_resumes_as_it_ran(tmp_path: Path,
 
     monkeypatch.chdir(tmp_path)
     _workload(tmp_path / "w.jsonl")
-    overrides = ["eval.warmup=0"]
+    overrides = ["eval.warmup=0", "eval.per_category=1", "eval.categories=null"]
     old = load_workload("w.jsonl", per_category_n=1)  # what that trtspec ran: 1 per category
     digest = load_recipe(RECIPE, overrides).digest()
     assert digest == _older_digest(overrides)
     full = load_recipe(RECIPE, overrides).model_dump(mode="json")  # recorded with ignore_eos
     del full["max_draft_len"], full["backend"]["runner"]  # … before those existed
+    del full["eval"]["categories"]
     import hashlib
     assert hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest() in \
         load_recipe(RECIPE, overrides).digests()
@@ -232,7 +258,7 @@ def _older_digest(overrides: list[str]) -> str:
 
     data = load_recipe(RECIPE, overrides).model_dump(mode="json")
     del data["sampling"]["ignore_eos"], data["eval"]["request_rate"], data["max_draft_len"]
-    del data["backend"]["runner"]
+    del data["backend"]["runner"], data["eval"]["categories"]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from trtspec.decide import decide
 from trtspec.eval.run import read_records
@@ -20,9 +21,11 @@ POOL = [WorkloadRequest(id=f"{c}-{i}", category=c, prompt=f"{c} {i}")
 PLAN = [r for r in POOL if int(r.id.split("-")[1]) < 4]  # 4 per category
 
 
-def run(tmp: Path, speedup: float, seed: int, budget: int = 48) -> tuple[str, int, dict]:
+def run(tmp: Path, speedup: float, seed: int, budget: int = 48, metric: str = "tpot_p50"
+        ) -> tuple[str, int, dict]:
     """A sequential eval of one condition whose spec arm is ``speedup`` faster (TPOT noise
     15 % per request and arm); returns (final verdict, paired requests, sequential.json)."""
+    criteria = CRITERIA.model_copy(update={"primary_metric": metric})
     rng = np.random.default_rng(seed)
     path = tmp / "records.jsonl"
     path.write_text("")
@@ -41,7 +44,7 @@ def run(tmp: Path, speedup: float, seed: int, budget: int = 48) -> tuple[str, in
                             "output_digest": "x"}) + "\n")
 
     def judge(alphas, families):
-        verdicts = decide(read_records(path), CRITERIA, greedy=False, alphas=alphas,
+        verdicts = decide(read_records(path), criteria, greedy=False, alphas=alphas,
                           families=families)
         return {v.condition: (v.verdict, v.family) for v in verdicts if v.category == "all"}
 
@@ -49,7 +52,7 @@ def run(tmp: Path, speedup: float, seed: int, budget: int = 48) -> tuple[str, in
     until_decided(tmp, PLAN, POOL, budget, ["ngram/D4/c1"], measure, judge, seed,
                   say=lambda _: None)
     looks = read_sequential(tmp)
-    verdicts = decide(read_records(path), CRITERIA, greedy=False, alphas=looks["alphas"],
+    verdicts = decide(read_records(path), criteria, greedy=False, alphas=looks["alphas"],
                       families=looks["families"])
     overall = next(v for v in verdicts if v.category == "all")
     return overall.verdict, overall.requests, looks
@@ -66,16 +69,17 @@ def test_a_clear_speedup_stops_early_with_go(tmp_path: Path) -> None:
 def test_a_speedup_on_the_threshold_spends_the_budget(tmp_path: Path) -> None:
     verdict, n, looks = run(tmp_path, 1.05, seed=0)
     assert verdict == "INCONCLUSIVE" and n == 48
-    assert sum(look["alpha"] for look in looks["looks"]) == __import__("pytest").approx(0.025)
+    assert sum(look["alpha"] for look in looks["looks"]) == pytest.approx(0.025)
 
 
-def test_no_speedup_is_rarely_go_over_every_look(tmp_path: Path) -> None:
+@pytest.mark.parametrize("metric", ["tpot_p50", "tpot"])
+def test_no_speedup_is_rarely_go_over_every_look(tmp_path: Path, metric: str) -> None:
     go = 0
     for seed in range(200):
-        verdict, _, _ = run(tmp_path, 1.0, seed=seed, budget=24)
+        verdict, _, _ = run(tmp_path, 1.0, seed=seed, budget=24, metric=metric)
         go += verdict == "GO"
         (tmp_path / "sequential.json").unlink()
-    print(f"GO in {go} of 200 sequential evals at a true 1.00× (α = 2.5 %)")
+    print(f"{metric}: GO in {go} of 200 sequential evals at a true 1.00× (α = 2.5 %)")
     assert go / 200 <= 0.025
 
 
@@ -119,3 +123,32 @@ def test_spending_holds_the_error_where_full_alpha_at_every_look_does_not() -> N
                                  seed=seed).p_go <= a for n, a in zip(sizes, alphas, strict=True))
     print(f"wrong GO over 5 looks at a true 1.05×, 200 replicates: {wrong}")
     assert wrong["spent"] <= 0.025 * 200 < 1.5 * 0.025 * 200 <= wrong["full α each look"]
+
+
+def test_a_short_last_round_keeps_the_categories_in_proportion() -> None:
+    from collections import Counter
+
+    from trtspec.eval.sequential import share_out
+
+    assert share_out(Counter(copy=4, open=4), 20) == Counter(copy=4, open=4)
+    assert share_out(Counter(copy=4, open=4), 5) == Counter(copy=3, open=2)  # ties by name
+    assert share_out(Counter(a=6, b=3, c=3), 4) == Counter(a=2, b=1, c=1)
+
+
+def _undecided(tmp: Path, plan, pool, budget: int) -> list[str]:
+    said: list[str] = []
+    rounds: list[int] = []
+    tmp.mkdir()
+    until_decided(tmp, plan, pool, budget, ["ngram/D4/c1"],
+                  lambda batch, conditions, look: rounds.append(len(batch)),
+                  lambda alphas, families: {"ngram/D4/c1": ("INCONCLUSIVE", 3)}, 0, said.append)
+    return said + [f"rounds {rounds}"]
+
+
+def test_rows_that_run_out_are_said_and_never_measured_again(tmp_path: Path) -> None:
+    whole = _undecided(tmp_path / "a", PLAN, PLAN, len(PLAN))  # a custom JSONL run whole
+    assert whole[0].startswith("until-decided: the workloads have no unused rows left (8 "
+                               "measured)") and whole[-1] == "rounds []"
+    spent = _undecided(tmp_path / "b", PLAN, POOL, 13)  # a last round of 5, 3 + 2
+    assert spent[-2].startswith("until-decided: budget of 13 requests per condition spent")
+    assert spent[-1] == "rounds [5]"

@@ -131,7 +131,7 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
             baseline_endpoint = baseline_endpoint or meta.get("baseline_endpoint")
     if endpoint and not model:
         raise click.UsageError("--endpoint needs --model (the name the server serves)")
-    if max_requests and not until_decided:
+    if max_requests and not until_decided and not resume:  # a resumed one may be sequential
         raise click.UsageError("--max-requests is the budget of --until-decided: add it")
     if confirm and (resume or endpoint or until_decided):
         raise click.UsageError("--confirm starts a new in-process eval of the chosen setting: "

@@ -182,7 +182,8 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool) -> None:
                           f"(`trtspec eval RECIPE --resume {out}`) before deciding")
     verdicts, decision = make_decision(out, recipe, records)
     table = Table(title=f"decision {out.name}")
-    for column in ("condition", "verdict", "speedup", "95 % CI", "why"):
+    for column in ("condition", "verdict", f"speedup ({recipe.decide.primary_metric})",
+                   "95 % CI", "why"):
         table.add_column(column)
     for v in verdicts:
         if v.category == "all":

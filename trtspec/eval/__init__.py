@@ -51,6 +51,17 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
     fresh, chosen, confirms = None, None, {}
     if resume:  # a sequential or confirmation eval resumes as one
         stored = meta_if_any(Path(resume))
+        if stored and until_decided and not stored.get("until_decided"):
+            raise RecipeError(f"--resume {resume}: that eval was not started with "
+                              "--until-decided and may have been judged at the full α already; "
+                              "start a new eval with --until-decided instead")
+        if stored.get("until_decided") and max_requests not in (None, stored.get("max_requests")):
+            raise RecipeError(f"--resume {resume}: its α is spent over a budget of "
+                              f"{stored.get('max_requests') or 'the default'} requests per "
+                              f"condition; drop --max-requests {max_requests}")
+        if max_requests and not until_decided and not stored.get("until_decided"):
+            raise RecipeError(f"--resume {resume}: --max-requests is the budget of "
+                              "--until-decided, which that eval did not run")
         until_decided = until_decided or bool(stored.get("until_decided"))
         max_requests = max_requests or stored.get("max_requests")
         confirm = confirm or stored.get("confirms")
@@ -106,6 +117,10 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
                               margin=build.margin, slots=recipe.limits.max_batch_size,
                               request_rate=recipe.eval.request_rate, look=look)
 
+        if until_decided and max_requests is not None and max_requests <= len(requests):
+            raise RecipeError(f"--max-requests {max_requests} leaves no room after the plan's "
+                              f"{len(requests)} requests per condition: give more, or drop "
+                              "--until-decided")
         records = run_eval(out, inputs(requests, conditions, 0), resume=not created,
                            progress=progress)
         if until_decided:
@@ -127,6 +142,7 @@ def _until_decided(out: Path, recipe: Recipe, recipe_path: str | Path, selection
 
     pool = workload_pool(recipe, selection, recipe_path)
     budget = min(max_requests or 4 * len(plan), len(pool))
+
     by_key = {c.key: c for c in conditions}
 
     def measure(batch: Sequence[Any], keys: Sequence[str], look: int) -> None:

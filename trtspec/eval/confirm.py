@@ -58,8 +58,12 @@ def confirm_plan(original: Path, recipe_path: str | Path, seed: int
     keys = chosen_conditions(original)
     records = read_records(original)
     seen = {r["request_id"] for r in records}
+    # as many requests per category as the chosen setting got there (with --until-decided,
+    # more than the plan); a confirmation of a confirmation must not reuse the first's rows
     shares = Counter(r["category"] for r in records
-                     if r["condition"] == records[0]["condition"] and r["arm"] == "spec")
+                     if r["condition"] == keys[0] and r["arm"] == "spec")
+    if meta_if_any(original).get(CONFIRMS):
+        seen |= {r["request_id"] for r in read_records(Path(meta_if_any(original)[CONFIRMS]))}
     fresh = unused_rows(workload_pool(recipe, selection, recipe_path), seen, shares, seed, 0)
     if not fresh:
         raise RecipeError(f"--confirm {original}: its workloads have no rows it did not measure "

@@ -193,19 +193,28 @@ def load_requests(recipe: Recipe, selection: Selection, recipe_path: str | Path,
     from trtspec.eval.workloads import load_workload
 
     bench = selection.speed_bench_dir or _near_recipe("data/speed-bench", recipe_path)
-    requests = []
+    requests: list[Any] = []
+    seen: set[str] = set()
     for spec in selection.workloads or [w if _workload_spec(w) == w else
                                         _near_recipe(w, recipe_path)
                                         for w in recipe.eval.workloads]:
         custom = spec != "builtin" and not spec.startswith("speed-bench:")
         n = selection.per_category or (
             None if custom and not selection.legacy else recipe.eval.per_category)
-        got = load_workload(spec, bench, n, recipe.sampling.seed)
+        got = load_workload(spec, bench, n, recipe.sampling.seed, recipe.eval.categories, seen)
         counts = Counter(r.category for r in got)
         how = f"at most {n} per category" if n else "all of it"
         say(f"workload {spec}: {len(got)} requests ({how}): "
             + ", ".join(f"{c} {k}" for c, k in sorted(counts.items())))
         requests += got
+    listed = [c for members in (recipe.eval.categories or {}).values() for c in members]
+    missing = [c for c in listed if c not in seen]
+    if missing:
+        text = (f"eval.categories lists {', '.join(missing)}, which no workload here has "
+                f"(they have {', '.join(sorted(seen))})")
+        if any(_workload_spec(w) == w for w in selection.workloads or recipe.eval.workloads):
+            raise RecipeError(text)  # builtin / SPEED-Bench: a name they lack is a typo
+        say(f"note: {text}; unlisted categories are judged under their own names")
     if selection.num_prompts is not None:
         requests = spread_sample(requests, selection.num_prompts, recipe.sampling.seed)
         counts = Counter(r.category for r in requests)
@@ -226,7 +235,7 @@ def workload_pool(recipe: Recipe, selection: Selection, recipe_path: str | Path)
     for spec in selection.workloads or [w if _workload_spec(w) == w else
                                         _near_recipe(w, recipe_path)
                                         for w in recipe.eval.workloads]:
-        rows += load_workload(spec, bench, None, recipe.sampling.seed)
+        rows += load_workload(spec, bench, None, recipe.sampling.seed, recipe.eval.categories)
     if selection.max_tokens is not None:
         rows = [r.model_copy(update={"max_tokens": None}) for r in rows]
     return rows

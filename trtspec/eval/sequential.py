@@ -7,7 +7,7 @@ Terms:
   look follows a **round**: new requests, stratified by category (the plan's share of each
   category), measured for the conditions whose verdict over all categories was INCONCLUSIVE.
 * **budget** N — the most paired requests a condition may get (``--max-requests``, default:
-  every row of the workloads).
+  4× the plan, at most every row of the workloads).
 * **α per look** — alpha spending (:func:`trtspec.stats.look_alphas`): look k of a condition
   with n_k paired requests tests at spent(n_k / N) − spent(n_{k−1} / N), so over every look the
   chance of a wrong GO (or a wrong NO-GO) stays ≤ α. Within a look, Holm over its cells.
@@ -33,8 +33,8 @@ from trtspec.stats import ALPHA, look_alphas
 
 SEQUENTIAL = "sequential.json"
 Judge = Callable[[dict[str, float], dict[str, int]], dict[str, tuple[str, int]]]
-METHOD = ("alpha spending: Lan–DeMets Pocock-type α·ln(1 + (e − 1)·n/N), each look tested at "
-          "its increment")
+METHOD = ("alpha spending: Hwang–Shih–DeCani (γ = −2) α·(e^(2n/N) − 1)/(e² − 1), over half of α "
+          "kept for the last look, each look tested at its increment")
 
 
 def read_sequential(out: Path) -> dict[str, Any] | None:
@@ -57,6 +57,20 @@ def unused_rows(pool: Sequence[Any], used: set[str], shares: Counter, seed: int,
         picked += rng.sample(rows, min(want, len(rows)))
     order = {r.id: i for i, r in enumerate(pool)}
     return sorted(picked, key=lambda r: order[r.id])
+
+
+def share_out(shares: Counter, room: int) -> Counter:
+    """A round's requests per category: the plan's shares, scaled down by largest remainders
+    when the budget has less room than a full round (a cut in pool order would take the whole
+    cut from the last categories)."""
+    total = sum(shares.values())
+    if total <= room:
+        return Counter(shares)
+    exact = {c: k * room / total for c, k in shares.items()}
+    out = Counter({c: int(x) for c, x in exact.items()})
+    for c in sorted(exact, key=lambda c: (int(exact[c]) - exact[c], c))[:room - sum(out.values())]:
+        out[c] += 1
+    return out
 
 
 class Looks:
@@ -127,12 +141,12 @@ def until_decided(out: Path, plan: Sequence[Any], pool: Sequence[Any], budget: i
     budget = looks.budget  # a resumed eval keeps the budget its α was spent over
     while active:
         room = budget - n
-        if room <= 0:
+        if room <= 0 and len(pool) > budget:
             say(f"until-decided: budget of {budget} requests per condition spent; "
                 f"{len(active)} condition(s) still INCONCLUSIVE: {', '.join(active)}")
             break
-        want = Counter({c: k for c, k in shares.items()})
-        batch = unused_rows(pool, used, want, seed, len(looks.looks))[:room]
+        batch = unused_rows(pool, used, share_out(shares, room), seed, len(looks.looks)) \
+            if room > 0 else []
         if not batch:
             say(f"until-decided: the workloads have no unused rows left ({len(used)} measured); "
                 f"{len(active)} condition(s) still INCONCLUSIVE: {', '.join(active)}. Add rows "
