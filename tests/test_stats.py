@@ -58,4 +58,4 @@ def test_alpha_spending_by_hand() -> None:
     looks = look_alphas([8, 16, 24], 24)
     assert sum(looks) == pytest.approx(0.025)
     assert looks[0] == pytest.approx(0.025 * 0.947734 / 6.38906, rel=1e-5)  # e^{2/3} = 1.947734
-    assert 0 < looks[0] < looks[1] < looks[2]  # over half of α is kept for the last look
+    assert 0 < looks[0] < looks[1] < looks[2]  # most of α is spent late

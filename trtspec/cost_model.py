@@ -15,7 +15,7 @@ It sits next to the measured TPOT speedup and its paired-bootstrap CI in the rep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ import numpy as np
 from trtspec.decide import paired_speedup, pairs, tpot
 from trtspec.gates import unit_of
 from trtspec.metrics import condition_parts
+from trtspec.stats import ratio_of_medians
 
 
 def leviathan(alpha: float, d: int, c: float) -> float:
@@ -62,7 +63,8 @@ def expected_emitted(alpha: float, proposed_per_position: Sequence[int], rounds:
     return 1 + sum(n / rounds * alpha ** (i + 1) for i, n in enumerate(proposed_per_position))
 
 
-def cost_model(records: Sequence[dict[str, Any]], condition: str, seed: int = 0
+def cost_model(records: Sequence[dict[str, Any]], condition: str, seed: int = 0,
+               statistic: Callable[[np.ndarray, np.ndarray], np.ndarray] = ratio_of_medians
                ) -> dict[str, Any] | None:
     """α, c, and predicted vs measured TPOT speedup (with its paired 95 % CI) for one condition.
 
@@ -107,7 +109,7 @@ def cost_model(records: Sequence[dict[str, Any]], condition: str, seed: int = 0
     c = max(0.0, (round_time / step - 1) / mean_drafts) if mean_drafts else 0.0
     measured, ci = paired_speedup(np.array([tb for *_, tb, _ in both]),
                                   np.array([ts for *_, ts in both]), seed=seed,
-                                  units=[unit_of(b) for b, *_ in both])
+                                  units=[unit_of(b) for b, *_ in both], statistic=statistic)
     predicted = expected_emitted(alpha, positions, rounds) / (1 + mean_drafts * c)
     return {"alpha": alpha, "c": c, "draft_len": d, "mean_drafts": mean_drafts,
             "predicted_speedup": predicted, "measured_speedup": measured,

@@ -49,7 +49,7 @@ CI.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,11 @@ from trtspec.stats import (
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
 STATISTIC = {"tpot": geomean_of_ratios}  # the others: ratio_of_medians
+def statistic_for(metric: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The speedup statistic of a primary metric (see the module docstring)."""
+    return STATISTIC.get(metric, ratio_of_medians)
+
+
 SPEEDUP_MEANS = {"tpot": "the geometric mean over requests of each one's baseline / spec TPOT",
                  "tpot_p50": "baseline / spec median TPOT",
                  "e2e_p50": "baseline / spec median E2E",
@@ -142,11 +147,14 @@ def _units(matched: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[list[A
 
 
 def paired_speedup(base: np.ndarray, spec: np.ndarray, resamples: int = 2000, seed: int = 0,
-                   units: Sequence[Any] | None = None) -> tuple[float, tuple[float, float]]:
-    """median(base) / median(spec) and its 95 % paired-bootstrap CI, resampling ``units``
-    (default: each request its own)."""
+                   units: Sequence[Any] | None = None, statistic: Callable[
+                       [np.ndarray, np.ndarray], np.ndarray] = ratio_of_medians
+                   ) -> tuple[float, tuple[float, float]]:
+    """statistic(base, spec) (median(base) / median(spec) unless given) and its 95 %
+    paired-bootstrap CI, resampling ``units`` (default: each request its own)."""
     units = list(range(len(base))) if units is None else units
-    iv = speedup_interval(base, spec, units, 1.0, resamples=resamples, seed=seed)
+    iv = speedup_interval(base, spec, units, 1.0, resamples=resamples, seed=seed,
+                          statistic=statistic)
     return iv.point, iv.ci
 
 
@@ -213,7 +221,7 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
         caveats.append("these records name no turn (an older eval): the CI resamples requests "
                        "one by one and is too narrow if requests that ran together shared "
                        "shocks")
-    statistic = STATISTIC.get(metric, ratio_of_medians)
+    statistic = statistic_for(metric)
     interval = speedup_interval(base, spec, units, criteria.min_speedup, unit, seed=seed,
                                 statistic=statistic) if count >= MIN_UNITS else None
     point = float(statistic(base, spec))

@@ -132,9 +132,9 @@ class Eval(Strict):
         "`--per-category` is given); null: every request")
     warmup: int = Field(2, ge=0, description="requests each arm runs (8 tokens) before measuring")
     categories: dict[str, list[str]] | None = Field(
-        None, description="judge groups of categories instead of each one: group name → the "
-        "workload categories it merges (unlisted categories keep their names); null: the "
-        "workloads' own categories")
+        None, description="judge groups of categories of `builtin` and SPEED-Bench instead of "
+        "each one: group name → the categories it merges (unlisted ones keep their names; a "
+        "custom JSONL's categories are its own); null: the workloads' own categories")
 
     @field_validator("categories")
     @classmethod
@@ -144,6 +144,9 @@ class Eval(Strict):
         for name, members in (groups or {}).items():
             if not members:
                 raise ValueError(f"group {name!r} lists no category")
+            if name == "all":
+                raise ValueError("a group cannot be named 'all' (the report's cell over every "
+                                 "category)")
             if len(set(members)) < len(members):
                 raise ValueError(f"group {name!r} lists a category twice")
             for c in members:

@@ -19,6 +19,7 @@ from trtspec.decide import (
     apply_where,
     decide,
     requests_to_resolve,
+    statistic_for,
 )
 from trtspec.eval.confirm import side_by_side
 from trtspec.eval.sequential import looks_lines
@@ -49,10 +50,12 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                       divergences=read_jsonl(out / DIVERGENCES),
                       alphas=sequential["alphas"] if sequential else None,
                       families=sequential.get("families") if sequential else None)
-    unjudged = bool(sequential and not sequential["looks"][-1].get("verdicts"))
+    cut = set(sequential["looks"][-1]["conditions"]) if sequential and not \
+        sequential["looks"][-1].get("verdicts") else set()  # a round killed before its look
+    unjudged = bool(cut)
     if (expected and measured < expected) or unjudged:  # the rest may be the slow half
         for v in verdicts:
-            if v.verdict == "GO":
+            if v.verdict == "GO" and (not unjudged or v.condition in cut):
                 v.verdict = "INCONCLUSIVE"
                 v.reasons.append(f"the eval is incomplete ({measured} of {expected} records "
                                  "measured): resume it" if not unjudged else
@@ -63,7 +66,8 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
         if not key.split("/")[1].endswith("D0") and any(
                 r["condition"] == key and r["arm"] == "spec" and r["verification_rounds"]
                 and not failed(r) for r in records):
-            model = cost_model(records, key, recipe.sampling.seed)
+            model = cost_model(records, key, recipe.sampling.seed,
+                               statistic_for(recipe.decide.primary_metric))
             if model is not None:
                 models[key] = model
     decision = {"criteria": recipe.decide.model_dump(), "greedy": greedy,

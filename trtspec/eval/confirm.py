@@ -62,8 +62,10 @@ def confirm_plan(original: Path, recipe_path: str | Path, seed: int
     # more than the plan); a confirmation of a confirmation must not reuse the first's rows
     shares = Counter(r["category"] for r in records
                      if r["condition"] == keys[0] and r["arm"] == "spec")
-    if meta_if_any(original).get(CONFIRMS):
-        seen |= {r["request_id"] for r in read_records(Path(meta_if_any(original)[CONFIRMS]))}
+    before = meta_if_any(original).get(CONFIRMS)
+    while before:  # a confirmation of a confirmation: none of the chain's rows are new
+        seen |= {r["request_id"] for r in read_records(Path(before))}
+        before = meta_if_any(Path(before)).get(CONFIRMS)
     fresh = unused_rows(workload_pool(recipe, selection, recipe_path), seen, shares, seed, 0)
     if not fresh:
         raise RecipeError(f"--confirm {original}: its workloads have no rows it did not measure "

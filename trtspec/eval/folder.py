@@ -201,20 +201,14 @@ def load_requests(recipe: Recipe, selection: Selection, recipe_path: str | Path,
         custom = spec != "builtin" and not spec.startswith("speed-bench:")
         n = selection.per_category or (
             None if custom and not selection.legacy else recipe.eval.per_category)
-        got = load_workload(spec, bench, n, recipe.sampling.seed, recipe.eval.categories, seen)
+        got = load_workload(spec, bench, n, recipe.sampling.seed,
+                            None if custom else recipe.eval.categories, seen)
         counts = Counter(r.category for r in got)
         how = f"at most {n} per category" if n else "all of it"
         say(f"workload {spec}: {len(got)} requests ({how}): "
             + ", ".join(f"{c} {k}" for c, k in sorted(counts.items())))
         requests += got
-    listed = [c for members in (recipe.eval.categories or {}).values() for c in members]
-    missing = [c for c in listed if c not in seen]
-    if missing:
-        text = (f"eval.categories lists {', '.join(missing)}, which no workload here has "
-                f"(they have {', '.join(sorted(seen))})")
-        if any(_workload_spec(w) == w for w in selection.workloads or recipe.eval.workloads):
-            raise RecipeError(text)  # builtin / SPEED-Bench: a name they lack is a typo
-        say(f"note: {text}; unlisted categories are judged under their own names")
+    _check_groups(recipe, seen)
     if selection.num_prompts is not None:
         requests = spread_sample(requests, selection.num_prompts, recipe.sampling.seed)
         counts = Counter(r.category for r in requests)
@@ -223,6 +217,24 @@ def load_requests(recipe: Recipe, selection: Selection, recipe_path: str | Path,
     if selection.max_tokens is not None:  # the knob fixes every request's limit
         requests = [r.model_copy(update={"max_tokens": None}) for r in requests]
     return requests
+
+
+def _check_groups(recipe: Recipe, seen: set[str]) -> None:
+    """eval.categories against the categories of the built-in / SPEED-Bench workloads it
+    applied to (``seen``; none: nothing to check): a name they lack is a typo, and a group
+    named after a category it does not list would merge into it silently."""
+    groups = recipe.eval.categories or {}
+    if not groups or not seen:
+        return
+    listed = {c for members in groups.values() for c in members}
+    missing = sorted(listed - seen)
+    if missing:
+        raise RecipeError(f"eval.categories lists {', '.join(missing)}, which the workloads do "
+                          f"not have (they have {', '.join(sorted(seen))})")
+    clash = sorted(g for g in groups if g in seen - listed)
+    if clash:
+        raise RecipeError(f"eval.categories: group {clash[0]!r} is also a category of the "
+                          "workload that no group lists: rename the group or list it")
 
 
 def workload_pool(recipe: Recipe, selection: Selection, recipe_path: str | Path) -> list[Any]:
@@ -235,7 +247,9 @@ def workload_pool(recipe: Recipe, selection: Selection, recipe_path: str | Path)
     for spec in selection.workloads or [w if _workload_spec(w) == w else
                                         _near_recipe(w, recipe_path)
                                         for w in recipe.eval.workloads]:
-        rows += load_workload(spec, bench, None, recipe.sampling.seed, recipe.eval.categories)
+        custom = spec != "builtin" and not spec.startswith("speed-bench:")
+        rows += load_workload(spec, bench, None, recipe.sampling.seed,
+                              None if custom else recipe.eval.categories)
     if selection.max_tokens is not None:
         rows = [r.model_copy(update={"max_tokens": None}) for r in rows]
     return rows

@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.files import write_atomic
+from trtspec.recipe import RecipeError
 from trtspec.stats import ALPHA, look_alphas
 
 SEQUENTIAL = "sequential.json"
 Judge = Callable[[dict[str, float], dict[str, int]], dict[str, tuple[str, int]]]
-METHOD = ("alpha spending: Hwang–Shih–DeCani (γ = −2) α·(e^(2n/N) − 1)/(e² − 1), over half of α "
-          "kept for the last look, each look tested at its increment")
+METHOD = ("alpha spending: Hwang–Shih–DeCani (γ = −2) α·(e^(2n/N) − 1)/(e² − 1), little spent "
+          "early and most late, each look tested at its increment")
 
 
 def read_sequential(out: Path) -> dict[str, Any] | None:
@@ -78,6 +79,10 @@ class Looks:
 
     def __init__(self, out: Path, budget: int, alpha: float = ALPHA) -> None:
         stored = read_sequential(out) or {}
+        if stored and stored.get("method") != METHOD:  # its looks spent α another way
+            raise RecipeError(f"{out / SEQUENTIAL}: that eval spent its α with another "
+                              f"function ({stored.get('method')}); going on would spend more "
+                              "than α. `trtspec decide` it as it is, or start a new eval")
         self.out, self.budget, self.alpha = out, stored.get("budget", budget), alpha
         self.looks: list[dict[str, Any]] = stored.get("looks", [])
 

@@ -246,8 +246,8 @@ def load_workload(spec: str, speed_bench_dir: str | Path = "data/speed-bench",
                   groups: dict[str, list[str]] | None = None,
                   seen: set[str] | None = None) -> list[WorkloadRequest]:
     """``builtin``, ``speed-bench:<config>`` or a path to a JSONL file; ``groups`` (the recipe's
-    ``eval.categories``) merges categories before the per-category sample; ``seen`` collects
-    the categories the workload had before (a group naming none of any workload's is a typo)."""
+    ``eval.categories``, applied to the built-in and SPEED-Bench workloads) merges categories
+    before the per-category sample; ``seen`` collects the categories they had before."""
     if spec == "builtin":
         requests = builtin()
     elif spec.startswith("speed-bench:"):
@@ -257,7 +257,7 @@ def load_workload(spec: str, speed_bench_dir: str | Path = "data/speed-bench",
         requests = speed_bench.load(speed_bench.find_file(speed_bench_dir, config), config)
     else:
         requests = load_jsonl(spec)
-    if seen is not None:
+    if seen is not None and groups:
         seen.update(r.category for r in requests)
     if groups:
         requests = regroup(requests, groups)
@@ -267,9 +267,9 @@ def load_workload(spec: str, speed_bench_dir: str | Path = "data/speed-bench",
 def regroup(requests: Sequence[WorkloadRequest], groups: dict[str, list[str]]
             ) -> list[WorkloadRequest]:
     """Each request of a listed category moved to the group that lists it; other categories
-    keep their names (so a recipe's groups for the built-in workload leave a custom JSONL as it
-    is). Why: a verdict per category needs ≥ 8 requests in each, so a small eval judges a few
-    groups (e.g. copy-heavy vs open-ended) rather than eight cells it can never decide."""
+    keep their names. Why: a verdict per category needs ≥ 8 requests in each, so a small eval
+    judges a few groups (e.g. copy-heavy vs open-ended) rather than eight cells it can never
+    decide."""
     group_of = {c: g for g, members in groups.items() for c in members}
     return [r.model_copy(update={"category": group_of[r.category]})
             if r.category in group_of else r for r in requests]
