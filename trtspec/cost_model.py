@@ -22,7 +22,7 @@ import numpy as np
 
 from trtspec.decide import paired_speedup, pairs, tpot
 from trtspec.gates import unit_of
-from trtspec.metrics import condition_parts
+from trtspec.metrics import condition_parts, failed
 from trtspec.stats import ratio_of_medians
 
 
@@ -116,3 +116,18 @@ def cost_model(records: Sequence[dict[str, Any]], condition: str, seed: int = 0,
             "measured_ci": list(ci),  # within: up to float rounding of a degenerate CI
             "prediction_within_ci": bool(ci[0] * (1 - 1e-6) <= predicted <= ci[1] * (1 + 1e-6)),
             "recommended_d": recommend_d(alpha, c)}
+
+
+def cost_models(records: Sequence[dict[str, Any]], seed: int = 0,
+                statistic: Callable[[np.ndarray, np.ndarray], np.ndarray] = ratio_of_medians
+                ) -> dict[str, dict[str, Any]]:
+    """:func:`cost_model` of every condition that speculated (D > 0, spec rounds recorded)."""
+    models = {}
+    for key in sorted({r["condition"] for r in records}):
+        if not key.split("/")[1].endswith("D0") and any(
+                r["condition"] == key and r["arm"] == "spec" and r["verification_rounds"]
+                and not failed(r) for r in records):
+            model = cost_model(records, key, seed, statistic)
+            if model is not None:
+                models[key] = model
+    return models

@@ -23,6 +23,7 @@ from pydantic import (
 
 from trtspec.adaptive import ADAPTIVE, DEFAULT_MAX_DRAFT_LEN
 from trtspec.recipe_methods import (  # noqa: F401 — re-exported: trtspec.recipe.Ngram etc.
+    CategoryGroups,
     DraftLength,
     DraftModel,
     Dtype,
@@ -131,30 +132,10 @@ class Eval(Strict):
         "of builtin and SPEED-Bench workloads (a custom JSONL runs whole unless "
         "`--per-category` is given); null: every request")
     warmup: int = Field(2, ge=0, description="requests each arm runs (8 tokens) before measuring")
-    categories: dict[str, list[str]] | None = Field(
+    categories: CategoryGroups | None = Field(
         None, description="judge groups of categories of `builtin` and SPEED-Bench instead of "
         "each one: group name → the categories it merges (unlisted ones keep their names; a "
         "custom JSONL's categories are its own); null: the workloads' own categories")
-
-    @field_validator("categories")
-    @classmethod
-    def _groups_disjoint(cls, groups: dict[str, list[str]] | None
-                         ) -> dict[str, list[str]] | None:
-        seen: dict[str, str] = {}
-        for name, members in (groups or {}).items():
-            if not members:
-                raise ValueError(f"group {name!r} lists no category")
-            if name == "all":
-                raise ValueError("a group cannot be named 'all' (the report's cell over every "
-                                 "category)")
-            if len(set(members)) < len(members):
-                raise ValueError(f"group {name!r} lists a category twice")
-            for c in members:
-                if c in seen:
-                    raise ValueError(f"category {c!r} is in two groups ({seen[c]!r} and "
-                                     f"{name!r})")
-                seen[c] = name
-        return groups
 
 
 class Decide(Strict):

@@ -1,12 +1,12 @@
 """The speculation methods a recipe can name (a discriminated union on ``method``), the strict
-base every recipe model shares and the field types of dtypes and draft lengths. Re-exported by
-:mod:`trtspec.recipe`."""
+base every recipe model shares and the field types of dtypes, draft lengths and category
+groups. Re-exported by :mod:`trtspec.recipe`."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
 from trtspec.adaptive import ADAPTIVE
 
@@ -102,3 +102,25 @@ def _draft_length(value: Any) -> int | str:
 
 DraftLength = Annotated[Annotated[int, Field(ge=1, le=64)] | Literal["adaptive"],
                         PlainValidator(_draft_length)]
+
+
+def _disjoint_groups(groups: dict[str, list[str]]) -> dict[str, list[str]]:
+    """eval.categories: every group lists categories, each category in one group at most, and
+    none is named 'all' (the report's cell over every category)."""
+    seen: dict[str, str] = {}
+    for name, members in groups.items():
+        if not members:
+            raise ValueError(f"group {name!r} lists no category")
+        if name == "all":
+            raise ValueError("a group cannot be named 'all' (the report's cell over every "
+                             "category)")
+        for c in members:
+            if c in seen:
+                raise ValueError(f"group {name!r} lists a category twice" if seen[c] == name
+                                 else f"category {c!r} is in two groups ({seen[c]!r} and "
+                                 f"{name!r})")
+            seen[c] = name
+    return groups
+
+
+CategoryGroups = Annotated[dict[str, list[str]], AfterValidator(_disjoint_groups)]

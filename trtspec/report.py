@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from trtspec.cost_model import cost_model, leviathan
+from trtspec.cost_model import cost_models, leviathan
 from trtspec.decide import (
     GO,
     INCONCLUSIVE,
@@ -35,7 +35,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     from trtspec.eval import in_process
     from trtspec.eval.folder import arms_of, completeness
     from trtspec.eval.run import DIVERGENCES, read_jsonl
-    from trtspec.eval.sequential import read_sequential
+    from trtspec.eval.sequential import cut_short, read_sequential
     from trtspec.files import write_atomic
 
     out = Path(out_dir)
@@ -50,26 +50,17 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                       divergences=read_jsonl(out / DIVERGENCES),
                       alphas=sequential["alphas"] if sequential else None,
                       families=sequential.get("families") if sequential else None)
-    cut = set(sequential["looks"][-1]["conditions"]) if sequential and not \
-        sequential["looks"][-1].get("verdicts") else set()  # a round killed before its look
-    unjudged = bool(cut)
-    if (expected and measured < expected) or unjudged:  # the rest may be the slow half
-        for v in verdicts:
-            if v.verdict == "GO" and (not unjudged or v.condition in cut):
-                v.verdict = "INCONCLUSIVE"
-                v.reasons.append(f"the eval is incomplete ({measured} of {expected} records "
-                                 "measured): resume it" if not unjudged else
-                                 "the eval's last round of --until-decided was cut short: "
-                                 "resume it")
-    models = {}
-    for key in sorted({r["condition"] for r in records}):
-        if not key.split("/")[1].endswith("D0") and any(
-                r["condition"] == key and r["arm"] == "spec" and r["verification_rounds"]
-                and not failed(r) for r in records):
-            model = cost_model(records, key, recipe.sampling.seed,
-                               statistic_for(recipe.decide.primary_metric))
-            if model is not None:
-                models[key] = model
+    cut = cut_short(sequential)
+    for v in verdicts:  # what is not measured yet may be the slow half: no GO on the rest
+        if v.verdict == GO and v.condition in cut:
+            v.verdict = INCONCLUSIVE
+            v.reasons.append("the eval's last round of --until-decided was cut short: resume it")
+        elif v.verdict == GO and expected and measured < expected:
+            v.verdict = INCONCLUSIVE
+            v.reasons.append(f"the eval is incomplete ({measured} of {expected} records "
+                             "measured): resume it")
+    models = cost_models(records, recipe.sampling.seed,
+                         statistic_for(recipe.decide.primary_metric))
     decision = {"criteria": recipe.decide.model_dump(), "greedy": greedy,
                 "throughput": arm_throughput(records),
                 "draft_lengths": chosen_draft_lengths(records),

@@ -142,7 +142,6 @@ def _until_decided(out: Path, recipe: Recipe, recipe_path: str | Path, selection
 
     pool = workload_pool(recipe, selection, recipe_path)
     budget = min(max_requests or 4 * len(plan), len(pool))
-
     by_key = {c.key: c for c in conditions}
 
     def measure(batch: Sequence[Any], keys: Sequence[str], look: int) -> None:

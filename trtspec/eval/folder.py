@@ -91,7 +91,7 @@ def _absolute(path: str) -> str:
 
 
 def _workload_spec(spec: str) -> str:
-    return spec if spec == "builtin" or spec.startswith("speed-bench:") else _absolute(spec)
+    return _absolute(spec) if _custom(spec) else spec
 
 
 def _near_recipe(path: str, recipe_path: str | Path) -> str:
@@ -195,10 +195,8 @@ def load_requests(recipe: Recipe, selection: Selection, recipe_path: str | Path,
     bench = selection.speed_bench_dir or _near_recipe("data/speed-bench", recipe_path)
     requests: list[Any] = []
     seen: set[str] = set()
-    for spec in selection.workloads or [w if _workload_spec(w) == w else
-                                        _near_recipe(w, recipe_path)
-                                        for w in recipe.eval.workloads]:
-        custom = spec != "builtin" and not spec.startswith("speed-bench:")
+    for spec in _specs(recipe, selection, recipe_path):
+        custom = _custom(spec)
         n = selection.per_category or (
             None if custom and not selection.legacy else recipe.eval.per_category)
         got = load_workload(spec, bench, n, recipe.sampling.seed,
@@ -217,6 +215,17 @@ def load_requests(recipe: Recipe, selection: Selection, recipe_path: str | Path,
     if selection.max_tokens is not None:  # the knob fixes every request's limit
         requests = [r.model_copy(update={"max_tokens": None}) for r in requests]
     return requests
+
+
+def _specs(recipe: Recipe, selection: Selection, recipe_path: str | Path) -> list[str]:
+    """The eval's workloads: the selection's, else the recipe's (paths found near it)."""
+    return list(selection.workloads) or [w if _workload_spec(w) == w else _near_recipe(
+        w, recipe_path) for w in recipe.eval.workloads]
+
+
+def _custom(spec: str) -> bool:
+    """A JSONL path, not ``builtin`` or ``speed-bench:<config>``."""
+    return spec != "builtin" and not spec.startswith("speed-bench:")
 
 
 def _check_groups(recipe: Recipe, seen: set[str]) -> None:
@@ -244,12 +253,9 @@ def workload_pool(recipe: Recipe, selection: Selection, recipe_path: str | Path)
 
     bench = selection.speed_bench_dir or _near_recipe("data/speed-bench", recipe_path)
     rows = []
-    for spec in selection.workloads or [w if _workload_spec(w) == w else
-                                        _near_recipe(w, recipe_path)
-                                        for w in recipe.eval.workloads]:
-        custom = spec != "builtin" and not spec.startswith("speed-bench:")
+    for spec in _specs(recipe, selection, recipe_path):
         rows += load_workload(spec, bench, None, recipe.sampling.seed,
-                              None if custom else recipe.eval.categories)
+                              None if _custom(spec) else recipe.eval.categories)
     if selection.max_tokens is not None:
         rows = [r.model_copy(update={"max_tokens": None}) for r in rows]
     return rows

@@ -171,6 +171,13 @@ def until_decided(out: Path, plan: Sequence[Any], pool: Sequence[Any], budget: i
     return looks
 
 
+def cut_short(looks: dict[str, Any] | None) -> set[str]:
+    """The conditions of a round that was measured (in part) but never judged: the eval was
+    killed before its look, so its records may be the fast half."""
+    last = looks["looks"][-1] if looks else {}
+    return set() if last.get("verdicts", True) else set(last["conditions"])
+
+
 def looks_lines(looks: dict[str, Any] | None) -> list[str]:
     """Report lines: the looks of an ``--until-decided`` eval (its ``sequential.json``), so a
     reader sees how many requests each verdict needed."""
