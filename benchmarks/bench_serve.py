@@ -1,13 +1,19 @@
-"""The serving scheduler under load: SmolLM2-135M-Instruct on this CPU, greedy, in one run.
+"""Speculation under load: which draft length policy pays at 1, 2, 4 and 8 concurrent clients.
 
-For plain decoding and for n-gram speculation (D = 4), 1, 4 and 8 closed-loop clients send
-the same prompts through `trtspec serve`'s scheduler (8 slots) on the runner serve uses by
-default (the compiled one; eager with ``--quick``). Per cell: output tokens/s
-(tokens over the wall time the load ran), TTFT and TPOT p50 / p99, AL, and the scheduler's
-overhead: the share of wall time outside model forwards (target and draft scoring). HF
-``generate`` runs the same prompts one at a time beside it, as the reference a user has.
+SmolLM2-135M-Instruct on this CPU, greedy, the built-in workload's copy-heavy and open-ended
+categories run separately, through `trtspec serve`'s scheduler (8 slots) on the runner serve
+uses by default (the compiled one; eager with ``--quick``). For n-gram and suffix lookup:
+plain decoding, fixed D = 2 and 4, the per-request adaptive D (each request's own acceptance
+and the one-row cost curve; what trtspec shipped before the round cost), and the batch-aware
+adaptive D (one width per round from every running row's acceptance and the round cost
+t(B, W), measured here as `trtspec build` measures it). Per cell: output tokens/s (tokens over
+the wall time the load ran) and its ratio to plain decoding at the same clients and category;
+each (category, clients) group runs its policies back to back, so the machine's drift moves
+them alike. Also TPOT p50, AL and mean D. HF ``generate`` runs the copy-heavy prompts one at a
+time beside it, as the reference a user has.
 
-Writes reports/bench-serve.md. ``--quick`` runs 4 prompts and 8 tokens (a smoke test).
+Writes reports/bench-serve.md. ``--quick`` runs 2 prompts a category, 8 tokens, clients 1 and 2
+(a smoke test).
 
 ``--soak`` instead runs `trtspec serve` over HTTP for a long run (see serve_soak.py) and writes
 (or replaces) the report's "## Soak" section; ``--soak --quick``: 40 requests on the toy
@@ -18,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -27,16 +32,22 @@ from pathlib import Path
 import torch
 from serve_soak import soak, write_report  # same folder: the --soak run
 
+from trtspec.adaptive import AdaptiveDraft, RoundCost
+from trtspec.cost_curve import measure, measure_rounds
 from trtspec.eval.clients import run_clients
 from trtspec.eval.workloads import builtin, per_category
 from trtspec.executor import SpecExecutor
 from trtspec.metrics import SpecStats
 from trtspec.models import encode, load
 from trtspec.propose.ngram import NgramProposer
+from trtspec.propose.suffix import SuffixProposer
 from trtspec.runtime.kinds import built_runner
 from trtspec.sampling import SamplingParams
 
-SLOTS = 8
+SLOTS, K = 8, 8
+GROUPS = {"copy-heavy": ("summarise", "edit", "answer_from_text", "code_refactor"),
+          "open-ended": ("chat", "story", "reasoning", "explain")}
+POLICIES = ("D = 2", "D = 4", "adaptive, per request", "adaptive, batch-aware")
 FORWARD = [0.0]  # seconds in the runner's score() since the last reset
 
 
@@ -60,23 +71,30 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def cell(runner, prompts, params, method: str, clients: int) -> dict[str, float]:
-    proposer = NgramProposer(1, 3) if method == "ngram" else None
-    executor = SpecExecutor(runner, proposer, 4)
+def cell(runner, prompts, params, method: str, policy: str, clients: int,
+         costs: tuple[list[float], RoundCost]) -> dict[str, float]:
+    proposer = None if method == "plain" else NgramProposer(1, 3) if method == "ngram" \
+        else SuffixProposer()
+    curve, rounds = costs
+    if policy.startswith("adaptive"):
+        chooser = AdaptiveDraft(K, curve, 0.0, round_cost=rounds if "batch" in policy else None)
+        executor = SpecExecutor(runner, proposer, K, adaptive=chooser)
+    else:  # fixed D scored at the widths the round cost says are cheapest, as serve does
+        d = 0 if proposer is None else int(policy.removeprefix("D = "))
+        executor = SpecExecutor(runner, proposer, d, round_cost=rounds)
     executor.generate([prompts[0]], params[0].model_copy(update={"max_tokens": 4}))  # warm
     FORWARD[0] = 0.0
     start = time.perf_counter()
     sent, _ = run_clients(executor, prompts, params, clients, SLOTS)
     wall = time.perf_counter() - start
     tokens = sum(len(s.ticket.token_ids) for s in sent)
-    ttft = [s.token_times[0] for s in sent if s.token_times]
     tpot = [(s.token_times[-1] - s.token_times[0]) / (len(s.token_times) - 1)
             for s in sent if len(s.token_times) > 1]
     stats = SpecStats.merge(s.ticket.stats for s in sent)
-    return {"tok_s": tokens / wall, "ttft50": percentile(ttft, 50) * 1e3,
-            "ttft99": percentile(ttft, 99) * 1e3, "tpot50": percentile(tpot, 50) * 1e3,
-            "tpot99": percentile(tpot, 99) * 1e3, "al": stats.summary()["al_pooled"],
-            "overhead": 1 - FORWARD[0] / wall, "wall": wall, "tokens": tokens}
+    summary = stats.summary()
+    return {"tok_s": tokens / wall, "tpot50": percentile(tpot, 50) * 1e3,
+            "al": summary["al_pooled"], "mean_d": summary.get("draft_len_mean", 0.0),
+            "overhead": 1 - FORWARD[0] / wall}
 
 
 def hf_reference(lm, prompts, max_tokens: int) -> float:
@@ -95,6 +113,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("reports/bench-serve.md"))
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--per-category", type=int, default=2,
+                        help="prompts per built-in category (4 categories a group)")
+    parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--soak", action="store_true",
                         help="instead, soak `trtspec serve` over HTTP (serve_soak.py)")
     parser.add_argument("--soak-requests", type=int, default=None,
@@ -119,46 +141,95 @@ def main() -> None:
         sys.exit(soak(args))
     torch.manual_seed(0)
     lm = load("smollm2-135m-instruct", device="cpu")
-    requests = per_category(builtin(), 1 if args.quick else 2, seed=0)[: 4 if args.quick else 16]
-    max_tokens = 8 if args.quick else 48
-    prompts = [encode(lm.tokenizer, r.chat()) for r in requests]
-    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=i)
-              for i in range(len(prompts))]
+    n, max_tokens = (2, 8) if args.quick else (args.per_category, args.max_tokens)
+    workload = per_category(builtin(), n, seed=0)
+    sets = {g: [encode(lm.tokenizer, r.chat()) for r in workload if r.category in cats]
+            for g, cats in GROUPS.items()}
+    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=i) for i in range(64)]
     kind = "eager" if args.quick else "compiled"
     t0 = time.perf_counter()
     runner = timed(built_runner(lm.model, kind, rows=SLOTS, eos_token_id=lm.tokenizer.eos_token_id,
                                 cache_dir=Path(tempfile.mkdtemp(prefix="bench-inductor-"))))
+    runner.warm_up(SLOTS)
     compile_s = time.perf_counter() - t0
-    rows = {(m, c): cell(runner, prompts, params, m, c) for m in ("plain", "ngram")
-            for c in (1, 4, 8)}
-    hf = hf_reference(lm, prompts, max_tokens)
+    t0 = time.perf_counter()
+    curve = measure(runner, K + 1).relative("ngram")[0]
+    measured = measure_rounds(runner, SLOTS, K + 1, 128)
+    rounds = RoundCost(measured)
+    cost_s = time.perf_counter() - t0
+    clients_list = (1, 2) if args.quick else tuple(args.clients)
+    policies = POLICIES[:1] + POLICIES[-2:] if args.quick else POLICIES
+    rows: dict[tuple[str, int, str, str], dict[str, float]] = {}
+    for group, prompts in sets.items():
+        for clients in clients_list:
+            for method, policy in [("plain", "plain"), *((m, p) for m in ("ngram", "suffix")
+                                                         for p in policies)]:
+                r = cell(runner, prompts, params[: len(prompts)], method, policy, clients,
+                         (curve, rounds))
+                rows[group, clients, method, policy] = r
+                print(f"{group} c={clients} {method} {policy}: {r['tok_s']:.1f} tok/s "
+                      f"({r['tok_s'] / rows[group, clients, 'plain', 'plain']['tok_s']:.2f}×)",
+                      flush=True)
+    hf = hf_reference(lm, sets["copy-heavy"], max_tokens)
+    table = "\n".join(f"| {b} | " + " ".join(f"{ms / measured[1][1]:.2f}" for ms in ws.values())
+                      + " |" for b, ws in measured.items())
     lines = [
-        "# Serving scheduler under load (CPU)", "",
-        f"SmolLM2-135M-Instruct, float32, greedy, {len(prompts)} built-in prompts (2 per "
-        f"category), {max_tokens} output tokens each, {SLOTS} slots, closed-loop clients, "
-        f"the {kind} runner (made and warmed up in {compile_s:.0f} s); "
+        "# Speculation under load (CPU): plain vs fixed D vs adaptive D", "",
+        f"SmolLM2-135M-Instruct, float32, greedy, the built-in workload ({n} prompts a "
+        f"category: {len(sets['copy-heavy'])} copy-heavy, {len(sets['open-ended'])} "
+        f"open-ended, run separately), {max_tokens} output tokens each, {SLOTS} slots, "
+        f"closed-loop clients, the {kind} runner (made and warmed up in {compile_s:.0f} s; "
+        f"cost curve and round cost measured in {cost_s:.0f} s); "
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads. "
-        "One run; absolute times on a shared machine are noisy, ratios less so.", "",
-        "| policy | clients | tokens/s | × plain, same clients | TTFT p50 / p99 ms | "
-        "TPOT p50 / p99 ms | AL | outside forwards |",
-        "|---|---:|---:|---:|---|---|---:|---:|"]
-    for (method, clients), r in rows.items():
-        ratio = r["tok_s"] / rows[("plain", clients)]["tok_s"]
-        lines.append(f"| {method} | {clients} | {r['tok_s']:.1f} | {ratio:.2f}× | "
-                     f"{r['ttft50']:.0f} / {r['ttft99']:.0f} | {r['tpot50']:.1f} / "
-                     f"{r['tpot99']:.1f} | {r['al']:.2f} | {100 * r['overhead']:.1f} % |")
-    lines += ["", f"HF `generate` (greedy, one request at a time, same prompts): {hf:.1f} "
-                  f"tokens/s; trtspec plain at 1 client is "
-                  f"{rows[('plain', 1)]['tok_s'] / hf:.2f}× that.", "",
-              "*outside forwards* = 1 − (seconds in target and draft forwards) / wall time: "
-              "the scheduler, sampling, verification, n-gram lookup and Python around them (the "
-              "runner's own input and mask building counts as forward time). In process, on "
-              "the scheduler `trtspec serve` runs: HTTP and SSE are not in it.",
+        "One run; each (category, clients) group runs its policies back to back. Absolute "
+        "times on a shared machine are noisy, ratios less so.", "",
+        "*× plain* = output tokens/s over plain decoding's at the same category and clients. "
+        "*per request*: each request's D from its own acceptance and the one-row cost curve; "
+        "*batch-aware*: one width per round from every running row's acceptance and the round "
+        f"cost (the default of `--draft-len adaptive`). Adaptive D ≤ {K}.", ""]
+    for group in sets:
+        lines += [f"## {group}", "", "| method | policy | " + " | ".join(
+            f"c = {c}" for c in clients_list) + " |", "|---|---|" + "---:|" * len(clients_list)]
+        for method, policy in [("plain", "plain"), *((m, p) for m in ("ngram", "suffix")
+                                                     for p in policies)]:
+            cells = []
+            for c in clients_list:
+                r, base = rows[group, c, method, policy], rows[group, c, "plain", "plain"]
+                cells.append(f"{r['tok_s']:.1f} tok/s" if method == "plain" else
+                             f"{r['tok_s'] / base['tok_s']:.2f}× (D̄ {r['mean_d']:.1f}, "
+                             f"AL {r['al']:.2f})")
+            lines.append(f"| {method} | {policy} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## Against the targets", "",
+              "| category | clients | method | batch-aware × plain | best fixed D | batch-aware "
+              "× best fixed | batch-aware × per request |", "|---|---:|---|---:|---|---:|---:|"]
+    for group in sets:
+        for c in clients_list:
+            base = rows[group, c, "plain", "plain"]["tok_s"]
+            for method in ("ngram", "suffix"):
+                ba = rows[group, c, method, "adaptive, batch-aware"]["tok_s"]
+                fixed = {p: rows[group, c, method, p]["tok_s"] for p in policies
+                         if p.startswith("D =")} or {"plain": base}
+                best = max(fixed, key=fixed.__getitem__)
+                best_t = max(fixed[best], base)
+                per = rows[group, c, method, "adaptive, per request"]["tok_s"]
+                lines.append(f"| {group} | {c} | {method} | {ba / base:.2f}× | "
+                             f"{best if fixed[best] >= base else 'plain'} | {ba / best_t:.2f}× "
+                             f"| {ba / per:.2f}× |")
+    lines += ["", "*best fixed* is the best of plain and the fixed D at that cell (choosing "
+              "plain is a fixed policy too). Targets: batch-aware ≥ 0.97× plain everywhere, "
+              "≥ 0.95× the best fixed, and at one client ≥ the per-request adaptive D.", "",
+              "Round cost t(B, W)/t(1, 1) measured here (B rows × W tokens; a round is scored at "
+              "the cheapest width ≥ its own where that is ≥ 5 % cheaper):", "",
+              f"| B | t(B, W) for W = 1 … {K + 1} |", "|---|---|", table, "",
+              f"HF `generate` (greedy, one request at a time, the copy-heavy prompts): {hf:.1f} "
+              f"tokens/s; trtspec plain at 1 client on them: "
+              f"{rows['copy-heavy', 1, 'plain', 'plain']['tok_s']:.1f} tokens/s "
+              f"({rows['copy-heavy', 1, 'plain', 'plain']['tok_s'] / hf:.2f}×).", "",
               "Command: `.venv/bin/python benchmarks/bench_serve.py`", ""]
     write_report(args.out, "\n".join(lines), soak_section=False)
     print("\n".join(lines))
-    median = statistics.median(r["tpot50"] for r in rows.values())
-    print(f"wrote {args.out}  (median TPOT p50 {median:.1f} ms)")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

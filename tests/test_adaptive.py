@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from broken_verifiers import naive_resample_verify
 from test_executor import ALPHA, PROMPT, continuation_pvalue
 
 import trtspec.executor
-from trtspec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState, relative_costs
+from trtspec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState, RoundCost, relative_costs
 from trtspec.cost_curve import CostCurve, chooser, fallback, measure
 from trtspec.cost_model import recommend_d
 from trtspec.executor import SpecExecutor
@@ -91,6 +92,65 @@ def test_probes_fire_back_off_and_reset_when_one_pays() -> None:
     assert [chooser_.choose(s, 4) for _ in range(4)] == [0, 0, 0, 1]
 
 
+# ---- the batch-aware chooser, by hand -------------------------------------------------------
+
+# t(B, W) / t(1, 1) for B = 1, 2 and W = 1 … 5: one row widens cheaply, except that 3 tokens
+# cost more than 4 (a BLAS shape); two rows pay for every extra token
+TOY_ROUNDS = {1: {1: 1.0, 2: 1.1, 3: 1.5, 4: 1.2, 5: 1.6},
+              2: {1: 1.2, 2: 2.0, 3: 2.2, 4: 2.4, 5: 2.6}}
+
+
+def test_round_cost_pads_to_a_cheaper_width_and_interpolates_rows() -> None:
+    cost = RoundCost({b: {w: 10 * t for w, t in ws.items()} for b, ws in TOY_ROUNDS.items()})
+    assert [cost.width(1, w) for w in range(1, 6)] == [1, 2, 4, 4, 5]  # 1.2 ≤ 0.95 · 1.5
+    assert cost.time(1, 3) == pytest.approx(1.2) and cost.time(2, 3) == pytest.approx(2.2)
+    assert cost.time(2, 6) == pytest.approx(2.8)  # past the table: +0.2 a token
+    assert cost.time(4, 1) == pytest.approx(2.4)  # past the rows: in proportion (2 × 1.2)
+    mid = RoundCost({1: {1: 1.0}, 3: {1: 2.0}})
+    assert mid.time(2, 1) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="t\\(1 row, 1 token\\)"):
+        RoundCost({2: {1: 1.0}})
+
+
+def test_the_batch_aware_chooser_by_hand() -> None:
+    """Row A accepts half its drafts, row B none (a, b below).
+    Alone, A would draft: rates 1.5/1.1 = 1.36, 1.75/1.2 = 1.46 (W = 2, scored as 4 tokens at
+    1.2), 1.875/1.2 = 1.56, 1.9375/1.6 = 1.21 → D = 3.
+    Together (2 rows, plain rate 2/1.2): W = 1: (1.5 + 1)/2.0 ÷ (2/1.2) = 0.75, W = 2: 2.75/2.2
+    → 0.75, W = 3: 2.875/2.4 → 0.72, W = 4: 2.9375/2.6 → 0.68 → plain decoding, where each
+    request choosing alone drafts D = 3 for A and loses 28 %."""
+    a, b = state(0.5, 0.5, 0.5, 0.5), state(0.0, 0.0, 0.0, 0.0)
+    batch_aware = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS))
+    assert batch_aware.round_rates([a], [4], 1) == pytest.approx(
+        [1, 1.5 / 1.1, 1.75 / 1.2, 1.875 / 1.2, 1.9375 / 1.6])
+    assert batch_aware.choose_round([a], [4], 1) == [3]
+    assert batch_aware.round_rates([a, b], [4, 4], 2) == pytest.approx(
+        [1, 2.5 / 2.0 * 0.6, 2.75 / 2.2 * 0.6, 2.875 / 2.4 * 0.6, 2.9375 / 2.6 * 0.6])
+    assert batch_aware.choose_round([a, b], [4, 4], 2) == [0, 0]
+    alone = AdaptiveDraft(4, [1.0, 1.1, 1.2, 1.2, 1.6])  # today's: each row on its own curve
+    assert alone.choose_round([a, b], [4, 4], 2) == [3, 0]
+    # both rows good: W = 4 ((4.0951 · 2) / 2.6 ÷ (2/1.2) = 1.89); a budget caps a row
+    good = state(0.9, 0.9, 0.9, 0.9)
+    assert batch_aware.choose_round([good, good], [4, 1], 2) == [4, 1]
+    # a draft step of 0.5 t(1, 1) · t(B, 1) per drafted token: 4 steps at 2 rows cost 2.4 more
+    dear = AdaptiveDraft(4, FLAT, 0.5, round_cost=RoundCost(TOY_ROUNDS))
+    rates = dear.round_rates([good, good], [4, 4], 2)
+    assert rates[4] == pytest.approx(2 * 4.0951 / (2.6 + 4 * 0.5 * 1.2) / (2 / 1.2))
+
+
+def test_batch_aware_probes_are_rounds_judged_by_the_next_choice() -> None:
+    chooser_ = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), probe_after=2,
+                             max_wait=8)
+    a, b = state(0.5, 0.5, 0.5, 0.5), state(0.0, 0.0, 0.0, 0.0)
+    picks = [chooser_.choose_round([a, b], [4, 4], 2) for _ in range(3)]
+    assert picks == [[0, 0], [0, 0], [1, 1]]  # two plain rounds, then a probe of every row
+    assert chooser_.choose_round([a, b], [4, 4], 2) == [0, 0] and chooser_.wait == 4
+    assert [chooser_.choose_round([a, b], [4, 4], 2) for _ in range(4)] == [[0, 0]] * 3 + [
+        [1, 1]] and chooser_.probed  # the wait doubled: 4 plain rounds (counting the one
+    b.accept[:] = [0.9] * 4  # above), then a probe, which finds B accepting now:
+    assert chooser_.choose_round([a, b], [4, 4], 2) == [4, 4] and chooser_.wait == 2
+
+
 def test_the_ema_learns_only_what_a_round_observed() -> None:
     chooser_ = AdaptiveDraft(4, FLAT, rate=0.5)
     s = state(0.5, 0.5, 0.5, 0.5)
@@ -135,7 +195,8 @@ def test_relative_costs_are_normalised_monotone_and_extended() -> None:
 def adaptive_executor(target: MarkovLM, draft: MarkovLM, clip: bool = False, **knobs
                       ) -> SpecExecutor:
     """D ∈ 0 … 4 with a dear draft step (0.35 t(1)): a rejection sends a request's a₁ below
-    what pays, acceptances bring D back up, so D varies with each request's own past."""
+    what pays, acceptances bring D back up, so D varies with each request's own past (or, with
+    a ``round_cost`` knob, each round's D with the batch's)."""
     knobs = {"initial": 0.7, "rate": 0.6, "probe_after": 1} | knobs
     return SpecExecutor(ToyRunner(target), DraftModelProposer(ToyRunner(draft)), 4,
                         clip_draft=clip, adaptive=AdaptiveDraft(4, FLAT, 0.35, **knobs))
@@ -160,6 +221,63 @@ def test_power_adaptive_d_with_a_broken_verifier_fails(monkeypatch: pytest.Monke
     target = MarkovLM(vocab_size=8, order=2, seed=41)
     executor = adaptive_executor(target, target.diverged(0.6, seed=42))
     assert continuation_pvalue(executor, target, 3, 20_000) < ALPHA
+
+
+class InChunks:
+    """An executor run over a few prompts at a time (a batch-aware chooser then sees small
+    batches whose estimates differ, so D varies from round to round and batch to batch); it
+    keeps the widths the target scored."""
+
+    def __init__(self, executor: SpecExecutor, size: int) -> None:
+        self.executor, self.size, self.widths = executor, size, []
+        score = executor.target.score
+
+        def scored(tokens, last_only=False):
+            self.widths.append(max(len(t) for t in tokens))
+            return score(tokens, last_only)
+
+        executor.target.score = scored
+
+    def generate(self, prompts, params):
+        return [c for i in range(0, len(prompts), self.size)
+                for c in self.executor.generate(prompts[i: i + self.size],
+                                                params[i: i + self.size])]
+
+
+# one row: 3 tokens cost more than 4 (padded), more rows in proportion; dear draft steps
+PADDED = {1: {1: 1.0, 2: 1.05, 3: 1.5, 4: 1.1, 5: 1.15}}
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_continuations_with_the_batch_aware_chooser_match_the_target_exactly(
+        broken: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chooser on (rounds of 3 requests, the width padded where the cost says), and its
+    power check: the same run with a broken verifier fails."""
+    if broken:
+        monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
+    target = MarkovLM(vocab_size=8, order=2, seed=41)
+    chooser_ = AdaptiveDraft(4, FLAT, 0.02, initial=0.7, rate=0.6, probe_after=1,
+                             round_cost=RoundCost(PADDED))
+    run = InChunks(SpecExecutor(ToyRunner(target), DraftModelProposer(
+        ToyRunner(target.diverged(0.6, seed=42))), 4, clip_draft=False, adaptive=chooser_), 3)
+    pvalue = continuation_pvalue(run, target, 3, 12_000)
+    assert (pvalue < ALPHA) if broken else (pvalue > ALPHA)
+    if not broken:
+        chosen = Counter(d for c in run.executor.generate([PROMPT] * 3, SamplingParams(
+            max_tokens=4)) for d in c.stats.draft_lens)
+        assert 4 in run.widths and 3 not in run.widths  # drafts of 2 scored 4 wide
+        assert len(set(run.widths)) >= 3 and chosen  # rounds chose several widths
+
+
+def test_a_fixed_d_scored_wider_gives_plain_decoding_s_greedy_output() -> None:
+    target = MarkovLM(vocab_size=16, order=2, seed=5, eos_token_id=15)
+    prompts = [[1], [2, 3], [4, 5, 6, 7, 8]]  # no prefill 3 wide
+    params = SamplingParams(temperature=0, max_tokens=30)
+    plain = [c.token_ids for c in SpecExecutor(ToyRunner(target)).generate(prompts, params)]
+    run = InChunks(SpecExecutor(ToyRunner(target), DraftModelProposer(
+        ToyRunner(target.diverged(0.5, seed=6))), 2, round_cost=RoundCost(PADDED)), 1)
+    assert [c.token_ids for c in run.generate(prompts, [params] * 3)] == plain
+    assert 4 in run.widths and 3 not in run.widths
 
 
 @pytest.mark.parametrize("divergence", [0.0, 0.5, 1.0])
@@ -283,7 +401,11 @@ def test_the_chooser_takes_the_manifest_s_curve_else_measures_else_falls_back() 
     curve = CostCurve(target={1: 10.0, 2: 11.0}, draft={"layer_skip": 4.0})
     from_manifest = chooser("layer_skip", 4, curve, say=said.append)
     assert from_manifest.cost[:3] == pytest.approx([1.0, 1.1, 1.2])
-    assert from_manifest.draft_cost == pytest.approx(0.4) and not said
+    assert from_manifest.draft_cost == pytest.approx(0.4)
+    assert from_manifest.round_cost is None and "no round-cost table" in said.pop()
+    with_rounds = chooser("layer_skip", 4, curve.model_copy(update={"rounds": TOY_ROUNDS}),
+                          say=said.append)
+    assert with_rounds.round_cost.table == RoundCost(TOY_ROUNDS).table and not said
     target = MarkovLM(vocab_size=16, order=2, seed=1)
     runner = ToyRunner(target)
     measured = chooser("draft_model", 3, None, runner, ToyRunner(target), say=said.append)

@@ -24,7 +24,8 @@ def test_bench_verify_quick(tmp_path: Path) -> None:
     ("bench_cpu", ("| copy-heavy | trtspec ngram D=4 |", "| repeated pattern | trtspec suffix "
                    "adaptive |", "| open-ended chat | HF static cache + torch.compile |",
                    "× the floor", "| 9 |")),
-    ("bench_serve", ("| plain | 1 |", "| ngram | 8 |", "HF `generate`", "outside forwards")),
+    ("bench_serve", ("| plain | plain |", "| suffix | adaptive, batch-aware |", "HF `generate`",
+                     "Against the targets")),
     ("bench_adaptive", ("| trtspec plain |", "| layer_skip adaptive |", "vs trtspec plain")),
 ])
 def test_smollm2_benchmarks_quick(bench: str, needles: tuple[str, ...], tmp_path: Path,

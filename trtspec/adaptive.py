@@ -27,6 +27,20 @@ is reset); if not, the wait doubles, up to ``max_wait`` rounds. Process-wide, be
 with a draft model also pays for the draft catching up on the tokens it skipped: over many
 short requests a per-request back-off would keep probing each of them at its shortest wait.
 
+Batch-aware (with a :class:`RoundCost`, as every build measures): a round scores every running
+row at once, padded to the widest, so one row's D costs all of them. Each round picks one width
+W ∈ {0 … K}; row i drafts D_i = min(W, cap_i) (cap_i: its budget), and W maximises the round's
+expected tokens per unit of time,
+
+    Σ_i E_i[emitted | D_i] / (t(B, W + 1) + W · t_draft · t(B, 1)),
+
+against plain decoding's B / t(B, 1) (W = 0: plain decoding through the same verify()), with
+the same ``min_gain`` and probes as above (one probe is a round of all rows; the wait is judged
+by the next round's choice). t(B, W) is the round cost measured at build for B rows × W
+tokens, relative to t(1, 1); a draft model's step is assumed to grow with rows as the target's
+plain step does. Why one W and not one D per row: rows are padded to the widest anyway, so a
+row drafting less saves nothing, and a proposer drafts every row in the same batched steps.
+
 Only D varies: verification is unchanged, so the output distribution is the target's whatever
 D each round drafts (D depends on past rounds only). Seeded outputs, though, depend on the D
 of each round, which depends on the prior, so on what ran before.
@@ -34,8 +48,9 @@ of each round, which depends on the prior, so on what ran before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 ADAPTIVE = "adaptive"
 DEFAULT_MAX_DRAFT_LEN = 8
@@ -54,17 +69,77 @@ class AdaptiveState:
     probing: bool = False  # its last round was a probe
 
 
+class RoundCost:
+    """t(B, W) / t(1, 1): a round that scores W tokens in each of B rows, from a table of
+    measured times (rows → width → any unit). A width W is scored as the cheapest measured
+    width W′ ≥ W when that is at least ``pad_margin`` cheaper (:meth:`width`): BLAS runs some
+    shapes much faster than smaller ones (on a 2-core CPU, 16 tokens cost less than 14), and a
+    padded position changes no earlier position's logits. Rows between two measured are
+    interpolated, rows past the last scaled in proportion; widths past the last extended
+    linearly from the last two."""
+
+    def __init__(self, table: Mapping[int, Mapping[int, float]], pad_margin: float = 0.05
+                 ) -> None:
+        if not table or 1 not in table or 1 not in table[1]:
+            raise ValueError("a round-cost table needs t(1 row, 1 token)")
+        base = float(table[1][1])
+        if base <= 0:
+            raise ValueError(f"t(1, 1) must be > 0, got {base}")
+        self.table = {int(b): [float(table[b][w]) / base for w in sorted(table[b])]
+                      for b in sorted(table)}  # B → [W - 1] → relative time
+        self.pad_margin = pad_margin
+
+    @classmethod
+    def linear(cls, slope: float, rows: int, widths: int) -> RoundCost:
+        """t(B, W) = 1 + slope · (B·W − 1): what models with no honest timing (toy) assume."""
+        return cls({b: {w: 1 + slope * (b * w - 1) for w in range(1, widths + 1)}
+                    for b in range(1, rows + 1)})
+
+    def _row(self, rows: int) -> list[float]:
+        """Relative times of W = 1 … (measured) for ``rows`` rows."""
+        known = sorted(self.table)
+        if rows in self.table:
+            return self.table[rows]
+        if rows > known[-1]:
+            return [t * rows / known[-1] for t in self.table[known[-1]]]
+        low = max(b for b in known if b < rows)
+        high = min(b for b in known if b > rows)
+        f = (rows - low) / (high - low)
+        return [a + f * (b - a) for a, b in zip(self.table[low], self.table[high], strict=False)]
+
+    def _raw(self, rows: int, width: int) -> float:
+        ts = self._row(max(1, rows))
+        if width <= len(ts):
+            return ts[width - 1]
+        slope = ts[-1] - ts[-2] if len(ts) > 1 else 0.02
+        return ts[-1] + max(slope, 0.0) * (width - len(ts))
+
+    def width(self, rows: int, width: int) -> int:
+        """The width a round of ``width`` tokens per row is best scored at (≥ width)."""
+        ts = self._row(max(1, rows))
+        if width >= len(ts):
+            return width
+        best = min(range(width, len(ts) + 1), key=lambda w: (ts[w - 1], w))
+        return best if ts[best - 1] <= (1 - self.pad_margin) * ts[width - 1] else width
+
+    def time(self, rows: int, width: int) -> float:
+        """t(B, W) / t(1, 1), scored at :meth:`width`."""
+        return self._raw(rows, self.width(rows, width))
+
+
 class AdaptiveDraft:
-    """Chooses D per request per round (see the module docstring); pure Python.
+    """Chooses D per round (see the module docstring); pure Python.
 
     ``target_cost[T - 1]`` is t(T) / t(1) for T = 1 … (at least 2 values; longer T are
     extrapolated from the last two, and the curve is made non-decreasing); ``draft_cost`` is
-    one draft step / t(1).
+    one draft step / t(1). With ``round_cost`` the choice is batch-aware (:meth:`choose_round`);
+    without, each request chooses alone from ``target_cost``.
     """
 
     def __init__(self, max_draft_len: int, target_cost: Sequence[float], draft_cost: float = 0.0,
                  rate: float = 0.3, prior_rate: float = 0.05, initial: float = 0.6,
-                 min_gain: float = 1.02, probe_after: int = 16, max_wait: int = 512) -> None:
+                 min_gain: float = 1.02, probe_after: int = 16, max_wait: int = 512,
+                 round_cost: RoundCost | None = None) -> None:
         if max_draft_len < 1:
             raise ValueError(f"max_draft_len must be ≥ 1, got {max_draft_len}")
         if not target_cost:
@@ -78,6 +153,8 @@ class AdaptiveDraft:
         self.observed = [0] * max_draft_len  # observations of each position, all requests
         self.idle, self.wait = 0, probe_after  # plain rounds since the last probe, and before
         # the next one (all requests)
+        self.round_cost = round_cost
+        self.probed = False  # batch-aware: the last round was a probe
 
     def start(self) -> AdaptiveState:
         """A new request's state: the prior (positions nobody observed follow the last one
@@ -85,15 +162,58 @@ class AdaptiveDraft:
         known = next((j for j, n in enumerate(self.observed) if not n), self.max_draft_len)
         return AdaptiveState(self.prior[:known] or [self.initial], known)
 
-    def rates(self, state: AdaptiveState, cap: int) -> list[float]:
-        """Expected tokens per unit time (plain decoding = 1) for D = 0 … cap."""
+    def emitted(self, state: AdaptiveState, cap: int) -> list[float]:
+        """E[emitted | D] for D = 0 … min(cap, K)."""
         accept = state.accept
-        out, emitted, run = [1.0], 1.0, 1.0
+        out, run = [1.0], 1.0
         for d in range(1, min(cap, self.max_draft_len) + 1):
             run *= accept[d - 1] if d <= len(accept) else accept[-1]
-            emitted += run
-            out.append(emitted / (self.cost[d] + d * self.draft_cost))
+            out.append(out[-1] + run)
         return out
+
+    def rates(self, state: AdaptiveState, cap: int) -> list[float]:
+        """Expected tokens per unit time (plain decoding = 1) for D = 0 … cap, one row."""
+        return [e / (self.cost[d] + d * self.draft_cost)
+                for d, e in enumerate(self.emitted(state, cap))]
+
+    def round_rates(self, states: Sequence[AdaptiveState], caps: Sequence[int], rows: int
+                    ) -> list[float]:
+        """Expected tokens per unit time of a round of these requests (plain decoding = 1) for
+        W = 0 … max cap, each request drafting min(W, its cap); ``rows``: rows the round scores
+        (B)."""
+        assert self.round_cost is not None
+        cost = self.round_cost
+        emitted = [self.emitted(s, max(c, 0)) for s, c in zip(states, caps, strict=True)]
+        step = cost.time(rows, 1)
+        out = []
+        for w in range(max((len(e) for e in emitted), default=1)):
+            ds = [min(w, len(e) - 1) for e in emitted]
+            width = max(ds, default=0)
+            tokens = sum(e[d] for e, d in zip(emitted, ds, strict=True))
+            out.append(tokens / len(emitted) * step
+                       / (cost.time(rows, width + 1) + width * self.draft_cost * step))
+        return out
+
+    def choose_round(self, states: Sequence[AdaptiveState], caps: Sequence[int], rows: int
+                     ) -> list[int]:
+        """Every request's D for one round (``caps``: each one's most, its budget; ``rows``:
+        the rows the round scores). Batch-aware with a round cost, else each request alone."""
+        if self.round_cost is None:
+            return [self.choose(s, c) if c > 0 else 0 for s, c in zip(states, caps, strict=True)]
+        rates = self.round_rates(states, caps, rows) if states else [1.0]
+        if len(rates) == 1:
+            return [0] * len(caps)
+        best = max(range(1, len(rates)), key=rates.__getitem__)  # the best-looking W > 0
+        if self.probed:  # the probe's observations are in: did speculating come back?
+            self.probed = False
+            self.wait = self.probe_after if rates[best] >= self.min_gain else min(
+                2 * self.wait, self.max_wait)
+        if rates[best] < self.min_gain:
+            if self.idle < self.wait:
+                self.idle += 1
+                return [0] * len(caps)
+            self.idle, self.probed = 0, True
+        return [max(0, min(best, c)) for c in caps]
 
     def choose(self, state: AdaptiveState, cap: int) -> int:
         """D for this request's next round, at most ``cap`` (and max_draft_len)."""
@@ -146,4 +266,29 @@ def relative_costs(target_cost: Sequence[float], n: int) -> list[float]:
     slope = out[-1] - out[-2] if len(out) > 1 else 0.02
     while len(out) < n:
         out.append(out[-1] + max(slope, 0.0))
+    return out
+
+
+def chosen_draft_lengths(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per adaptive condition: the D its spec rounds asked (mean, share of rounds per D, and
+    mean per category), from the records' ``draft_lens``."""
+    from trtspec.metrics import SpecStats, condition_parts, failed, histogram
+
+    out = {}
+    for key in sorted({r["condition"] for r in records}):
+        if isinstance(condition_parts(key)[1], int):
+            continue
+        rows = [r for r in records if r["condition"] == key and r["arm"] == "spec"
+                and not failed(r)]
+        def chosen(rows: list[dict[str, Any]]) -> SpecStats:
+            return SpecStats(rounds_per_draft_len=histogram(d for r in rows
+                                                            for d in r.get("draft_lens") or ()))
+
+        stats = chosen(rows)
+        if stats.draft_len_share:
+            by_category = {c: chosen([r for r in rows if r["category"] == c]).draft_len_mean
+                           for c in sorted({r["category"] for r in rows})}
+            out[key] = {"mean": stats.draft_len_mean, "rounds": sum(stats.rounds_per_draft_len),
+                        "share": {str(d): s for d, s in stats.draft_len_share.items()},
+                        "by_category": by_category}
     return out

@@ -6,6 +6,11 @@ t(T) / t(1) for T = 1 … K + 1 and t_draft / t(1). A build without one (older t
 measured when eval or serve starts; models that are not timed honestly (the toy backend) use
 :func:`fallback`: t(T) = 1 + 2 % per extra token, t_draft 0.1 for a draft model.
 
+The round cost (``rounds``): what one scoring call costs as a function of rows and width, for
+B = 1 … max_batch_size rows × W = 1 … K + 1 tokens each, measured the same way on a batch of
+max_batch_size rows (the first B scored, as the scheduler's slots are): the batch-aware
+chooser's t(B, W) (:class:`~trtspec.adaptive.RoundCost`), and where padding pays.
+
 Measuring: one row is prefilled with a prompt of ``context`` tokens, then ``score`` calls of T
 tokens, each rolled back so every call sees the same context, round-robin over T (and the
 drafts): one warm-up round, five timed; the fastest is kept (ms). Another process sharing
@@ -21,10 +26,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trtspec.adaptive import AdaptiveDraft
+from trtspec.adaptive import AdaptiveDraft, RoundCost
 
 MODEL_FREE = ("ngram", "suffix")  # proposers that run no model: t_draft = 0
 FALLBACK_SLOPE, FALLBACK_DRAFT = 0.02, 0.1
+ROUND_CONTEXT = 128  # tokens per row when the round cost is measured
 
 
 class CostCurve(BaseModel):
@@ -38,6 +44,15 @@ class CostCurve(BaseModel):
                                     "one draft step (draft_model, layer_skip)")
     device: str = ""
     context: int = 0  # tokens in the row when measured
+    rounds: dict[int, dict[int, float]] = Field(
+        default_factory=dict, description="B → W → fastest ms of one scoring call of W new "
+        "tokens in each of B rows (a batch of max_batch_size rows, the first B scored)")
+    rounds_seconds: float | None = Field(default=None, description="what measuring `rounds` "
+                                         "took at build, s")
+
+    def round_cost(self) -> RoundCost | None:
+        """The batch-aware chooser's t(B, W), or None (a build by an older trtspec)."""
+        return RoundCost(self.rounds) if self.rounds else None
 
     def relative(self, method: str) -> tuple[list[float], float | None]:
         """(t(T)/t(1) for the measured T, t_draft/t(1)); t_draft is None when the method
@@ -78,6 +93,26 @@ def time_score(runners: dict[str, Any], lengths: dict[str, list[int]], context: 
     return {n: {t: min(v) for t, v in per.items()} for n, per in times.items()}
 
 
+def measure_rounds(runner: Any, rows: int, widths: int, context: int = 64, warmup: int = 1,
+                   repeats: int = 3) -> dict[int, dict[int, float]]:
+    """B → W → fastest ms of ``runner.score`` of W new tokens in each of the first B of
+    ``rows`` live rows of ``context`` tokens (B = 1 … rows, W = 1 … widths), each call rolled
+    back; round-robin over every (B, W), ``warmup`` rounds untimed, then ``repeats``."""
+    vocab = runner.vocab_size
+    runner.prefill([[(7 * i + 3 + b) % vocab for i in range(context)] for b in range(rows)])
+    cells = [(b, w) for b in range(1, rows + 1) for w in range(1, widths + 1)]
+    times: dict[tuple[int, int], list[float]] = {c: [] for c in cells}
+    for i in range(warmup + repeats):
+        for b, w in cells:
+            feed = [[(11 * j + 5 + r) % vocab for j in range(w)] for r in range(b)]
+            start = time.perf_counter()
+            _sync(runner.score(feed + [[]] * (rows - b)))
+            if i >= warmup:
+                times[b, w].append((time.perf_counter() - start) * 1e3)
+            runner.rollback([context] * rows)
+    return {b: {w: min(times[b, w]) for w in range(1, widths + 1)} for b in range(1, rows + 1)}
+
+
 def _sync(logits: Any) -> None:
     if getattr(logits, "is_cuda", False):
         import torch
@@ -100,7 +135,8 @@ def measure(target: Any, max_tokens: int, drafts: dict[str, Any] | None = None,
 def measure_build(recipe: Any, artifacts: list[Any], max_tokens: int, target: Any,
                   model: Any) -> CostCurve:
     """``trtspec build`` (torch): time the target Runner eval will use (and the drafts, made
-    the way eval makes them); ``model`` is the target's loaded transformers model."""
+    the way eval makes them), then its round cost over max_batch_size rows; ``model`` is the
+    target's loaded transformers model."""
     from pathlib import Path
 
     from trtspec.models import load_model
@@ -114,7 +150,11 @@ def measure_build(recipe: Any, artifacts: list[Any], max_tokens: int, target: An
         elif isinstance(m, DraftModel):
             draft = load_model(Path(_path(artifacts, "draft")), recipe.backend.device, m.dtype)
             drafts[m.method] = HFRunner(draft)  # as make_proposer runs a draft model
-    return measure(target, max_tokens, drafts)
+    curve = measure(target, max_tokens, drafts)
+    began = time.perf_counter()
+    rounds = measure_rounds(target, recipe.limits.max_batch_size, max_tokens, ROUND_CONTEXT)
+    return curve.model_copy(update={"rounds": rounds,
+                                    "rounds_seconds": time.perf_counter() - began})
 
 
 def _path(artifacts: list[Any], name: str) -> str:
@@ -129,21 +169,29 @@ def chooser(method: str, max_draft_len: int, curve: CostCurve | None = None,
             target: Any = None, draft: Any = None, say: Callable[[str], None] = print,
             **knobs: Any) -> AdaptiveDraft:
     """An :class:`AdaptiveDraft` for ``method`` with cap K = ``max_draft_len``. Costs come
-    from ``curve`` (the manifest's); without one, from timing the ``target`` Runner (and the
-    ``draft`` Runner of a draft model or layer skip) now, once per process and model; with
-    neither, from :func:`fallback`. The last two are said once."""
+    from ``curve`` (the manifest's; batch-aware with its round cost); without one, from timing
+    the ``target`` Runner (and the ``draft`` Runner of a draft model or layer skip) now, once
+    per process and model, each request choosing alone; with neither, from :func:`fallback`
+    (batch-aware on its linear round cost). What is not the build's is said once."""
     costs, step = curve.relative(method) if curve is not None else (None, None)
     if costs is not None and step is not None:
-        return AdaptiveDraft(max_draft_len, costs, step, **knobs)
+        rounds = curve.round_cost()
+        if rounds is None:
+            _say_once(say, "the build has no round-cost table (built by an older trtspec): the "
+                      "adaptive draft length is chosen per request, blind to the batch; "
+                      "`trtspec build --force` for the batch-aware choice")
+        return AdaptiveDraft(max_draft_len, costs, step, round_cost=rounds, **knobs)
     if target is None:
         _say_once(say, "no cost curve for these models: the adaptive draft length assumes "
-                  f"t(T) = 1 + {FALLBACK_SLOPE:g}·(T − 1) and a draft step of "
+                  f"t(B, T) = 1 + {FALLBACK_SLOPE:g}·(B·T − 1) and a draft step of "
                   f"{FALLBACK_DRAFT:g} t(1) (0 for {', '.join(MODEL_FREE)})")
-        return AdaptiveDraft(max_draft_len, *fallback(max_draft_len + 1, method), **knobs)
+        return AdaptiveDraft(max_draft_len, *fallback(max_draft_len + 1, method),
+                             round_cost=RoundCost.linear(FALLBACK_SLOPE, 16, max_draft_len + 1),
+                             **knobs)
     key = (id(target), method, max_draft_len)  # one target runner per process (engine.py)
     if key not in _MEASURED:
         _say_once(say, "no cost curve from a build (one built by an older trtspec has none): "
-                  "timing the models now for the adaptive draft length")
+                  "timing the models now for the adaptive draft length (chosen per request)")
         costs, step = measure(target, max_draft_len + 1,
                               {method: draft} if draft is not None else None).relative(method)
         _MEASURED[key] = (costs, FALLBACK_DRAFT if step is None else step)

@@ -138,10 +138,12 @@ def executor_for(target: Runner, proposer: Proposer | None, method: str, draft_l
                  say: Callable[[str], None] = _stderr) -> SpecExecutor:
     """An executor at a fixed D, or adaptive up to ``cap`` [default 8]: costs from ``curve``
     (a build's), else timed now on ``target`` and the proposer's draft model
-    (``time_models``), else assumed (toy models)."""
+    (``time_models``), else assumed (toy models). A fixed D is scored at the widths the
+    build's round cost says are cheapest, as an adaptive one is."""
     if not is_adaptive(draft_len) or proposer is None:
         return SpecExecutor(target, proposer, 0 if draft_len == ADAPTIVE else int(draft_len),
-                            eos_token_ids=eos_token_ids)
+                            eos_token_ids=eos_token_ids,
+                            round_cost=curve.round_cost() if curve is not None else None)
     from trtspec.adaptive import DEFAULT_MAX_DRAFT_LEN
     from trtspec.cost_curve import chooser
 

@@ -13,8 +13,11 @@ With no proposer, each round is a plain decoding step through the same verify() 
 the baseline shares every line of sampling code with the speculative path.
 
 With an :class:`~trtspec.adaptive.AdaptiveDraft` (``draft_len`` "adaptive"), each request's D
-for each round comes from its own acceptance estimates and the cost curve (at most the
+for each round comes from the acceptance estimates and the cost of the round (at most the
 executor's ``draft_len``, K); verification is unchanged, so the output distribution is too.
+With a :class:`~trtspec.adaptive.RoundCost`, a round is scored at the width it says
+is cheapest (one row's feed lengthened by repeats of its last token): positions after a row's
+own tokens change none of its logits, and what they wrote is rolled back with the rejections.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trtspec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState
+from trtspec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState, RoundCost
 from trtspec.metrics import SpecStats
 from trtspec.propose import Draft, Proposer
 from trtspec.runtime import Runner
@@ -89,13 +92,15 @@ class SpecExecutor:
     (D ≤ remaining − 1). With ``clip_draft=False`` every round proposes D, as vLLM and
     TensorRT-LLM do; what lands past max_tokens is counted in ``discarded_tokens``.
 
-    With ``adaptive``, rounds choose D per request (see :mod:`trtspec.adaptive`), at most
-    ``draft_len``; a round given a fixed ``draft_len`` drafts that instead.
+    With ``adaptive``, rounds choose D (see :mod:`trtspec.adaptive`), at most ``draft_len``; a
+    round given a fixed ``draft_len`` drafts that instead. ``round_cost`` [default: the
+    chooser's] says at what width a round with drafts is scored.
     """
 
     def __init__(self, target: Runner, proposer: Proposer | None = None, draft_len: int = 4,
                  clip_draft: bool = True, adaptive: AdaptiveDraft | None = None,
-                 eos_token_ids: Iterable[int] | None = None) -> None:
+                 eos_token_ids: Iterable[int] | None = None,
+                 round_cost: RoundCost | None = None) -> None:
         if draft_len < 0:
             raise ValueError(f"draft_len must be ≥ 0, got {draft_len}")
         self.target, self.proposer, self.clip_draft = target, proposer, clip_draft
@@ -105,6 +110,7 @@ class SpecExecutor:
                                        () if eos is None else (eos,))
         self.draft_len = draft_len if proposer is not None else 0
         self.adaptive = adaptive if proposer is not None else None
+        self.round_cost = round_cost or (adaptive.round_cost if adaptive is not None else None)
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -187,13 +193,16 @@ class SpecExecutor:
             want, chooser = 0, None
         draft_len = [0] * batch
         for i in live:
-            cap = min(want, reqs[i].remaining - 1) if self.clip_draft else want
-            if chooser is not None and cap > 0:  # choose within the budget: a probe that
-                r = reqs[i]  # could draft nothing would teach nothing
-                if r.adaptive is None:
-                    r.adaptive = chooser.start()
-                cap = chooser.choose(r.adaptive, cap)
-            draft_len[i] = max(0, cap)
+            draft_len[i] = max(0, min(want, reqs[i].remaining - 1) if self.clip_draft else want)
+        span = live[-1] - live[0] + 1  # rows the target scores (its rows are contiguous)
+        if chooser is not None:  # choose within the budget: a probe that could draft
+            for i in live:  # nothing would teach nothing
+                if reqs[i].adaptive is None:
+                    reqs[i].adaptive = chooser.start()
+            chosen = chooser.choose_round([reqs[i].adaptive for i in live],
+                                          [draft_len[i] for i in live], span)
+            for i, d in zip(live, chosen, strict=True):
+                draft_len[i] = d
         draft = Draft.empty(batch)
         if self.proposer is not None and any(draft_len):
             draft = self.proposer.propose([r.prompt + r.output for r in reqs], draft_len,
@@ -202,8 +211,11 @@ class SpecExecutor:
         feed: list[list[int]] = [[] for _ in range(batch)]
         for b in live:
             feed[b] = [reqs[b].output[-1], *draft.token_ids[b, : n_draft[b]].tolist()]
-        logits = self.target.score(feed)  # [B, T, V], T = 1 + max drafts
-        k = logits.shape[1] - 1
+        k = max(n_draft[b] for b in live)  # the round's widest draft
+        if self.round_cost is not None:  # a wider call BLAS runs faster
+            longest = feed[max(live, key=lambda b: n_draft[b])]
+            longest += longest[-1:] * (self.round_cost.width(span, k + 1) - k - 1)
+        logits = self.target.score(feed)[:, : k + 1]  # [B, k + 1, V]
         rows = torch.tensor(live)
         dev_rows = rows.to(logits.device)
         out = verify(rows_to_probs(logits[dev_rows], [reqs[b].params for b in live]),  # [L,K+1,V]

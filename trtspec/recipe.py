@@ -178,8 +178,8 @@ class Recipe(Strict):
     draft_lengths: list[DraftLength] | Literal["auto"] = Field(
         "auto", description="the draft lengths D to sweep, each a condition; auto: 2, 4, "
         "D₀/4, D₀/2 and D₀ = 128/G − 1 (G: query heads per KV head); adaptive (alone or in "
-        "the list, e.g. [2, 4, adaptive]): each request chooses D ∈ 0 … max_draft_len per "
-        "round from its acceptance and the cost curve (torch backend)")
+        "the list, e.g. [2, 4, adaptive]): D ∈ 0 … max_draft_len chosen per round from the "
+        "running requests' acceptance and the measured round cost (torch backend)")
     max_draft_len: int | None = Field(None, ge=1, le=64, description="the cap K of an "
                                       "adaptive draft length; null: the largest of "
                                       f"{DEFAULT_MAX_DRAFT_LEN} and the fixed draft lengths")

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from trtspec.adaptive import chosen_draft_lengths
 from trtspec.cost_model import cost_models, leviathan
 from trtspec.decide import (
     GO,
@@ -24,7 +25,7 @@ from trtspec.decide import (
 from trtspec.eval.confirm import side_by_side
 from trtspec.eval.sequential import looks_lines
 from trtspec.gates import P90_MIN, P99_MIN
-from trtspec.metrics import arm_throughput, drop_unpaired, failed
+from trtspec.metrics import arm_throughput, drop_unpaired
 from trtspec.recipe import Recipe
 
 
@@ -77,25 +78,6 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     write_atomic(out / "report.html", html(out.name, recipe, verdicts, decision, records,
                                            summary))
     return verdicts, decision
-
-
-def chosen_draft_lengths(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per adaptive condition: the D its spec rounds asked (mean, and share of rounds per D),
-    from the records' ``draft_lens``."""
-    from trtspec.metrics import SpecStats, condition_parts, histogram
-
-    out = {}
-    for key in sorted({r["condition"] for r in records}):
-        if isinstance(condition_parts(key)[1], int):
-            continue
-        rows = [r for r in records if r["condition"] == key and r["arm"] == "spec"
-                and not failed(r)]
-        stats = SpecStats(rounds_per_draft_len=histogram(d for r in rows
-                                                         for d in r.get("draft_lens") or ()))
-        if stats.draft_len_share:
-            out[key] = {"mean": stats.draft_len_mean, "rounds": sum(stats.rounds_per_draft_len),
-                        "share": {str(d): s for d, s in stats.draft_len_share.items()}}
-    return out
 
 
 def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: dict[str, Any]
@@ -178,13 +160,16 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
                          f"{'yes' if m.get('prediction_within_ci') else 'no'} | {best} |")
     if decision.get("draft_lengths"):
         lines += ["", "## Adaptive draft length", "",
-                  "D chosen per request and round from its acceptance estimates and the cost "
-                  "curve (D = 0: plain decoding, with periodic probes): the share of spec rounds "
-                  "at each D.", "", "| condition | rounds | mean D | share of rounds per D |",
-                  "|---|---:|---:|---|"]
+                  "D chosen per round from the running requests' acceptance estimates and the "
+                  "round's cost (D = 0: plain decoding, with periodic probes): the share of "
+                  "spec rounds at each D, and the mean D per category.", "",
+                  "| condition | rounds | mean D | per category | share of rounds per D |",
+                  "|---|---:|---:|---|---|"]
         for key, chosen in decision["draft_lengths"].items():
             shares = ", ".join(f"D={d}: {100 * s:.0f} %" for d, s in chosen["share"].items())
-            lines.append(f"| {key} | {chosen['rounds']} | {chosen['mean']:.2f} | {shares} |")
+            per = ", ".join(f"{c} {m:.2f}" for c, m in chosen.get("by_category", {}).items())
+            lines.append(f"| {key} | {chosen['rounds']} | {chosen['mean']:.2f} | {per} | "
+                         f"{shares} |")
     if not decision.get("throughput"):
         lines += ["", "## Throughput", "", "Not available: these records predate the eval "
                   "clock (their start times cannot be placed on one timeline)."]

@@ -41,14 +41,23 @@ def test_cpu_recipe_builds_then_is_a_no_op(tmp_path: Path, smollm2) -> None:
     curve = manifest.cost_curve  # the adaptive draft length's costs: T = 1 … K + 1 (K = 8)
     assert sorted(curve.target) == list(range(1, 10)) and set(curve.draft) == {"layer_skip"}
     assert min(curve.target.values()) > 0 and curve.device == "cpu"
+    # the round cost: B = 1 … max_batch_size (4) rows × W = 1 … K + 1 tokens, and its time
+    assert sorted(curve.rounds) == [1, 2, 3, 4]
+    assert all(sorted(ws) == list(range(1, 10)) for ws in curve.rounds.values())
+    assert min(min(ws.values()) for ws in curve.rounds.values()) > 0
+    assert curve.rounds_seconds > 0 and curve.round_cost().time(1, 1) == 1.0
     created = manifest.created
 
     messages: list[str] = []
     second = build(CPU_RECIPE, engines_root=tmp_path, say=messages.append)
     assert second.up_to_date and second.manifest.created == created
     assert any(m.startswith("up to date") for m in messages)
-    forced = build(CPU_RECIPE, engines_root=tmp_path, force=True, say=lambda _: None)
+    messages.clear()
+    forced = build(CPU_RECIPE, engines_root=tmp_path, force=True, say=messages.append)
     assert not forced.up_to_date and forced.manifest.created != created
+    assert any(m.startswith("round cost: t(B, W)/t(1, 1) for B = 1 … 4 rows × W = 1 … 9 "
+                            "tokens, measured in ") for m in messages)
+    assert sum(m.startswith("  B = ") for m in messages) == 4
     # what the artefacts do not depend on never rebuilds: sampling, eval, decide, a subset of
     # the methods, and (on the torch backend, which compiles nothing) limits and draft lengths
     for edit in (["sampling.temperature=0.7", "eval.per_category=3", "decide.min_speedup=1.2"],

@@ -241,6 +241,12 @@ def test_an_eval_with_an_adaptive_condition_end_to_end(tmp_path: Path) -> None:
     assert decision["cost_model"][conditions[1].key]["draft_len"] == ADAPTIVE
     assert decision["draft_lengths"][conditions[1].key]["mean"] == pytest.approx(
         summary["draft_len_mean"])
+    by_category = decision["draft_lengths"][conditions[1].key]["by_category"]
+    spec = [r for r in records if r["condition"] == conditions[1].key and r["arm"] == "spec"]
+    assert set(by_category) == {r["category"] for r in spec}
+    for category, mean in by_category.items():  # by hand: Σ D / rounds over its records
+        lens = [d for r in spec if r["category"] == category for d in r["draft_lens"]]
+        assert mean == pytest.approx(sum(lens) / len(lens))
     report = (out / "report.md").read_text()
     section = report.split("## Adaptive draft length")[1].split("##")[0]
     assert f"| {conditions[1].key} |" in section and "D=0:" in section

@@ -120,7 +120,8 @@ BUILT_RECIPE = "recipe.yaml"
 def _cost_curve(recipe: Recipe, artifacts: list[Artifact], target: Any, model: Any,
                 say: Callable[[str], None]) -> Any:
     """The torch backend's cost curve for the adaptive draft length: t(T) for T = 1 … K + 1
-    (K: the recipe's adaptive cap) and each draft's one step, measured once per build."""
+    (K: the recipe's adaptive cap), each draft's one step, and the round cost t(B, W) for
+    B = 1 … max_batch_size rows, measured once per build."""
     from trtspec.cost_curve import measure_build
 
     curve = measure_build(recipe, artifacts, recipe.adaptive_cap + 1, target, model)
@@ -128,6 +129,12 @@ def _cost_curve(recipe: Recipe, artifacts: list[Artifact], target: Any, model: A
     steps = "".join(f"; {m} step {ms / base:.2f}" for m, ms in curve.draft.items())
     say(f"cost curve: t(1) = {base:.1f} ms; t(T)/t(1) for T = 1 … {len(curve.target)}: "
         + " ".join(f"{curve.target[t] / base:.2f}" for t in sorted(curve.target)) + steps)
+    if curve.rounds:
+        one = curve.rounds[1][1]
+        say(f"round cost: t(B, W)/t(1, 1) for B = 1 … {len(curve.rounds)} rows × W = 1 … "
+            f"{len(curve.rounds[1])} tokens, measured in {curve.rounds_seconds:.0f} s:")
+        for b, widths in curve.rounds.items():
+            say(f"  B = {b}: " + " ".join(f"{ms / one:.2f}" for ms in widths.values()))
     return curve
 
 

@@ -45,6 +45,14 @@ class ServeMetrics:
                                 registry=registry)
         self.per_pos = Counter("trtspec:spec_decode_num_accepted_tokens_per_pos",
                                "accepted drafts by position", ["position"], registry=registry)
+        d_buckets = tuple(range(0, 17)) + (24, 32, 64)
+        self.round_d = Histogram("trtspec:spec_decode_draft_len", "the D each round asked of "
+                                 "the proposer, one observation per request and round (fixed, "
+                                 "or the adaptive chooser's)", buckets=d_buckets,
+                                 registry=registry)
+        self.request_d = Histogram("trtspec:spec_decode_request_draft_len_mean",
+                                   "each request's mean D over its rounds", buckets=d_buckets,
+                                   registry=registry)
         scheduler.on_end = self.ended
 
     def ended(self, ticket: Ticket) -> None:
@@ -56,6 +64,10 @@ class ServeMetrics:
         self.accepted.inc(stats.accepted_draft_tokens)
         for i, n in enumerate(stats.accepted_per_position):
             self.per_pos.labels(str(i)).inc(n)
+        for d in stats.draft_lens:
+            self.round_d.observe(d)
+        if stats.draft_lens:
+            self.request_d.observe(stats.draft_len_mean)
 
     def latency(self, first: float | None, last: float | None, tokens: int,
                 sent: float) -> None:
