@@ -10,7 +10,7 @@ t(B, W), measured here as `trtspec build` measures it). Per cell: output tokens/
 the wall time the load ran) and its ratio to plain decoding at the same clients and category;
 each (category, clients) group runs its policies back to back, so the machine's drift moves
 them alike. Also TPOT p50, AL and mean D. HF ``generate`` runs the copy-heavy prompts one at a
-time beside it, as the reference a user has.
+time beside it, as the reference a user has (the first group's prompts).
 
 Writes reports/bench-serve.md. ``--quick`` runs 2 prompts a category, 8 tokens, clients 1 and 2
 (a smoke test).
@@ -23,6 +23,7 @@ backend.
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import sys
 import tempfile
@@ -48,24 +49,6 @@ SLOTS, K = 8, 8
 GROUPS = {"copy-heavy": ("summarise", "edit", "answer_from_text", "code_refactor"),
           "open-ended": ("chat", "story", "reasoning", "explain")}
 POLICIES = ("D = 2", "D = 4", "adaptive, per request", "adaptive, batch-aware")
-FORWARD = [0.0]  # seconds in the runner's score() since the last reset
-
-
-def timed(runner):
-    """The runner, its score() adding up its seconds in FORWARD (to isolate the overhead)."""
-    score = runner.score
-
-    def timed_score(tokens, last_only=False):
-        t0 = time.perf_counter()
-        try:
-            return score(tokens, last_only)
-        finally:
-            FORWARD[0] += time.perf_counter() - t0
-
-    runner.score = timed_score
-    return runner
-
-
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
@@ -82,8 +65,9 @@ def cell(runner, prompts, params, method: str, policy: str, clients: int,
     else:  # fixed D scored at the widths the round cost says are cheapest, as serve does
         d = 0 if proposer is None else int(policy.removeprefix("D = "))
         executor = SpecExecutor(runner, proposer, d, round_cost=rounds)
-    executor.generate([prompts[0]], params[0].model_copy(update={"max_tokens": 4}))  # warm
-    FORWARD[0] = 0.0
+    # warm: two of the prompts, 16 tokens, as a batch: an adaptive prior that has seen the
+    # category, as a running server's has (a cold start's exploration is not what is compared)
+    executor.generate(prompts[:2], [p.model_copy(update={"max_tokens": 16}) for p in params[:2]])
     start = time.perf_counter()
     sent, _ = run_clients(executor, prompts, params, clients, SLOTS)
     wall = time.perf_counter() - start
@@ -93,8 +77,7 @@ def cell(runner, prompts, params, method: str, policy: str, clients: int,
     stats = SpecStats.merge(s.ticket.stats for s in sent)
     summary = stats.summary()
     return {"tok_s": tokens / wall, "tpot50": percentile(tpot, 50) * 1e3,
-            "al": summary["al_pooled"], "mean_d": summary.get("draft_len_mean", 0.0),
-            "overhead": 1 - FORWARD[0] / wall}
+            "al": summary["al_pooled"], "mean_d": summary.get("draft_len_mean", 0.0)}
 
 
 def hf_reference(lm, prompts, max_tokens: int) -> float:
@@ -117,6 +100,8 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=2,
                         help="prompts per built-in category (4 categories a group)")
     parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--groups", nargs="+", choices=list(GROUPS), default=list(GROUPS),
+                        help="which category groups to run")
     parser.add_argument("--soak", action="store_true",
                         help="instead, soak `trtspec serve` over HTTP (serve_soak.py)")
     parser.add_argument("--soak-requests", type=int, default=None,
@@ -144,12 +129,12 @@ def main() -> None:
     n, max_tokens = (2, 8) if args.quick else (args.per_category, args.max_tokens)
     workload = per_category(builtin(), n, seed=0)
     sets = {g: [encode(lm.tokenizer, r.chat()) for r in workload if r.category in cats]
-            for g, cats in GROUPS.items()}
+            for g, cats in GROUPS.items() if g in args.groups}
     params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=i) for i in range(64)]
     kind = "eager" if args.quick else "compiled"
     t0 = time.perf_counter()
-    runner = timed(built_runner(lm.model, kind, rows=SLOTS, eos_token_id=lm.tokenizer.eos_token_id,
-                                cache_dir=Path(tempfile.mkdtemp(prefix="bench-inductor-"))))
+    runner = built_runner(lm.model, kind, rows=SLOTS, eos_token_id=lm.tokenizer.eos_token_id,
+                          cache_dir=Path(tempfile.mkdtemp(prefix="bench-inductor-")))
     runner.warm_up(SLOTS)
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -167,22 +152,27 @@ def main() -> None:
                 r = cell(runner, prompts, params[: len(prompts)], method, policy, clients,
                          (curve, rounds))
                 rows[group, clients, method, policy] = r
+                (args.out.with_suffix(".json")).write_text(json.dumps(
+                    [[list(k), v] for k, v in rows.items()]))  # what is measured is kept
                 print(f"{group} c={clients} {method} {policy}: {r['tok_s']:.1f} tok/s "
                       f"({r['tok_s'] / rows[group, clients, 'plain', 'plain']['tok_s']:.2f}×)",
                       flush=True)
-    hf = hf_reference(lm, sets["copy-heavy"], max_tokens)
+    first = next(iter(sets))
+    hf = hf_reference(lm, sets[first], max_tokens)
     table = "\n".join(f"| {b} | " + " ".join(f"{ms / measured[1][1]:.2f}" for ms in ws.values())
                       + " |" for b, ws in measured.items())
     lines = [
         "# Speculation under load (CPU): plain vs fixed D vs adaptive D", "",
         f"SmolLM2-135M-Instruct, float32, greedy, the built-in workload ({n} prompts a "
-        f"category: {len(sets['copy-heavy'])} copy-heavy, {len(sets['open-ended'])} "
-        f"open-ended, run separately), {max_tokens} output tokens each, {SLOTS} slots, "
+        "category: " + ", ".join(f"{len(p)} {g}" for g, p in sets.items()) + ", run "
+        f"separately), {max_tokens} output tokens each, {SLOTS} slots, "
         f"closed-loop clients, the {kind} runner (made and warmed up in {compile_s:.0f} s; "
         f"cost curve and round cost measured in {cost_s:.0f} s); "
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads. "
-        "One run; each (category, clients) group runs its policies back to back. Absolute "
-        "times on a shared machine are noisy, ratios less so.", "",
+        "Each cell's executor first generates 16 tokens for two of its prompts (the adaptive "
+        "prior then holds what a running server's would, not a cold start's guess). One run; "
+        "each (category, clients) group runs its policies back to back. Absolute times on a "
+        "shared machine are noisy, ratios less so.", "",
         "*× plain* = output tokens/s over plain decoding's at the same category and clients. "
         "*per request*: each request's D from its own acceptance and the one-row cost curve; "
         "*batch-aware*: one width per round from every running row's acceptance and the round "
@@ -222,11 +212,12 @@ def main() -> None:
               "Round cost t(B, W)/t(1, 1) measured here (B rows × W tokens; a round is scored at "
               "the cheapest width ≥ its own where that is ≥ 5 % cheaper):", "",
               f"| B | t(B, W) for W = 1 … {K + 1} |", "|---|---|", table, "",
-              f"HF `generate` (greedy, one request at a time, the copy-heavy prompts): {hf:.1f} "
+              f"HF `generate` (greedy, one request at a time, the {first} prompts): {hf:.1f} "
               f"tokens/s; trtspec plain at 1 client on them: "
-              f"{rows['copy-heavy', 1, 'plain', 'plain']['tok_s']:.1f} tokens/s "
-              f"({rows['copy-heavy', 1, 'plain', 'plain']['tok_s'] / hf:.2f}×).", "",
-              "Command: `.venv/bin/python benchmarks/bench_serve.py`", ""]
+              f"{rows[first, clients_list[0], 'plain', 'plain']['tok_s']:.1f} tokens/s "
+              f"({rows[first, clients_list[0], 'plain', 'plain']['tok_s'] / hf:.2f}×).", "",
+              "Command: `.venv/bin/python benchmarks/bench_serve.py " + " ".join(sys.argv[1:])
+              + "`", ""]
     write_report(args.out, "\n".join(lines), soak_section=False)
     print("\n".join(lines))
     print(f"wrote {args.out}")

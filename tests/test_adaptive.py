@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -104,12 +103,16 @@ def test_round_cost_pads_to_a_cheaper_width_and_interpolates_rows() -> None:
     cost = RoundCost({b: {w: 10 * t for w, t in ws.items()} for b, ws in TOY_ROUNDS.items()})
     assert [cost.width(1, w) for w in range(1, 6)] == [1, 2, 4, 4, 5]  # 1.2 ≤ 0.95 · 1.5
     assert cost.time(1, 3) == pytest.approx(1.2) and cost.time(2, 3) == pytest.approx(2.2)
-    assert cost.time(2, 6) == pytest.approx(2.8)  # past the table: +0.2 a token
+    assert cost.time(2, 6) == pytest.approx(2.95)  # past the table: the row's mean slope,
+    # (2.6 − 1.2) / 4 a token
+    assert RoundCost({1: {1: 1.0, 2: 0.5}}).width(1, 1) == 1  # plain decoding: never padded
     assert cost.time(4, 1) == pytest.approx(2.4)  # past the rows: in proportion (2 × 1.2)
     mid = RoundCost({1: {1: 1.0}, 3: {1: 2.0}})
     assert mid.time(2, 1) == pytest.approx(1.5)
     with pytest.raises(ValueError, match="t\\(1 row, 1 token\\)"):
         RoundCost({2: {1: 1.0}})
+    with pytest.raises(ValueError, match="round cost for 1 rows: give widths 1 … n"):
+        RoundCost({1: {1: 1.0, 2: 1.1, 4: 1.3}})
 
 
 def test_the_batch_aware_chooser_by_hand() -> None:
@@ -139,15 +142,25 @@ def test_the_batch_aware_chooser_by_hand() -> None:
 
 
 def test_batch_aware_probes_are_rounds_judged_by_the_next_choice() -> None:
-    chooser_ = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), probe_after=2,
-                             max_wait=8)
     a, b = state(0.5, 0.5, 0.5, 0.5), state(0.0, 0.0, 0.0, 0.0)
+    # a 2-row probe costs 2.0/1.2 − 1 = 0.67 of a round: at 2 % of the time, one per 34 rounds
+    dear = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), probe_after=2)
+    assert [dear.choose_round([a, b], [4, 4], 2) for _ in range(35)] == [[0, 0]] * 34 + [[1, 1]]
+    assert AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), probe_after=2
+                         ).choose_round([a], [4], 1) == [3]  # one row: no wait to speculate
+    chooser_ = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), probe_after=2,
+                             max_wait=8, probe_budget=1.0)  # below: the back-off alone
     picks = [chooser_.choose_round([a, b], [4, 4], 2) for _ in range(3)]
     assert picks == [[0, 0], [0, 0], [1, 1]]  # two plain rounds, then a probe of every row
+    chooser_.update(a, 0, 0)  # the n-gram found nothing: the probe told nothing, the wait
+    assert [chooser_.choose_round([a, b], [4, 4], 2) for _ in range(3)] == [  # stays
+        [0, 0], [0, 0], [1, 1]] and chooser_.wait == 2
+    chooser_.update(b, 1, 0)  # the next probe sees a rejection: still plain, the wait doubles
     assert chooser_.choose_round([a, b], [4, 4], 2) == [0, 0] and chooser_.wait == 4
     assert [chooser_.choose_round([a, b], [4, 4], 2) for _ in range(4)] == [[0, 0]] * 3 + [
-        [1, 1]] and chooser_.probed  # the wait doubled: 4 plain rounds (counting the one
-    b.accept[:] = [0.9] * 4  # above), then a probe, which finds B accepting now:
+        [1, 1]]  # 4 plain rounds (counting the one above), then a probe, after which
+    chooser_.update(b, 1, 1)
+    b.accept[:] = [0.9] * 4  # B accepts well: speculation is back, the wait reset
     assert chooser_.choose_round([a, b], [4, 4], 2) == [4, 4] and chooser_.wait == 2
 
 
@@ -233,7 +246,8 @@ class InChunks:
         score = executor.target.score
 
         def scored(tokens, last_only=False):
-            self.widths.append(max(len(t) for t in tokens))
+            if not last_only:  # a round, not a prefill
+                self.widths.append(max(len(t) for t in tokens))
             return score(tokens, last_only)
 
         executor.target.score = scored
@@ -262,22 +276,37 @@ def test_continuations_with_the_batch_aware_chooser_match_the_target_exactly(
         ToyRunner(target.diverged(0.6, seed=42))), 4, clip_draft=False, adaptive=chooser_), 3)
     pvalue = continuation_pvalue(run, target, 3, 12_000)
     assert (pvalue < ALPHA) if broken else (pvalue > ALPHA)
-    if not broken:
-        chosen = Counter(d for c in run.executor.generate([PROMPT] * 3, SamplingParams(
-            max_tokens=4)) for d in c.stats.draft_lens)
-        assert 4 in run.widths and 3 not in run.widths  # drafts of 2 scored 4 wide
-        assert len(set(run.widths)) >= 3 and chosen  # rounds chose several widths
+    if not broken:  # rounds chose several D (their widths: D + 1, 3 scored 4 wide)
+        assert 4 in run.widths and 3 not in run.widths and len(set(run.widths)) >= 3
 
 
 def test_a_fixed_d_scored_wider_gives_plain_decoding_s_greedy_output() -> None:
     target = MarkovLM(vocab_size=16, order=2, seed=5, eos_token_id=15)
-    prompts = [[1], [2, 3], [4, 5, 6, 7, 8]]  # no prefill 3 wide
+    prompts = [[1], [2, 3], [4, 5, 6]]
     params = SamplingParams(temperature=0, max_tokens=30)
     plain = [c.token_ids for c in SpecExecutor(ToyRunner(target)).generate(prompts, params)]
     run = InChunks(SpecExecutor(ToyRunner(target), DraftModelProposer(
         ToyRunner(target.diverged(0.5, seed=6))), 2, round_cost=RoundCost(PADDED)), 1)
     assert [c.token_ids for c in run.generate(prompts, [params] * 3)] == plain
     assert 4 in run.widths and 3 not in run.widths
+
+
+def test_the_chooser_sees_every_live_request_and_the_rows_the_target_scores() -> None:
+    """Rows 0, 2 and 4 finish first; then the live rows are 1 and 3, and the target scores
+    the contiguous range 1 … 3: B = 3."""
+    seen: list[tuple[int, int]] = []
+
+    class Spy(AdaptiveDraft):
+        def choose_round(self, states, caps, rows):
+            seen.append((len(states), rows))
+            return super().choose_round(states, caps, rows)
+
+    target = MarkovLM(vocab_size=16, order=2, seed=5)
+    ex = SpecExecutor(ToyRunner(target), NgramProposer(), 4,
+                      adaptive=Spy(4, FLAT, round_cost=RoundCost(TOY_ROUNDS)))
+    ex.generate([[1, 2]] * 5, [SamplingParams(max_tokens=n, ignore_eos=True)
+                                for n in (2, 12, 2, 12, 2)])
+    assert seen[0] == (5, 5) and (2, 3) in seen
 
 
 @pytest.mark.parametrize("divergence", [0.0, 0.5, 1.0])

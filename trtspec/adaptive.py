@@ -1,4 +1,4 @@
-"""Adaptive draft length: per request and per round, the D that pays for itself.
+"""Adaptive draft length: per round, the D that pays for itself, for each request or the batch.
 
 For a request whose estimated acceptance at draft position j (given positions < j accepted)
 is a_j, a round that drafts D tokens emits on average
@@ -16,7 +16,8 @@ Estimates: a_j is an exponential moving average per position, updated after each
 (proposed, accepted): positions 1..a were accepted (1), position a + 1 was rejected (0) when
 a < proposed; later positions were not observed. What was asked but not proposed (an n-gram
 with no match) is not observed either. A new request starts from a process-wide prior, itself
-a slower EMA of every request's observations, so an open-ended workload learns fast. A
+a slower EMA of every request's observations (at first a running mean in which the initial
+guess counts as ``prior_weight`` observations), so an open-ended workload learns fast. A
 position not observed yet (by the request, or by anyone for the prior) takes the estimate of
 the last one observed before it, as under i.i.d. acceptance, so D can grow past what was tried.
 
@@ -35,8 +36,11 @@ expected tokens per unit of time,
     Σ_i E_i[emitted | D_i] / (t(B, W + 1) + W · t_draft · t(B, 1)),
 
 against plain decoding's B / t(B, 1) (W = 0: plain decoding through the same verify()), with
-the same ``min_gain`` and probes as above (one probe is a round of all rows; the wait is judged
-by the next round's choice). t(B, W) is the round cost measured at build for B rows × W
+the same ``min_gain`` and probes as above (one probe is a round of all rows drafting one token
+each, the cheapest round that observes anything, and it also waits until its extra cost
+t(B, 2)/t(B, 1) − 1 is at most ``probe_budget`` of the plain rounds since the last: on the
+2-core CPU a 4-row probe costs ~0.8 of a round, so it waits ~40; the wait is judged by the next
+round that knows what a probe saw). t(B, W) is the round cost measured at build for B rows × W
 tokens, relative to t(1, 1); a draft model's step is assumed to grow with rows as the target's
 plain step does. Why one W and not one D per row: rows are padded to the widest anyway, so a
 row drafting less saves nothing, and a proposer drafts every row in the same batched steps.
@@ -50,7 +54,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 ADAPTIVE = "adaptive"
 DEFAULT_MAX_DRAFT_LEN = 8
@@ -71,20 +74,24 @@ class AdaptiveState:
 
 class RoundCost:
     """t(B, W) / t(1, 1): a round that scores W tokens in each of B rows, from a table of
-    measured times (rows → width → any unit). A width W is scored as the cheapest measured
-    width W′ ≥ W when that is at least ``pad_margin`` cheaper (:meth:`width`): BLAS runs some
-    shapes much faster than smaller ones (on a 2-core CPU, 16 tokens cost less than 14), and a
-    padded position changes no earlier position's logits. Rows between two measured are
-    interpolated, rows past the last scaled in proportion; widths past the last extended
-    linearly from the last two."""
+    measured times (rows → width → any unit; widths 1 … n for every row). A round with drafts
+    (W ≥ 2) is scored as the cheapest measured width W′ ≥ W when that is at least
+    ``pad_margin`` cheaper (:meth:`width`): BLAS runs some shapes much faster than smaller ones
+    (on a 2-core CPU, 16 tokens cost less than 14), and a padded position changes no earlier
+    position's logits. Plain decoding (W = 1) is never padded, so it costs what the baseline
+    costs. Rows between two measured are interpolated, rows past the last scaled in
+    proportion; widths past the last extended by the row's mean slope."""
 
     def __init__(self, table: Mapping[int, Mapping[int, float]], pad_margin: float = 0.05
                  ) -> None:
         if not table or 1 not in table or 1 not in table[1]:
             raise ValueError("a round-cost table needs t(1 row, 1 token)")
+        for b, widths in table.items():
+            if int(b) < 1 or sorted(map(int, widths)) != list(range(1, len(widths) + 1)) or \
+                    min(widths.values()) <= 0:
+                raise ValueError(f"round cost for {b} rows: give widths 1 … n, each > 0 "
+                                 f"(got {dict(widths)})")
         base = float(table[1][1])
-        if base <= 0:
-            raise ValueError(f"t(1, 1) must be > 0, got {base}")
         self.table = {int(b): [float(table[b][w]) / base for w in sorted(table[b])]
                       for b in sorted(table)}  # B → [W - 1] → relative time
         self.pad_margin = pad_margin
@@ -111,13 +118,13 @@ class RoundCost:
         ts = self._row(max(1, rows))
         if width <= len(ts):
             return ts[width - 1]
-        slope = ts[-1] - ts[-2] if len(ts) > 1 else 0.02
+        slope = (ts[-1] - ts[0]) / (len(ts) - 1) if len(ts) > 1 else 0.02
         return ts[-1] + max(slope, 0.0) * (width - len(ts))
 
     def width(self, rows: int, width: int) -> int:
         """The width a round of ``width`` tokens per row is best scored at (≥ width)."""
         ts = self._row(max(1, rows))
-        if width >= len(ts):
+        if width <= 1 or width >= len(ts):
             return width
         best = min(range(width, len(ts) + 1), key=lambda w: (ts[w - 1], w))
         return best if ts[best - 1] <= (1 - self.pad_margin) * ts[width - 1] else width
@@ -138,6 +145,7 @@ class AdaptiveDraft:
 
     def __init__(self, max_draft_len: int, target_cost: Sequence[float], draft_cost: float = 0.0,
                  rate: float = 0.3, prior_rate: float = 0.05, initial: float = 0.6,
+                 prior_weight: int = 8, probe_budget: float = 0.02,
                  min_gain: float = 1.02, probe_after: int = 16, max_wait: int = 512,
                  round_cost: RoundCost | None = None) -> None:
         if max_draft_len < 1:
@@ -148,13 +156,15 @@ class AdaptiveDraft:
         self.cost = relative_costs(target_cost, max_draft_len + 1)  # [T-1] → t(T)/t(1)
         self.draft_cost = max(0.0, float(draft_cost))
         self.rate, self.prior_rate, self.initial = rate, prior_rate, initial
+        self.prior_weight, self.probe_budget = prior_weight, probe_budget
         self.min_gain, self.probe_after, self.max_wait = min_gain, probe_after, max_wait
         self.prior = [initial] * max_draft_len
         self.observed = [0] * max_draft_len  # observations of each position, all requests
         self.idle, self.wait = 0, probe_after  # plain rounds since the last probe, and before
         # the next one (all requests)
         self.round_cost = round_cost
-        self.probed = False  # batch-aware: the last round was a probe
+        self.probed = False  # batch-aware: a probe whose verdict is pending
+        self.probe_saw = False  # … and it (or a round since) observed something
 
     def start(self) -> AdaptiveState:
         """A new request's state: the prior (positions nobody observed follow the last one
@@ -204,15 +214,17 @@ class AdaptiveDraft:
         if len(rates) == 1:
             return [0] * len(caps)
         best = max(range(1, len(rates)), key=rates.__getitem__)  # the best-looking W > 0
-        if self.probed:  # the probe's observations are in: did speculating come back?
-            self.probed = False
-            self.wait = self.probe_after if rates[best] >= self.min_gain else min(
-                2 * self.wait, self.max_wait)
+        if self.probed and self.probe_saw:  # the probe's observations are in: did
+            self.probed = False  # speculating come back? (one that proposed nothing, an
+            self.wait = self.probe_after if rates[best] >= self.min_gain else min(  # n-gram
+                2 * self.wait, self.max_wait)  # miss, tells nothing: the next probe judges)
         if rates[best] < self.min_gain:
-            if self.idle < self.wait:
-                self.idle += 1
+            extra = self.round_cost.time(rows, 2) / self.round_cost.time(rows, 1) - 1
+            if self.idle < max(self.wait, extra / self.probe_budget):  # a probe of many rows
+                self.idle += 1  # costs more: it waits until it is ≤ probe_budget of the time
                 return [0] * len(caps)
-            self.idle, self.probed = 0, True
+            self.idle, self.probed, self.probe_saw = 0, True, False
+            best = 1  # a probe asks the least that tells: one draft a row
         return [max(0, min(best, c)) for c in caps]
 
     def choose(self, state: AdaptiveState, cap: int) -> int:
@@ -234,6 +246,7 @@ class AdaptiveDraft:
         hits = min(accepted, proposed, self.max_draft_len)
         miss = accepted < proposed and accepted < self.max_draft_len
         seen = hits + miss  # positions this round observed
+        self.probe_saw |= seen > 0
         accept = state.accept
         if seen > state.known:  # new positions start from what the request assumed of them
             del accept[state.known:]
@@ -242,10 +255,12 @@ class AdaptiveDraft:
         for j in range(seen):
             x = 1.0 if j < hits else 0.0
             accept[j] += self.rate * (x - accept[j])
-            # the prior: a running mean (the initial guess counts once) until it is as slow
-            # as its EMA
+            # the prior: a running mean (the initial guess counts as prior_weight
+            # observations, so a few lucky rounds do not make every new request bold) until it
+            # is as slow as its EMA
             self.observed[j] += 1
-            self.prior[j] += max(self.prior_rate, 1 / (self.observed[j] + 1)) * (x - self.prior[j])
+            self.prior[j] += max(self.prior_rate, 1 / (self.observed[j] + self.prior_weight)) \
+                * (x - self.prior[j])
         if state.probing and seen:  # did the probe pay (bring speculation back)? else wait
             state.probing = False  # longer. One that proposed nothing (no match) tells nothing
             rates = self.rates(state, self.max_draft_len)
@@ -266,29 +281,4 @@ def relative_costs(target_cost: Sequence[float], n: int) -> list[float]:
     slope = out[-1] - out[-2] if len(out) > 1 else 0.02
     while len(out) < n:
         out.append(out[-1] + max(slope, 0.0))
-    return out
-
-
-def chosen_draft_lengths(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per adaptive condition: the D its spec rounds asked (mean, share of rounds per D, and
-    mean per category), from the records' ``draft_lens``."""
-    from trtspec.metrics import SpecStats, condition_parts, failed, histogram
-
-    out = {}
-    for key in sorted({r["condition"] for r in records}):
-        if isinstance(condition_parts(key)[1], int):
-            continue
-        rows = [r for r in records if r["condition"] == key and r["arm"] == "spec"
-                and not failed(r)]
-        def chosen(rows: list[dict[str, Any]]) -> SpecStats:
-            return SpecStats(rounds_per_draft_len=histogram(d for r in rows
-                                                            for d in r.get("draft_lens") or ()))
-
-        stats = chosen(rows)
-        if stats.draft_len_share:
-            by_category = {c: chosen([r for r in rows if r["category"] == c]).draft_len_mean
-                           for c in sorted({r["category"] for r in rows})}
-            out[key] = {"mean": stats.draft_len_mean, "rounds": sum(stats.rounds_per_draft_len),
-                        "share": {str(d): s for d, s in stats.draft_len_share.items()},
-                        "by_category": by_category}
     return out

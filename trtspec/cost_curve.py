@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trtspec.adaptive import AdaptiveDraft, RoundCost
 
@@ -49,6 +49,13 @@ class CostCurve(BaseModel):
         "tokens in each of B rows (a batch of max_batch_size rows, the first B scored)")
     rounds_seconds: float | None = Field(default=None, description="what measuring `rounds` "
                                          "took at build, s")
+
+    @field_validator("rounds")
+    @classmethod
+    def _a_table(cls, rounds: dict[int, dict[int, float]]) -> dict[int, dict[int, float]]:
+        if rounds:
+            RoundCost(rounds)  # raises what is wrong with it
+        return rounds
 
     def round_cost(self) -> RoundCost | None:
         """The batch-aware chooser's t(B, W), or None (a build by an older trtspec)."""
@@ -93,14 +100,22 @@ def time_score(runners: dict[str, Any], lengths: dict[str, list[int]], context: 
     return {n: {t: min(v) for t, v in per.items()} for n, per in times.items()}
 
 
+def round_rows(rows: int) -> list[int]:
+    """The row counts the round cost is measured at: 1 … 8, then powers of two, and ``rows``
+    (between them :class:`~trtspec.adaptive.RoundCost` interpolates)."""
+    return sorted({*range(1, min(rows, 8) + 1), *(2 ** i for i in range(4, rows.bit_length())),
+                   rows})
+
+
 def measure_rounds(runner: Any, rows: int, widths: int, context: int = 64, warmup: int = 1,
-                   repeats: int = 3) -> dict[int, dict[int, float]]:
+                   repeats: int = 5) -> dict[int, dict[int, float]]:
     """B → W → fastest ms of ``runner.score`` of W new tokens in each of the first B of
-    ``rows`` live rows of ``context`` tokens (B = 1 … rows, W = 1 … widths), each call rolled
-    back; round-robin over every (B, W), ``warmup`` rounds untimed, then ``repeats``."""
+    ``rows`` live rows of ``context`` tokens (B in :func:`round_rows`, W = 1 … widths), each
+    call rolled back; round-robin over every (B, W), ``warmup`` rounds untimed, then
+    ``repeats``."""
     vocab = runner.vocab_size
     runner.prefill([[(7 * i + 3 + b) % vocab for i in range(context)] for b in range(rows)])
-    cells = [(b, w) for b in range(1, rows + 1) for w in range(1, widths + 1)]
+    cells = [(b, w) for b in round_rows(rows) for w in range(1, widths + 1)]
     times: dict[tuple[int, int], list[float]] = {c: [] for c in cells}
     for i in range(warmup + repeats):
         for b, w in cells:
@@ -110,7 +125,7 @@ def measure_rounds(runner: Any, rows: int, widths: int, context: int = 64, warmu
             if i >= warmup:
                 times[b, w].append((time.perf_counter() - start) * 1e3)
             runner.rollback([context] * rows)
-    return {b: {w: min(times[b, w]) for w in range(1, widths + 1)} for b in range(1, rows + 1)}
+    return {b: {w: min(times[b, w]) for w in range(1, widths + 1)} for b in round_rows(rows)}
 
 
 def _sync(logits: Any) -> None:
@@ -167,15 +182,20 @@ _SAID: set[str] = set()
 
 def chooser(method: str, max_draft_len: int, curve: CostCurve | None = None,
             target: Any = None, draft: Any = None, say: Callable[[str], None] = print,
-            **knobs: Any) -> AdaptiveDraft:
+            slots: int | None = None, **knobs: Any) -> AdaptiveDraft:
     """An :class:`AdaptiveDraft` for ``method`` with cap K = ``max_draft_len``. Costs come
     from ``curve`` (the manifest's; batch-aware with its round cost); without one, from timing
     the ``target`` Runner (and the ``draft`` Runner of a draft model or layer skip) now, once
-    per process and model, each request choosing alone; with neither, from :func:`fallback`
-    (batch-aware on its linear round cost). What is not the build's is said once."""
+    per process and model (each request choosing alone unless ``curve`` has a round cost);
+    with neither, from :func:`fallback` (batch-aware on its linear round cost, up to 64 rows).
+    What is not the build's is said once, and so are ``slots`` past the rows measured."""
     costs, step = curve.relative(method) if curve is not None else (None, None)
+    rounds = curve.round_cost() if curve is not None else None  # measured: always used
+    if rounds is not None and slots is not None and slots > max(curve.rounds):
+        _say_once(say, f"the round cost was measured up to {max(curve.rounds)} rows; {slots} "
+                  "slots: rows past it are costed in proportion (`trtspec build --force` with "
+                  "this limits.max_batch_size measures them)")
     if costs is not None and step is not None:
-        rounds = curve.round_cost()
         if rounds is None:
             _say_once(say, "the build has no round-cost table (built by an older trtspec): the "
                       "adaptive draft length is chosen per request, blind to the batch; "
@@ -186,8 +206,8 @@ def chooser(method: str, max_draft_len: int, curve: CostCurve | None = None,
                   f"t(B, T) = 1 + {FALLBACK_SLOPE:g}·(B·T − 1) and a draft step of "
                   f"{FALLBACK_DRAFT:g} t(1) (0 for {', '.join(MODEL_FREE)})")
         return AdaptiveDraft(max_draft_len, *fallback(max_draft_len + 1, method),
-                             round_cost=RoundCost.linear(FALLBACK_SLOPE, 16, max_draft_len + 1),
-                             **knobs)
+                             round_cost=rounds or RoundCost.linear(FALLBACK_SLOPE, 64,
+                                                                   max_draft_len + 1), **knobs)
     key = (id(target), method, max_draft_len)  # one target runner per process (engine.py)
     if key not in _MEASURED:
         _say_once(say, "no cost curve from a build (one built by an older trtspec has none): "
@@ -195,7 +215,7 @@ def chooser(method: str, max_draft_len: int, curve: CostCurve | None = None,
         costs, step = measure(target, max_draft_len + 1,
                               {method: draft} if draft is not None else None).relative(method)
         _MEASURED[key] = (costs, FALLBACK_DRAFT if step is None else step)
-    return AdaptiveDraft(max_draft_len, *_MEASURED[key], **knobs)
+    return AdaptiveDraft(max_draft_len, *_MEASURED[key], round_cost=rounds, **knobs)
 
 
 def _say_once(say: Callable[[str], None], text: str) -> None:

@@ -107,15 +107,16 @@ class OpenBuild:
 
     def executor(self, method: str, draft_len: int | str) -> SpecExecutor:
         """Plain decoding for ``none`` or D = 0; else the method at a fixed D, or adaptive
-        (each request's D per round, at most the recipe's adaptive cap, costed by the build's
-        cost curve)."""
+        (each round's D from the running requests' acceptance, at most the recipe's adaptive
+        cap, costed by the build's round cost)."""
         self.check_method(method)
         runner = self.target_runner()
         if method == PLAIN or draft_len == 0:  # no draft model loaded for nothing
             return SpecExecutor(runner, eos_token_ids=self.eos_token_ids)
         return executor_for(runner, self.proposer(method), method, draft_len,
                             curve=self.manifest.cost_curve, cap=self.recipe.adaptive_cap,
-                            eos_token_ids=self.eos_token_ids, say=self.say)
+                            eos_token_ids=self.eos_token_ids, say=self.say,
+                            slots=self.recipe.limits.max_batch_size)
 
     def encode(self, prompt: Any, chat: bool = True) -> list[int]:
         from trtspec.models import encode
@@ -135,7 +136,8 @@ class OpenBuild:
 def executor_for(target: Runner, proposer: Proposer | None, method: str, draft_len: int | str,
                  *, curve: Any = None, cap: int | None = None, time_models: bool = True,
                  eos_token_ids: Iterable[int] | None = None,
-                 say: Callable[[str], None] = _stderr) -> SpecExecutor:
+                 say: Callable[[str], None] = _stderr, slots: int | None = None
+                 ) -> SpecExecutor:
     """An executor at a fixed D, or adaptive up to ``cap`` [default 8]: costs from ``curve``
     (a build's), else timed now on ``target`` and the proposer's draft model
     (``time_models``), else assumed (toy models). A fixed D is scored at the widths the
@@ -150,7 +152,7 @@ def executor_for(target: Runner, proposer: Proposer | None, method: str, draft_l
     k = cap or DEFAULT_MAX_DRAFT_LEN
     timed = time_models and curve is None
     adaptive = chooser(method, k, curve, target if timed else None,
-                       proposer.draft_runner if timed else None, say=say)
+                       proposer.draft_runner if timed else None, say=say, slots=slots)
     return SpecExecutor(target, proposer, k, adaptive=adaptive, eos_token_ids=eos_token_ids)
 
 

@@ -15,9 +15,11 @@ the baseline shares every line of sampling code with the speculative path.
 With an :class:`~trtspec.adaptive.AdaptiveDraft` (``draft_len`` "adaptive"), each request's D
 for each round comes from the acceptance estimates and the cost of the round (at most the
 executor's ``draft_len``, K); verification is unchanged, so the output distribution is too.
-With a :class:`~trtspec.adaptive.RoundCost`, a round is scored at the width it says
-is cheapest (one row's feed lengthened by repeats of its last token): positions after a row's
-own tokens change none of its logits, and what they wrote is rolled back with the rejections.
+With a :class:`~trtspec.adaptive.RoundCost`, a round with drafts is scored at the width it says
+is cheapest (one row's feed lengthened by repeats of its last token; the runner pads every row
+to the widest anyway): positions after a row's own tokens change none of its logits in exact
+arithmetic (in floating point, as any other batch shape, up to rounding), and what they wrote
+is rolled back with the rejections.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Delta:
     finish_reason: str | None  # None while running, then "stop" or "length"
     num_draft: int = 0  # drafts proposed in this round (0 after prefill)
     num_accepted: int = 0  # of which the target accepted
+    draft_len: int = 0  # the D asked of the proposer for this request in this round
 
 
 @dataclass
@@ -187,6 +190,8 @@ class SpecExecutor:
         chooser = self.adaptive if draft_len in (None, ADAPTIVE) else None
         if draft_len == ADAPTIVE and chooser is None and self.proposer is not None:
             raise ValueError("draft_len adaptive needs an executor built with an AdaptiveDraft")
+        if not live:
+            return []
         batch = len(reqs)
         want = self.draft_len if draft_len in (None, ADAPTIVE) else int(draft_len)
         if self.proposer is None:
@@ -212,8 +217,8 @@ class SpecExecutor:
         for b in live:
             feed[b] = [reqs[b].output[-1], *draft.token_ids[b, : n_draft[b]].tolist()]
         k = max(n_draft[b] for b in live)  # the round's widest draft
-        if self.round_cost is not None:  # a wider call BLAS runs faster
-            longest = feed[max(live, key=lambda b: n_draft[b])]
+        if k and self.round_cost is not None:  # a wider call BLAS runs faster (the runner
+            longest = feed[max(live, key=lambda b: n_draft[b])]  # pads every row to it)
             longest += longest[-1:] * (self.round_cost.width(span, k + 1) - k - 1)
         logits = self.target.score(feed)[:, : k + 1]  # [B, k + 1, V]
         rows = torch.tensor(live)
@@ -236,7 +241,7 @@ class SpecExecutor:
             else:
                 r.stats.close_request()
             accepted[b] = a
-            deltas.append(Delta(b, kept, r.finish_reason, n_draft[b], a))
+            deltas.append(Delta(b, kept, r.finish_reason, n_draft[b], a, draft_len[b]))
         self.target.rollback(lengths)
         if self.proposer is not None:
             self.proposer.observe(accepted)

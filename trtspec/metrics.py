@@ -381,3 +381,28 @@ def _add_lists(into: list[int], other: Sequence[int]) -> None:
         into.extend([0] * (len(other) - len(into)))
     for i, v in enumerate(other):
         into[i] += v
+
+
+def chosen_draft_lengths(records: list[dict]) -> dict[str, dict]:
+    """Per adaptive condition: the D its spec rounds asked (mean, share of rounds per D, and
+    mean per category with any round), from the records' ``draft_lens``."""
+
+    def asked(rows: list[dict]) -> SpecStats:
+        return SpecStats(rounds_per_draft_len=histogram(d for r in rows
+                                                        for d in r.get("draft_lens") or ()))
+
+    out = {}
+    for key in sorted({r["condition"] for r in records}):
+        if isinstance(condition_parts(key)[1], int):
+            continue
+        rows = [r for r in records if r["condition"] == key and r["arm"] == "spec"
+                and not failed(r)]
+        stats = asked(rows)
+        if stats.draft_len_share:
+            per = {c: asked([r for r in rows if r["category"] == c])
+                   for c in sorted({r["category"] for r in rows})}
+            out[key] = {"mean": stats.draft_len_mean, "rounds": sum(stats.rounds_per_draft_len),
+                        "share": {str(d): s for d, s in stats.draft_len_share.items()},
+                        "by_category": {c: st.draft_len_mean for c, st in per.items()
+                                        if st.draft_len_share}}
+    return out

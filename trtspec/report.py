@@ -9,7 +9,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from trtspec.adaptive import chosen_draft_lengths
 from trtspec.cost_model import cost_models, leviathan
 from trtspec.decide import (
     GO,
@@ -25,7 +24,7 @@ from trtspec.decide import (
 from trtspec.eval.confirm import side_by_side
 from trtspec.eval.sequential import looks_lines
 from trtspec.gates import P90_MIN, P99_MIN
-from trtspec.metrics import arm_throughput, drop_unpaired
+from trtspec.metrics import arm_throughput, chosen_draft_lengths, drop_unpaired
 from trtspec.recipe import Recipe
 
 

@@ -13,7 +13,8 @@ Terms:
 * policy        the draft length D for the next round, from the number of running requests
                 (like TensorRT-LLM's ``draft_len_schedule``); D = 0 is plain decoding through
                 the same verify(), so a policy never changes the output distribution; D may
-                be "adaptive": each request's own D (:mod:`trtspec.adaptive`)
+                be "adaptive": chosen per round from the running requests' acceptance and
+                the round's cost (:mod:`trtspec.adaptive`)
 
 Exactness under batching: every request owns its generator (seeded from its params) and its
 drafts are verified against the target's own p, so each request's output is distributed as the
@@ -61,8 +62,8 @@ class SchedulerDown(RuntimeError):
 class DraftPolicy:
     """D for the next round from the number of running requests: ``schedule`` is
     ((max_running, D), …) by increasing max_running; above the last entry D = 0. Without a
-    schedule every round proposes ``draft_len``. A D of "adaptive" lets each request choose
-    its own (the executor needs an AdaptiveDraft)."""
+    schedule every round proposes ``draft_len``. A D of "adaptive" lets the executor's
+    AdaptiveDraft choose each round's D."""
 
     draft_len: int | str = 4
     schedule: tuple[tuple[int, int | str], ...] = ()
@@ -176,6 +177,7 @@ class Scheduler:
         self._wake = threading.Condition(self._lock)
         self.totals = SpecStats()  # every ended request's counters (no per-request lists)
         self.on_end: Callable[[Ticket], None] | None = None  # on the step thread (metrics)
+        self.on_round: Callable[[list[Delta]], None] | None = None  # after each round, too
         self.error: str | None = None  # set when a step failed: the scheduler is down
         executor.target.prefill([[0]] * slots)  # the rows exist from now on; admission refills
         if executor.proposer is not None:
@@ -229,7 +231,10 @@ class Scheduler:
                 if t is not None and t.request.finish_reason is None and not t.cancelled]
         if live:
             draft_len = self.policy.for_running(len(live))
-            for delta in self.executor.round(self._rows, live, draft_len):
+            deltas = self.executor.round(self._rows, live, draft_len)
+            if self.on_round is not None:
+                self.on_round(deltas)
+            for delta in deltas:
                 self._deliver(delta)
         return self.running
 

@@ -94,6 +94,38 @@ def test_greedy_speculation_is_identical_to_the_transformers_runner(cache_dir) -
     assert close(compiled.view(2).prefill([[1, 2]]), hf_draft.prefill([[1, 2]]))
 
 
+@pytest.mark.parametrize("kind", ["eager", "compiled"])
+def test_a_round_scored_wider_keeps_its_logits_and_greedy_output(kind: str, cache_dir
+                                                                 ) -> None:
+    """What the executor does when the round cost says a wider call is cheaper: a row's feed
+    lengthened by repeats changes no earlier logit, and greedy speculation (ngram, a draft
+    model view, a layer-skip view on the target's own cache) stays plain decoding's."""
+    from trtspec.adaptive import RoundCost
+
+    model = tiny_llama(vocab=64, layers=3, seed=3, logit_scale=4.0)
+    runner = make_runner(model, kind, cache_dir=cache_dir)
+    runner.prefill([[1, 2, 3], [4, 5], [6]])
+    narrow = runner.score([[10, 11], [12], [13, 14]])
+    runner.rollback([3, 2, 1])
+    wide = runner.score([[10, 11, 11, 11, 11, 11], [12], [13, 14]])
+    assert close(narrow, wide[:, :2])
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7, 8], [9, 9, 9]]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    reference = SpecExecutor(HFRunner(model)).generate(prompts, params)
+    pads = RoundCost({b: {1: 1.0, 2: 2.0, 3: 2.0, 4: 2.0, 5: 2.0, 6: 1.2} for b in (1, 2, 3)})
+    widths: list[int] = []
+    target = make_runner(model, kind, cache_dir=cache_dir)
+    score = target.score
+    target.score = lambda tokens, last_only=False: (
+        widths.append(max(map(len, tokens))), score(tokens, last_only))[1]
+    for proposer in (NgramProposer(1, 3), DraftModelProposer(target.view(2)),
+                     LayerSkipProposer(target.view(2, share_cache=True))):
+        got = SpecExecutor(target, proposer, draft_len=3, round_cost=pads).generate(prompts,
+                                                                                    params)
+        assert [c.token_ids for c in got] == [c.token_ids for c in reference]
+    assert 6 in widths and not {2, 3, 4} & set(widths[1:])  # rounds with drafts: 6 wide
+
+
 def test_a_shared_cache_view_reads_what_the_target_wrote() -> None:
     """The layer-skip view with share_cache scores from the target's keys and values, writes
     only past the target's committed length, and grows the target's cache."""

@@ -204,8 +204,11 @@ def test_64_streaming_clients_on_8_slots_lose_nothing_and_metrics_add_up() -> No
         assert metric(url, 'trtspec:spec_decode_num_accepted_tokens_per_pos_total'
                            '{position="0"}') > 0
         assert metric(url, "trtspec:request_success_total") == 64
-        rounds = sum(spec["verification_rounds"] for _, spec in got)
-        assert metric(url, "trtspec:spec_decode_draft_len_count") == rounds  # a round each
+        # rounds are shared by the running requests: fewer than the requests' rounds, more
+        # than the longest request's
+        rounds = metric(url, "trtspec:spec_decode_draft_len_count")
+        assert max(spec["verification_rounds"] for _, spec in got) <= rounds \
+            < sum(spec["verification_rounds"] for _, spec in got)
         assert metric(url, 'trtspec:spec_decode_draft_len_bucket{le="16.0"}') == rounds
         assert metric(url, "trtspec:spec_decode_draft_len_sum") > 0
         assert metric(url, "trtspec:spec_decode_request_draft_len_mean_count") == 64

@@ -130,8 +130,10 @@ def _cost_curve(recipe: Recipe, artifacts: list[Artifact], target: Any, model: A
     say(f"cost curve: t(1) = {base:.1f} ms; t(T)/t(1) for T = 1 … {len(curve.target)}: "
         + " ".join(f"{curve.target[t] / base:.2f}" for t in sorted(curve.target)) + steps)
     if curve.rounds:
-        one = curve.rounds[1][1]
-        say(f"round cost: t(B, W)/t(1, 1) for B = 1 … {len(curve.rounds)} rows × W = 1 … "
+        one, rows = curve.rounds[1][1], list(curve.rounds)
+        said = f"1 … {rows[-1]}" if rows == list(range(1, len(rows) + 1)) else \
+            ", ".join(map(str, rows))
+        say(f"round cost: t(B, W)/t(1, 1) for B = {said} rows × W = 1 … "
             f"{len(curve.rounds[1])} tokens, measured in {curve.rounds_seconds:.0f} s:")
         for b, widths in curve.rounds.items():
             say(f"  B = {b}: " + " ".join(f"{ms / one:.2f}" for ms in widths.values()))

@@ -46,14 +46,15 @@ class ServeMetrics:
         self.per_pos = Counter("trtspec:spec_decode_num_accepted_tokens_per_pos",
                                "accepted drafts by position", ["position"], registry=registry)
         d_buckets = tuple(range(0, 17)) + (24, 32, 64)
-        self.round_d = Histogram("trtspec:spec_decode_draft_len", "the D each round asked of "
-                                 "the proposer, one observation per request and round (fixed, "
-                                 "or the adaptive chooser's)", buckets=d_buckets,
-                                 registry=registry)
+        self.round_d = Histogram("trtspec:spec_decode_draft_len", "each verification "
+                                 "round's D: the most any running request was asked to draft "
+                                 "(fixed, scheduled or the adaptive chooser's; 0: plain)",
+                                 buckets=d_buckets, registry=registry)
         self.request_d = Histogram("trtspec:spec_decode_request_draft_len_mean",
                                    "each request's mean D over its rounds", buckets=d_buckets,
                                    registry=registry)
         scheduler.on_end = self.ended
+        scheduler.on_round = self.round
 
     def ended(self, ticket: Ticket) -> None:
         """A request left the scheduler (any reason): count it and its speculation."""
@@ -64,10 +65,13 @@ class ServeMetrics:
         self.accepted.inc(stats.accepted_draft_tokens)
         for i, n in enumerate(stats.accepted_per_position):
             self.per_pos.labels(str(i)).inc(n)
-        for d in stats.draft_lens:
-            self.round_d.observe(d)
         if stats.draft_lens:
             self.request_d.observe(stats.draft_len_mean)
+
+    def round(self, deltas: Sequence[Any]) -> None:
+        """A verification round ran (on the step thread): its D, as it happens."""
+        if deltas:
+            self.round_d.observe(max(d.draft_len for d in deltas))
 
     def latency(self, first: float | None, last: float | None, tokens: int,
                 sent: float) -> None:
