@@ -12,8 +12,9 @@ each (category, clients) group runs its policies back to back, so the machine's 
 them alike. Also TPOT p50, AL and mean D. HF ``generate`` runs the copy-heavy prompts one at a
 time beside it, as the reference a user has (the first group's prompts).
 
-Writes reports/bench-serve.md. ``--quick`` runs 2 prompts a category, 8 tokens, clients 1 and 2
-(a smoke test).
+Writes reports/bench-serve.md. ``--quick`` runs the open-ended group, 1 prompt a category, 4
+tokens, clients 1 and 2,
+fixed D = 2 and both adaptive policies, a round cost of 2 rows timed once (a smoke test).
 
 ``--soak`` instead runs `trtspec serve` over HTTP for a long run (see serve_soak.py) and writes
 (or replaces) the report's "## Soak" section; ``--soak --quick``: 40 requests on the toy
@@ -55,7 +56,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def cell(runner, prompts, params, method: str, policy: str, clients: int,
-         costs: tuple[list[float], RoundCost]) -> dict[str, float]:
+         costs: tuple[list[float], RoundCost], warm_tokens: int = 16) -> dict[str, float]:
     proposer = None if method == "plain" else NgramProposer(1, 3) if method == "ngram" \
         else SuffixProposer()
     curve, rounds = costs
@@ -67,7 +68,8 @@ def cell(runner, prompts, params, method: str, policy: str, clients: int,
         executor = SpecExecutor(runner, proposer, d, round_cost=rounds)
     # warm: two of the prompts, 16 tokens, as a batch: an adaptive prior that has seen the
     # category, as a running server's has (a cold start's exploration is not what is compared)
-    executor.generate(prompts[:2], [p.model_copy(update={"max_tokens": 16}) for p in params[:2]])
+    executor.generate(prompts[:2], [p.model_copy(update={"max_tokens": warm_tokens})
+                                    for p in params[:2]])
     start = time.perf_counter()
     sent, _ = run_clients(executor, prompts, params, clients, SLOTS)
     wall = time.perf_counter() - start
@@ -126,10 +128,11 @@ def main() -> None:
         sys.exit(soak(args))
     torch.manual_seed(0)
     lm = load("smollm2-135m-instruct", device="cpu")
-    n, max_tokens = (2, 8) if args.quick else (args.per_category, args.max_tokens)
+    n, max_tokens = (1, 4) if args.quick else (args.per_category, args.max_tokens)
+    groups = ["open-ended"] if args.quick else args.groups
     workload = per_category(builtin(), n, seed=0)
     sets = {g: [encode(lm.tokenizer, r.chat()) for r in workload if r.category in cats]
-            for g, cats in GROUPS.items() if g in args.groups}
+            for g, cats in GROUPS.items() if g in groups}
     params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=i) for i in range(64)]
     kind = "eager" if args.quick else "compiled"
     t0 = time.perf_counter()
@@ -139,7 +142,8 @@ def main() -> None:
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     curve = measure(runner, K + 1).relative("ngram")[0]
-    measured = measure_rounds(runner, SLOTS, K + 1, 128)
+    measured = measure_rounds(runner, 2, K + 1, 16, 0, 1) if args.quick else \
+        measure_rounds(runner, SLOTS, K + 1, 128)
     rounds = RoundCost(measured)
     cost_s = time.perf_counter() - t0
     clients_list = (1, 2) if args.quick else tuple(args.clients)
@@ -150,7 +154,7 @@ def main() -> None:
             for method, policy in [("plain", "plain"), *((m, p) for m in ("ngram", "suffix")
                                                          for p in policies)]:
                 r = cell(runner, prompts, params[: len(prompts)], method, policy, clients,
-                         (curve, rounds))
+                         (curve, rounds), 2 if args.quick else 16)
                 rows[group, clients, method, policy] = r
                 (args.out.with_suffix(".json")).write_text(json.dumps(
                     [[list(k), v] for k, v in rows.items()]))  # what is measured is kept

@@ -115,11 +115,12 @@ def test_a_round_scored_wider_keeps_its_logits_and_greedy_output(kind: str, cach
     pads = RoundCost({b: {1: 1.0, 2: 2.0, 3: 2.0, 4: 2.0, 5: 2.0, 6: 1.2} for b in (1, 2, 3)})
     widths: list[int] = []
     target = make_runner(model, kind, cache_dir=cache_dir)
-    score = target.score
+    proposers = (NgramProposer(1, 3), DraftModelProposer(target.view(2)),
+                 LayerSkipProposer(target.view(2, share_cache=True)))  # before the spy: a view
+    score = target.score  # copies its owner's attributes
     target.score = lambda tokens, last_only=False: (
         widths.append(max(map(len, tokens))), score(tokens, last_only))[1]
-    for proposer in (NgramProposer(1, 3), DraftModelProposer(target.view(2)),
-                     LayerSkipProposer(target.view(2, share_cache=True))):
+    for proposer in proposers:
         got = SpecExecutor(target, proposer, draft_len=3, round_cost=pads).generate(prompts,
                                                                                     params)
         assert [c.token_ids for c in got] == [c.token_ids for c in reference]
