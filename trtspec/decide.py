@@ -8,7 +8,8 @@ category within it:
   requests of each request's baseline TPOT / spec TPOT (paired: a request's own length and
   context cancel, so a workload of unlike requests needs far fewer of them); ``tpot_p50``,
   ``e2e_p50`` and ``throughput``, baseline / spec median of TPOT, E2E or E2E per output token
-  (two benchmark runs' medians compared). With a 95 % CI from a *paired* bootstrap that
+  (two benchmark runs' medians compared); ``goodput``, spec / baseline requests per second
+  that meet ``decide.slo`` (:mod:`trtspec.goodput`). With a 95 % CI from a *paired* bootstrap that
   resamples the independent unit (:mod:`trtspec.stats`): the request at c = 1, where the arms
   alternate request by request; the turn (the requests that ran together, ``block``) at c > 1
   or with open-loop arrivals, where requests share batches and shocks. Each resampled unit
@@ -56,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.gates import greedy_gate, latency_gates, memory_gate, unit_of
+from trtspec.goodput import goodput_ratio, signed_shares
 from trtspec.metrics import RequestTiming, condition_parts, failed, unanswered
 from trtspec.recipe import Decide
 from trtspec.stats import (
@@ -75,13 +77,14 @@ GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
 
 def statistic_for(metric: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """The speedup statistic of a primary metric (see the module docstring)."""
-    return geomean_of_ratios if metric == "tpot" else ratio_of_medians
+    return {"tpot": geomean_of_ratios, "goodput": goodput_ratio}.get(metric, ratio_of_medians)
 
 
 SPEEDUP_MEANS = {"tpot": "the geometric mean over requests of each one's baseline / spec TPOT",
                  "tpot_p50": "baseline / spec median TPOT",
                  "e2e_p50": "baseline / spec median E2E",
-                 "throughput": "baseline / spec median E2E per output token"}
+                 "throughput": "baseline / spec median E2E per output token",
+                 "goodput": "spec / baseline requests per second that meet decide.slo"}
 
 
 @dataclass
@@ -199,8 +202,12 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
     either way: INCONCLUSIVE at best) and ``caveats`` (the verdict stands; say it)."""
     matched = pairs(records, condition, category)
     metric = criteria.primary_metric
-    kept = [(b, s, _metric(b, metric), _metric(s, metric)) for b, s in matched]
-    kept = [k for k in kept if k[2] is not None and k[3] is not None and k[2] > 0 and k[3] > 0]
+    if metric == "goodput":  # signed shares of each turn's span: see trtspec.goodput
+        kept = [(b, s, vb, vs) for (b, s), (vb, vs) in
+                zip(matched, signed_shares(matched, criteria.slo), strict=True)]
+    else:
+        kept = [(b, s, _metric(b, metric), _metric(s, metric)) for b, s in matched]
+        kept = [k for k in kept if k[2] is not None and k[3] is not None and k[2] > 0 < k[3]]
     label = category or "all"
     lost = len(unanswered([r for r in records if r["condition"] == condition
                            and (category is None or r["category"] == category)]))
@@ -223,9 +230,14 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
                        "one by one and is too narrow if requests that ran together shared "
                        "shocks")
     statistic = statistic_for(metric)
-    interval = speedup_interval(base, spec, units, criteria.min_speedup, unit, seed=seed,
-                                statistic=statistic) if count >= MIN_UNITS else None
     point = float(statistic(base, spec))
+    if not np.isfinite(point):  # goodput: the baseline met the SLO in no request
+        holds.insert(0, "the baseline met the SLO in no request: no goodput ratio (loosen "
+                        "decide.slo or compare another metric)")
+        point = float("nan")
+    interval = speedup_interval(base, spec, units, criteria.min_speedup, unit, seed=seed,
+                                statistic=statistic) if count >= MIN_UNITS and point == point \
+        else None
     fails, gate_holds, gate_caveats = latency_gates(matched, criteria, seed)
     holds += gate_holds
     caveats += gate_caveats
@@ -249,7 +261,7 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
         holds.append(f"the exactness audit of {method} is weak (too few rejections seen to test "
                      "the residual): re-run `trtspec audit` with more --samples or a --prompt "
                      "where drafts are rejected")
-    if interval is None:
+    if count < MIN_UNITS:
         more = int(np.ceil((MIN_UNITS - count) * per_unit))
         holds.insert(0, f"{count} independent {unit}s (of {per_unit:.0f} request(s) each) are "
                         f"too few for an interval (< {MIN_UNITS}): measure about {more} more "

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from trtspec.adaptive import ADAPTIVE, DEFAULT_MAX_DRAFT_LEN
+from trtspec.recipe_decide import Decide, Slo  # noqa: F401 — re-exported
 from trtspec.recipe_methods import (  # noqa: F401 — re-exported: trtspec.recipe.Ngram etc.
     CategoryGroups,
     DraftLength,
@@ -136,35 +137,6 @@ class Eval(Strict):
         None, description="judge groups of categories of `builtin` and SPEED-Bench instead of "
         "each one: group name → the categories it merges (unlisted ones keep their names; a "
         "custom JSONL's categories are its own); null: the workloads' own categories")
-
-
-class Decide(Strict):
-    """Filled in by the decide step; validated now."""
-
-    primary_metric: Literal["tpot", "tpot_p50", "e2e_p50", "throughput"] = Field(
-        "tpot_p50", description="tpot: geometric mean over requests of each one's baseline / "
-        "spec TPOT (paired, the most decisive); tpot_p50, e2e_p50, throughput: baseline / spec "
-        "median of TPOT, E2E, or E2E per output token")
-    min_speedup: float = Field(1.05, gt=0, description="GO needs the speedup shown above this "
-                               "(one-sided, Holm over the report's cells); NO-GO when shown "
-                               "below")
-    # The tail a latency gate judges is p99 from 100 paired requests, p90 from 20, else the
-    # median; the gate fails only when the regression's 95 % CI lies above the limit.
-    max_ttft_p99_regression: float = Field(0.10, ge=0, description="TTFT tail regression limit "
-                                           "(spec / baseline − 1)")
-    max_e2e_p99_regression: float = Field(0.10, ge=0, description="E2E tail regression limit "
-                                          "(spec / baseline − 1)")
-    min_requests: int = Field(20, ge=1, description="fewer paired requests give no verdict "
-                              "(per condition and per category)")
-    greedy_tie_margin: float | None = Field(
-        None, ge=0, description="at temperature 0, a spec output that first differs from the "
-        "baseline where the target's two logits are within this margin is a numerical tie, "
-        "not a failure (bf16 forwards of 1 and D+1 tokens may order near-ties differently); "
-        "null: by the dtype the margin was measured in (float32 0.01, float16 0.1, "
-        "bfloat16 0.5)")
-    require_audit: bool = Field(True, description="no GO without a passing `trtspec audit`")
-    min_gpu_memory_headroom: float = Field(0.10, ge=0, lt=1,
-                                           description="GPU memory that must stay free at peak")
 
 
 class Recipe(Strict):

@@ -1,0 +1,82 @@
+"""goodput: requests per second that meet an SLO, by hand, and the verdicts it gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from trtspec.decide import GO, INCONCLUSIVE, decide, judge, pairs
+from trtspec.goodput import goodput_ratio, goodput_table, meets_slo, signed_shares
+from trtspec.recipe import Decide, Slo
+
+SLO = Slo(ttft_ms=100, tpot_ms=50)
+CRITERIA = Decide(primary_metric="goodput", slo=SLO, min_requests=8, min_speedup=1.05)
+
+
+def record(arm: str, rid: str, ttft: float, tpot: float, n: int = 11, start: float = 0.0,
+           block: str | None = None, condition: str = "ngram/D4/c1") -> dict:
+    times = [ttft + i * tpot for i in range(n)]
+    return {"condition": condition, "arm": arm, "request_id": rid, "category": "c",
+            "block": block, "start_s": start, "token_times_s": times, "output_tokens": n,
+            "e2e_s": times[-1], "output_digest": "x", "verification_rounds": 0}
+
+
+def test_meets_slo_checks_each_limit_it_has() -> None:
+    assert meets_slo(record("spec", "a", 0.09, 0.04), SLO)
+    assert not meets_slo(record("spec", "a", 0.11, 0.04), SLO)  # TTFT 110 ms > 100
+    assert not meets_slo(record("spec", "a", 0.09, 0.06), SLO)  # TPOT 60 ms > 50
+    assert meets_slo(record("spec", "a", 0.09, 9.0, n=1), SLO)  # one token: no TPOT
+    assert meets_slo(record("spec", "a", 5.0, 0.04), Slo(tpot_ms=50))
+    with pytest.raises(ValidationError, match="ttft_ms, tpot_ms or both"):
+        Slo()
+    with pytest.raises(ValidationError, match=r"set decide\.slo"):
+        Decide(primary_metric="goodput")
+
+
+def test_goodput_by_hand_one_request_a_turn() -> None:
+    """c = 1, four requests an arm. Baseline: TTFT 50 ms, TPOT 40 ms for r0, r1 (met) and 60 ms
+    for r2, r3 (missed), 11 tokens → E2E 0.45 / 0.65 s; goodput 2 / (2·0.45 + 2·0.65) =
+    2 / 2.2 = 0.909 rps. Spec: TPOT 20 ms for r0–r2 (met, E2E 0.25 s), r3 TTFT 150 ms
+    (missed, E2E 0.35 s); goodput 3 / (3·0.25 + 0.35) = 3 / 1.1 = 2.727 rps; ratio 3.0."""
+    recs = []
+    for i, (bt, (st, sf)) in enumerate(zip([0.04, 0.04, 0.06, 0.06],
+                                            [(0.02, 0.05)] * 3 + [(0.02, 0.15)], strict=True)):
+        recs += [record("baseline", f"r{i}", 0.05, bt), record("spec", f"r{i}", sf, st)]
+    matched = pairs(recs, "ngram/D4/c1")
+    shares = np.array(signed_shares(matched, SLO))
+    assert shares[:, 0] == pytest.approx([0.45, 0.45, -0.65, -0.65])
+    assert shares[:, 1] == pytest.approx([0.25, 0.25, 0.25, -0.35])
+    assert float(goodput_ratio(shares[:, 0], shares[:, 1])) == pytest.approx(3.0)
+    row = goodput_table(recs, SLO, pairs)["ngram/D4/c1"]
+    assert row["baseline_rps"] == pytest.approx(2 / 2.2) and row["spec_rps"] == pytest.approx(
+        3 / 1.1)
+    assert (row["baseline_met"], row["spec_met"]) == (0.5, 0.75)
+
+
+def test_a_turn_is_timed_from_its_first_send_to_its_last_end() -> None:
+    """Two requests in one turn at c = 2: baseline sent at 10.0 and 10.1, ending 10.45 and
+    10.75 (span 0.75 s, 0.375 each); one met. Spec sent at 20.0 and 20.0, ending 20.25 and
+    20.25 (span 0.25 s), both met. Goodput 1/0.75 vs 2/0.25: ratio 6."""
+    recs = [record("baseline", "a", 0.05, 0.04, start=10.0, block="t0", condition="x/D2/c2"),
+            record("baseline", "b", 0.05, 0.06, start=10.1, block="t0", condition="x/D2/c2"),
+            record("spec", "a", 0.05, 0.02, start=20.0, block="t0", condition="x/D2/c2"),
+            record("spec", "b", 0.05, 0.02, start=20.0, block="t0", condition="x/D2/c2")]
+    shares = np.array(signed_shares(pairs(recs, "x/D2/c2"), SLO))
+    assert shares[:, 0] == pytest.approx([0.375, -0.375])
+    assert float(goodput_ratio(shares[:, 0], shares[:, 1])) == pytest.approx(6.0)
+
+
+def test_goodput_verdicts_and_a_baseline_that_never_meets_the_slo() -> None:
+    rng = np.random.default_rng(0)
+    recs = []
+    for i in range(30):  # baseline TPOT ~ 45 ms (most met), spec ~ 25 ms (all met): faster too
+        recs += [record("baseline", f"r{i}", 0.05, 0.045 * (1 + 0.1 * rng.standard_normal())),
+                 record("spec", f"r{i}", 0.05, 0.025 * (1 + 0.05 * rng.standard_normal()))]
+    v = judge(recs, "ngram/D4/c1", CRITERIA, greedy=False, audit=None)
+    assert v.verdict == GO and v.ci[0] > 1.05 and v.units == 30
+    slow = [dict(r, token_times_s=[t * 3 for t in r["token_times_s"]], e2e_s=r["e2e_s"] * 3)
+            if r["arm"] == "baseline" else r for r in recs]  # TTFT 150 ms: never met
+    v = decide(slow, CRITERIA, greedy=False)[0]
+    assert v.verdict == INCONCLUSIVE and v.speedup != v.speedup
+    assert "baseline met the SLO in no request" in v.reasons[0]
