@@ -19,7 +19,7 @@ def record(arm: str, rid: str, ttft: float, tpot: float, n: int = 11, start: flo
     times = [ttft + i * tpot for i in range(n)]
     return {"condition": condition, "arm": arm, "request_id": rid, "category": "c",
             "block": block, "start_s": start, "token_times_s": times, "output_tokens": n,
-            "e2e_s": times[-1], "output_digest": "x", "verification_rounds": 0}
+            "e2e_s": times[-1], "ttft_s": ttft, "output_digest": "x", "verification_rounds": 0}
 
 
 def test_meets_slo_checks_each_limit_it_has() -> None:
@@ -80,3 +80,35 @@ def test_goodput_verdicts_and_a_baseline_that_never_meets_the_slo() -> None:
     v = decide(slow, CRITERIA, greedy=False)[0]
     assert v.verdict == INCONCLUSIVE and v.speedup != v.speedup
     assert "baseline met the SLO in no request" in v.reasons[0]
+
+
+def test_the_report_judges_goodput_and_shows_each_arm_s_rate(tmp_path) -> None:
+    """An eval whose recipe asks for goodput: decision.json has the table, report.md the
+    section, and the verdict's speedup is the goodput ratio (TPOT 45 → 25 ms: most baseline
+    requests meet TPOT ≤ 50 ms, every spec one does, and spec turns are shorter)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from trtspec.recipe import load_recipe
+    from trtspec.report import make_decision
+
+    out = tmp_path / "e"
+    out.mkdir()
+    shutil.copyfile(Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml",
+                    out / "recipe.yaml")
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(24):
+        rows += [record("baseline", f"r{i}", 0.05, 0.045 * (1 + 0.1 * rng.standard_normal())),
+                 record("spec", f"r{i}", 0.05, 0.025)]
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = load_recipe(out / "recipe.yaml", ["decide.primary_metric=goodput",
+                                               "decide.slo.tpot_ms=50",
+                                               "decide.require_audit=false"])
+    verdicts, decision = make_decision(out, recipe, rows)
+    row = decision["goodput"]["ngram/D4/c1"]
+    assert verdicts[0].speedup == pytest.approx(row["spec_rps"] / row["baseline_rps"])
+    assert row["spec_met"] == 1.0 and verdicts[0].verdict == GO
+    section = (out / "report.md").read_text().split("## Goodput at the SLO")[1].split("##")[0]
+    assert "TPOT ≤ 50 ms" in section and "| ngram/D4/c1 | 24 |" in section

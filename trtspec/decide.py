@@ -131,6 +131,19 @@ def _metric(r: dict[str, Any], name: str) -> float | None:
     return tpot(r)
 
 
+def metric_values(matched: Sequence[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide
+                  ) -> list[tuple[dict[str, Any], dict[str, Any], float, float]]:
+    """(baseline, spec, its value, spec's value) of the primary metric for the pairs that
+    have one: seconds (TPOT, E2E, E2E per token), or goodput's signed shares of each turn's
+    span (:mod:`trtspec.goodput`)."""
+    if criteria.primary_metric == "goodput":
+        return [(b, s, vb, vs) for (b, s), (vb, vs) in
+                zip(matched, signed_shares(matched, criteria.slo), strict=True)]
+    kept = [(b, s, _metric(b, criteria.primary_metric), _metric(s, criteria.primary_metric))
+            for b, s in matched]
+    return [k for k in kept if k[2] is not None and k[3] is not None and k[2] > 0 < k[3]]
+
+
 def pairs(records: Sequence[dict[str, Any]], condition: str, category: str | None = None
           ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(baseline, spec) records of the same request in one condition; a request that failed in
@@ -202,12 +215,7 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
     either way: INCONCLUSIVE at best) and ``caveats`` (the verdict stands; say it)."""
     matched = pairs(records, condition, category)
     metric = criteria.primary_metric
-    if metric == "goodput":  # signed shares of each turn's span: see trtspec.goodput
-        kept = [(b, s, vb, vs) for (b, s), (vb, vs) in
-                zip(matched, signed_shares(matched, criteria.slo), strict=True)]
-    else:
-        kept = [(b, s, _metric(b, metric), _metric(s, metric)) for b, s in matched]
-        kept = [k for k in kept if k[2] is not None and k[3] is not None and k[2] > 0 < k[3]]
+    kept = metric_values(matched, criteria)
     label = category or "all"
     lost = len(unanswered([r for r in records if r["condition"] == condition
                            and (category is None or r["category"] == category)]))

@@ -104,3 +104,22 @@ def goodput_table(records: Sequence[dict[str, Any]], slo: Slo,
             "spec_met": float((shares[:, 1] > 0).mean()),
             "requests": len(matched)}
     return table
+
+
+def markdown_lines(table: dict[str, dict[str, float]] | None, slo: Slo | None) -> list[str]:
+    """The report's "Goodput at the SLO" section (only when the recipe sets ``decide.slo``)."""
+    if not table or slo is None:
+        return []
+    limits = " and ".join(f"{name} ≤ {value:g} ms" for name, value in
+                          (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms)) if value is not None)
+    lines = ["## Goodput at the SLO", "",
+             f"Requests per second meeting {limits}, over the paired requests; an arm's time is "
+             "the sum of its turns' spans (first send to last end).", "",
+             "| condition | pairs | baseline met | spec met | baseline req/s | spec req/s | "
+             "spec / baseline |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for condition, t in table.items():
+        ratio = t["spec_rps"] / t["baseline_rps"] if t["baseline_rps"] else float("nan")
+        lines.append(f"| {condition} | {t['requests']} | {t['baseline_met']:.0%} | "
+                     f"{t['spec_met']:.0%} | {t['baseline_rps']:.2f} | {t['spec_rps']:.2f} | "
+                     f"{ratio:.2f}× |")
+    return lines

@@ -18,14 +18,18 @@ from trtspec.decide import (
     Verdict,
     apply_where,
     decide,
+    pairs,
     requests_to_resolve,
     statistic_for,
 )
 from trtspec.eval.confirm import side_by_side
 from trtspec.eval.sequential import looks_lines
 from trtspec.gates import P90_MIN, P99_MIN
+from trtspec.goodput import goodput_table
+from trtspec.goodput import markdown_lines as goodput_lines
 from trtspec.metrics import arm_throughput, chosen_draft_lengths, drop_unpaired
 from trtspec.recipe import Recipe
+from trtspec.schedules import deployment, deployment_lines
 
 
 def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, Any]]
@@ -43,7 +47,8 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     records, unpaired = drop_unpaired(records, arms_of(out))  # interrupted, not yet resumed
     greedy = recipe.sampling.temperature == 0
     audit = read_audit(out)
-    audit_applies = in_process(out)
+    # an endpoint eval's sampler runs in the server: only an endpoint audit tests it
+    audit_applies = in_process(out) or (audit or {}).get("kind") == "endpoint"
     sequential = read_sequential(out)
     verdicts = decide(records, recipe.decide, greedy, recipe.sampling.seed, audit,
                       needs_audit=recipe.decide.require_audit and audit_applies,
@@ -59,8 +64,9 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
             v.verdict = INCONCLUSIVE
             v.reasons.append(f"the eval is incomplete ({measured} of {expected} records "
                              "measured): resume it")
+    metric = recipe.decide.primary_metric  # the cost model predicts TPOT: goodput's is not
     models = cost_models(records, recipe.sampling.seed,
-                         statistic_for(recipe.decide.primary_metric))
+                         statistic_for("tpot" if metric == "goodput" else metric))
     decision = {"criteria": recipe.decide.model_dump(), "greedy": greedy,
                 "throughput": arm_throughput(records),
                 "draft_lengths": chosen_draft_lengths(records),
@@ -70,6 +76,9 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                 "cost_model": models, "audit": audit,
                 "audit_applies": audit_applies, "unpaired_records": unpaired,
                 "measured_records": measured, "expected_records": expected}
+    decision |= deployment(out, recipe, records, verdicts, decision)  # crossover, memory
+    decision["goodput"] = goodput_table(records, recipe.decide.slo, pairs) \
+        if recipe.decide.slo else None
     write_atomic(out / "decision.json", json.dumps(decision, indent=2) + "\n")
     write_atomic(out / "report.md", markdown(out.name, recipe, verdicts, decision))
     summary = json.loads((out / "summary.json").read_text()) \
@@ -183,6 +192,8 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
             for arm, t in arms.items():
                 lines.append(f"| {key} | {arm} | {t['requests']} | {t['output_tokens']} | "
                              f"{t['wall_s']:.2f} | {t['tokens_per_s']:.1f} |")
+    lines += ["", *goodput_lines(decision.get("goodput"), recipe.decide.slo)]
+    lines += ["", *deployment_lines(decision)]
     lines += ["", *_audit_section(decision)]
     lines += ["", "Speedup = baseline / speculative on the primary metric (> 1: speculation is "
               "faster), from the same requests with the same seeds.", ""]
@@ -268,7 +279,10 @@ def _audit_section(decision: dict[str, Any]) -> list[str]:
     audit = decision.get("audit")
     lines = ["## Exactness audit", ""]
     if not decision.get("audit_applies"):
-        return lines + ["Not applicable: an endpoint eval's sampler runs in the server."]
+        return lines + ["Not applicable: an endpoint eval's sampler runs in the server. "
+                        "`trtspec audit --endpoint URL --baseline-endpoint URL --eval <eval dir>` "
+                        "compares the server's first output tokens with a plain server's, and "
+                        "`trtspec decide` then uses it as a gate."]
     if audit is None:
         return lines + ["Not run: `trtspec audit <eval dir>` samples the first output tokens "
                         "on these models, through the serving scheduler, and tests them against "

@@ -1,0 +1,189 @@
+"""schedules: the policy file round trip, each stack's method mapping, c* → max_concurrency,
+and every emitted option name against the names the stack documents for that release."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trtspec.decide import ServePolicy
+from trtspec.recipe_methods import DraftModel, Eagle, LayerSkip, Medusa, Ngram, Suffix
+from trtspec.schedules import (
+    deploy_schedule,
+    read_policy,
+    release_at_least,
+    trtllm_snippet,
+    vllm_config,
+    vllm_notes,
+    write_policy,
+)
+
+# Option names of speculative_config, per TensorRT-LLM release.
+# Source: NVIDIA/TensorRT-LLM, tensorrt_llm/llmapi/llm_args.py — DecodingBaseConfig (max_draft_len,
+# speculative_model_dir, max_concurrency, load_format), NGramDecodingConfig
+# (max_matching_ngram_size, is_keep_all, is_use_oldest, is_public_pool), EagleDecodingConfig
+# (eagle3_one_model, num_eagle_layers, max_non_leaves_per_layer), MedusaDecodingConfig
+# (num_medusa_heads, medusa_choices), MTPDecodingConfig (num_nextn_predict_layers), as of the
+# v1.2 releases (draft_len_schedule absent: it came with PR #10860, 1.3 release candidates).
+TRTLLM_12 = {"decoding_type", "max_draft_len", "max_total_draft_tokens", "speculative_model_dir",
+             "max_concurrency", "load_format", "max_matching_ngram_size", "is_keep_all",
+             "is_use_oldest", "is_public_pool", "eagle3_one_model", "num_eagle_layers",
+             "max_non_leaves_per_layer", "num_medusa_heads", "medusa_choices",
+             "num_nextn_predict_layers"}
+# 1.3: DecodingBaseConfig gains draft_len_schedule (mutually exclusive with max_concurrency),
+# use_rejection_sampling (prototype) and speculative_model (speculative_model_dir kept as an
+# alias), same file on the main branch.
+TRTLLM_13 = TRTLLM_12 | {"draft_len_schedule", "use_rejection_sampling", "speculative_model"}
+# vLLM --speculative-config keys. Source: vllm-project/vllm, vllm/config/speculative.py
+# (SpeculativeConfig: method, model, num_speculative_tokens, prompt_lookup_max,
+# prompt_lookup_min, suffix_decoding_max_tree_depth, suffix_decoding_max_spec_factor,
+# suffix_decoding_min_token_prob, draft_tensor_parallel_size, quantization, revision), as on
+# the main branch (suffix_decoding_* only in releases with suffix decoding).
+VLLM = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+        "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
+        "suffix_decoding_min_token_prob", "draft_tensor_parallel_size", "quantization",
+        "revision"}
+DOCUMENTED = {"1.2.1": TRTLLM_12, "1.3.0rc1": TRTLLM_13}
+
+METHODS = [Ngram(method="ngram", min_n=2, max_n=4),
+           DraftModel(method="draft_model", model="/models/draft"),
+           Eagle(method="eagle", model="/models/eagle3"),
+           Medusa(method="medusa", heads="/models/medusa", num_heads=3),
+           Suffix(method="suffix"), LayerSkip(method="layer_skip", layers=8)]
+STEPS = [(1, 4), (2, 4), (4, 2), (5, 2)]
+
+
+@pytest.mark.parametrize("release", sorted(DOCUMENTED))
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.method)
+def test_trtllm_keys_are_documented(method, release: str, temperature: float) -> None:
+    text = trtllm_snippet(method, STEPS, 5, temperature, "e1", release)
+    assert f"TensorRT-LLM {release}" in text  # the release is cited inside the snippet
+    body = yaml.safe_load(text)
+    if method.method in ("suffix", "layer_skip"):
+        assert body is None and "Nothing to configure here" in text
+        return
+    config = body["speculative_config"]
+    assert set(config) <= DOCUMENTED[release]
+    newer = release_at_least(release, 1, 3)
+    assert ("draft_len_schedule" in config) == newer
+    assert ("max_concurrency" in config) != newer  # mutually exclusive in 1.3
+    assert ("use_rejection_sampling" in config) == (newer and temperature > 0)
+    if not newer:
+        assert "Left out: draft_len_schedule" in text
+        assert ("sampled outputs are not the target's distribution" in text) == (temperature > 0)
+
+
+def test_trtllm_method_mapping() -> None:
+    types = {m.method: yaml.safe_load(trtllm_snippet(m, STEPS, 5, 0, "e"))
+             for m in METHODS[:4]}
+    assert {k: v["speculative_config"]["decoding_type"] for k, v in types.items()} == {
+        "ngram": "NGram", "draft_model": "DraftTarget", "eagle": "Eagle3", "medusa": "Medusa"}
+    assert types["ngram"]["speculative_config"]["max_matching_ngram_size"] == 4
+    assert types["draft_model"]["speculative_config"]["speculative_model_dir"] == "/models/draft"
+    old = Eagle(method="eagle", model="/m", version=2)
+    assert yaml.safe_load(trtllm_snippet(old, STEPS, 5, 0, "e"))["speculative_config"][
+        "decoding_type"] == "Eagle"
+    newer = yaml.safe_load(trtllm_snippet(METHODS[0], STEPS, 5, 0, "e", "1.3.0"))
+    assert newer["speculative_config"]["draft_len_schedule"] == {1: 4, 2: 4, 4: 2, 5: 2}
+    assert newer["speculative_config"]["max_draft_len"] == 4
+
+
+@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.method)
+def test_vllm_keys_and_mapping(method) -> None:
+    config = vllm_config(method, STEPS)
+    notes = vllm_notes(method, STEPS, "e1", 8)
+    if method.method == "layer_skip":
+        assert config is None and "no vllm-speculative.json" in notes
+        return
+    config = json.loads(json.dumps(config))
+    assert set(config) <= VLLM
+    assert config["method"] == {"ngram": "ngram", "draft_model": "draft_model",
+                                "eagle": "eagle3", "medusa": "medusa",
+                                "suffix": "suffix"}[method.method]
+    assert config["num_speculative_tokens"] == 4  # the schedule's largest D
+    assert "[[1, 1, 4], [2, 2, 4], [3, 4, 2], [5, 5, 2], [6, 8, 0]]" in notes
+    if method.method == "ngram":
+        assert (config["prompt_lookup_min"], config["prompt_lookup_max"]) == (2, 4)
+
+
+def test_c_star_sets_the_cut() -> None:
+    # measured levels 1, 2, 4, 8; D = 2 pays at 4 and the fit crosses at c* = 5.7:
+    # the schedule carries D = 2 to ⌊c*⌋ = 5, and speculation stops above it
+    assert deploy_schedule([(1, 4), (2, 4), (4, 2), (8, 0)], 5.7) == [
+        (1, 4), (2, 4), (4, 2), (5, 2)]
+    assert deploy_schedule([(1, 4), (2, 0), (4, 0)], 3.5) == [(1, 4)]  # 2 was measured: 0
+    assert deploy_schedule([(1, 4), (2, 4)], None) == [(1, 4), (2, 4)]
+    c_star = 5.7
+    text = trtllm_snippet(METHODS[0], deploy_schedule([(1, 4), (4, 2), (8, 0)], c_star),
+                          math.floor(c_star), 0, "e")
+    assert yaml.safe_load(text)["speculative_config"]["max_concurrency"] == 5
+
+
+def test_policy_round_trip(tmp_path: Path) -> None:
+    policy = ServePolicy("ngram", ((1, 4), (2, 2), (5, 2)), ("ngram",))
+    path = write_policy(tmp_path / "p.yaml", policy, "e1", {"c_star": 5.7, "ci": [4.1, 7.9],
+                                                            "where": "between"})
+    text = path.read_text()
+    assert text.startswith("# trtspec serve --policy FILE")
+    assert read_policy(path) == policy
+    body = yaml.safe_load(text)
+    assert body["eval"] == "e1" and body["crossover"]["c_star"] == 5.7
+    none = write_policy(tmp_path / "n.yaml", ServePolicy("none", ()), "e1")
+    assert read_policy(none) == ServePolicy("none", ())
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "method: ngram\nschedule: [1, 2]\n",
+                                  "method: ngram\nschedule: {1: -1}\n",
+                                  "method: ngram\nschedule: {4: 2, 1: 4}\n",
+                                  "method: ngram\n", ": : :"])
+def test_malformed_policy(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        read_policy(path)
+    assert "\n" not in str(e.value)
+
+
+def test_make_decision_writes_crossover_memory_and_schedules(tmp_path: Path) -> None:
+    import shutil
+
+    from test_decide import paired
+
+    from trtspec.recipe import load_recipe
+    from trtspec.report import make_decision
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "e"
+    out.mkdir()
+    recipe = yaml.safe_load((root / "recipes" / "cpu-smollm2.yaml").read_text())
+    recipe.setdefault("decide", {})["require_audit"] = False  # GO without an audit
+    (out / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    rows = (paired("ngram/D4/c1", 0.050, 0.025, n=30) + paired("ngram/D4/c2", 0.050, 0.036, n=30)
+            + paired("ngram/D4/c4", 0.050, 0.065, n=30))
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = root / "engines" / "cpu-smollm2" / "cpu" / "manifest.json"
+    if manifest.is_file():
+        shutil.copyfile(manifest, out / "manifest.json")
+    _, decision = make_decision(out, load_recipe(out / "recipe.yaml"), rows)
+    cross = decision["crossover"]
+    assert cross["levels"] == [1, 2, 4]
+    curve = cross["curves"][0]
+    assert curve["where"] == "between" and 2 < curve["c_star"] < 4
+    assert decision["schedules"] == ["trtspec-policy.yaml", "trtllm-speculative.yaml",
+                                     "vllm-speculative.json", "vllm-speculative.md"]
+    policy = read_policy(out / "schedules" / "trtspec-policy.yaml")
+    assert policy.method == "ngram" and policy.schedule == ((1, 4), (2, 4))  # c* ≈ 2.8
+    trtllm = yaml.safe_load((out / "schedules" / "trtllm-speculative.yaml").read_text())
+    assert trtllm["speculative_config"]["max_concurrency"] == 2  # ⌊c*⌋
+    vllm = json.loads((out / "schedules" / "vllm-speculative.json").read_text())
+    assert vllm["method"] == "ngram" and vllm["num_speculative_tokens"] == 4
+    text = (out / "report.md").read_text()
+    assert "## Concurrency crossover" in text and "## Memory cost" in text
+    assert "## Deployment schedules" in text
+    assert "Concurrency crossover" in (out / "report.html").read_text()
+    json.loads((out / "decision.json").read_text())
