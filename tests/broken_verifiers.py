@@ -53,3 +53,25 @@ def accept_if_p_ge_q_verify(target_probs, draft_token_ids, draft_probs, num_draf
                             generator=None, greedy=False):
     return _broken(target_probs, draft_token_ids, draft_probs, num_draft, generator,
                    "accept_if_p_ge_q")
+
+
+def exact_match_verify(target_probs, draft_token_ids, draft_probs, num_draft,
+                       generator=None, greedy=False):
+    """Accept a draft token when it equals the target's most likely token (argmax), as greedy
+    speculation does, even at temperature > 0; the first other token (or the bonus) is
+    sampled from the target's distribution. Wrong: the argmax is emitted with probability
+    q(argmax) + (1 − q(argmax))·p(argmax) > p(argmax)."""
+    B, K1, _ = target_probs.shape
+    K = K1 - 1
+    rows = torch.arange(B)
+    num_draft = torch.as_tensor(num_draft, dtype=torch.long)
+    ids = draft_token_ids.long().clamp(min=0)
+    valid = torch.arange(K) < num_draft[:, None]
+    accept = ids == target_probs[:, :K].argmax(-1)
+    a = (accept & valid).long().cumprod(-1).sum(-1)
+    u = uniforms((num_draft + 1).tolist(), generator)
+    final = sample(target_probs[rows, a], u[rows, num_draft])
+    token_ids = torch.full((B, K1), -1, dtype=torch.long)
+    token_ids[:, :K] = torch.where(torch.arange(K) < a[:, None], ids, -1)
+    token_ids[rows, a] = final
+    return VerifyOutput(token_ids, a, a + 1, a >= num_draft)

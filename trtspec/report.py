@@ -287,6 +287,9 @@ def _audit_section(decision: dict[str, Any]) -> list[str]:
         return lines + ["Not run: `trtspec audit <eval dir>` samples the first output tokens "
                         "on these models, through the serving scheduler, and tests them against "
                         "the target's exact probabilities."]
+    if audit.get("kind") == "endpoint":
+        from trtspec.audit_endpoint import markdown_lines
+        return lines + markdown_lines(audit)
     s = audit["sampling"]
     tokens = audit.get("tokens", 2)  # audits before x₀ … x₃ through the scheduler tested two
     through = (f" through the serving scheduler ({audit['slots']} slots, staggered admissions)"

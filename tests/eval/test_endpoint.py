@@ -17,8 +17,9 @@ from trtspec.sampling import SamplingParams
 
 def serve(speculative: bool, fail: set[str] = frozenset(), break_off: set[str] = frozenset(),
           cut: set[str] = frozenset()):
-    """Streams max_tokens words; a speculative server sends them in bursts of 3 per chunk and
-    counts drafts like vLLM (2 of 3 drafts accepted per round). A prompt in ``fail`` gets a
+    """Streams max_tokens words; a speculative server sends them in bursts of 3 per chunk,
+    counts drafts like vLLM (2 of 3 drafts accepted per round) and says D = 3 in the usage
+    chunk's per-request metrics. A prompt in ``fail`` gets a
     500 error; one in ``break_off`` gets a chunk, then an SSE error event and [DONE] (what
     trtspec serve sends when the model fails mid-stream); one in ``cut`` gets a chunk and then
     the connection closes."""
@@ -92,14 +93,22 @@ def serve(speculative: bool, fail: set[str] = frozenset(), break_off: set[str] =
                 sent += k
             emit({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
                   "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+            said = {"metrics": {"speculative_decoding": {"num_spec_tokens": 3}}} \
+                if speculative else {}  # D, as vLLM's per-request metrics say it
             emit({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
                   "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n,
-                                           "total_tokens": 7 + n}})
+                                           "total_tokens": 7 + n}, **said})
             self.wfile.write(b"data: [DONE]\n\n")
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/v1", seen
+
+
+def measured(seen: list[dict]) -> list[dict]:
+    """The requests an eval measured: without the one-token probe that asks the speculating
+    server for its D before each concurrency's first batch."""
+    return [p for p in seen if p["max_tokens"] != 1]
 
 
 @pytest.fixture
@@ -122,16 +131,17 @@ def test_endpoint_eval_measures_both_arms_and_scrapes_counters(tmp_path, servers
     spec = [r for r in records if r["arm"] == "spec"]
     assert all(r["output_tokens"] == 10 and len(r["token_times_s"]) == 4 for r in spec)
     assert all(r["ttft_s"] > 0 and r["context_tokens"] == 7 for r in records)
-    assert {p["seed"] for p in seen} == {r["seed"] for r in spec}  # seeds reach the server
-    assert all(p["temperature"] == 0.5 and p["top_p"] == 0.9 for p in seen)
-    summary = summarize(records)["endpoint/D0/c2"]
+    assert len(seen) - len(measured(seen)) == 2  # a probe per concurrency
+    assert {p["seed"] for p in measured(seen)} == {r["seed"] for r in spec}  # seeds arrive
+    assert all(p["temperature"] == 0.5 and p["top_p"] == 0.9 for p in measured(seen))
+    summary = summarize(records)["endpoint/D3/c2"]
     assert summary["spec"]["tpot_ms_p50"] > 0 and "speedup_tpot_p50" in summary
     counters = json.loads((tmp_path / "server_counters.json").read_text())
-    spec_counters = counters["endpoint/D0/c1/spec"]
+    spec_counters = counters["endpoint/D3/c1/spec"]
     assert spec_counters["acceptance_rate"] == pytest.approx(2 / 3)
     assert spec_counters["al_from_counters"] == pytest.approx(1 + 2 / 1)
     assert summary["spec"]["al_pooled"] != summary["spec"]["al_pooled"]  # NaN: not visible
-    assert "endpoint/D0/c1/baseline" not in counters  # the plain server has no /metrics
+    assert "endpoint/D3/c1/baseline" not in counters  # the plain server has no /metrics
     with pytest.raises(FileExistsError):
         run_endpoint_eval(tmp_path, requests, spec_url, "m", params, [1])
     again = run_endpoint_eval(tmp_path, requests, spec_url, "m", params, [1, 2],
@@ -163,7 +173,7 @@ def test_trtspec_eval_against_endpoints_from_the_cli(tmp_path, servers, capsys) 
           base_url, "-w", str(workload), "--reports", str(tmp_path), "--eval-id", "ep",
           "--set", "sampling.max_tokens=9", "--set", "eval.concurrency=[3]",
           "--set", "eval.per_category=null", "--no-mlflow"])
-    assert "endpoint/D0/c3" in capsys.readouterr().out
+    assert "endpoint/D3/c3" in capsys.readouterr().out
     assert len(read_records(tmp_path / "ep")) == 6
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", str(recipe), "--endpoint", spec_url, "--reports", str(tmp_path)])
@@ -184,7 +194,8 @@ def test_arms_alternate_turn_by_turn_and_top_k_reaches_the_server(tmp_path) -> N
     finally:
         spec.shutdown()
         base.shutdown()
-    seen = sorted(spec_seen + base_seen, key=lambda p: p["at"])
+    assert len(spec_seen) - len(measured(spec_seen)) == 1  # the probe, before the first batch
+    seen = sorted(measured(spec_seen) + base_seen, key=lambda p: p["at"])
     order = ["spec" if p["speculative"] else "baseline" for p in seen]
     assert order == ["spec"] * 8 + ["baseline"] * 8 + ["baseline"] * 4 + ["spec"] * 4
     assert all(p["top_k"] == 20 for p in seen)
@@ -203,7 +214,7 @@ def test_a_failed_request_is_recorded_and_the_arm_goes_on(tmp_path) -> None:
         assert bad["finish_reason"] == "error" and "InternalServerError" in bad["error"]
         cut = next(r for r in records if r["request_id"] == "r3")  # an error event mid-stream
         assert cut["finish_reason"] == "error" and "the model failed" in cut["error"]
-        entry = summarize(records, ("spec",))["endpoint/D0/c1"]["spec"]
+        entry = summarize(records, ("spec",))["endpoint/D3/c1"]["spec"]
         assert entry["failed_requests"] == 3 and entry["requests"] == 2
         # resume measures the failed request again
         again = read_records(run_endpoint_eval(tmp_path, requests, url, "m", params, [1],
@@ -215,7 +226,9 @@ def test_a_failed_request_is_recorded_and_the_arm_goes_on(tmp_path) -> None:
     with pytest.raises(RuntimeError, match=r"\(spec arm\) failed every request of its first "
                                            r"batch: APIConnectionError"):
         run_endpoint_eval(tmp_path / "down", requests, down, "m", params, [1])
-    assert len(read_records(tmp_path / "down")) == 1  # kept
+    kept = read_records(tmp_path / "down")
+    assert len(kept) == 1  # kept, named for a server that said nothing about its D
+    assert kept[0]["condition"] == "endpoint/Dunknown/c1" and kept[0]["draft_len"] == "unknown"
 
 
 def _free_port() -> int:
@@ -243,9 +256,9 @@ def test_benchmark_knobs_reach_the_server_and_resume_reuses_them(tmp_path, capsy
               "--reports", str(tmp_path), "--eval-id", "k", "--no-mlflow"])
         printed = capsys.readouterr().out
         assert "--num-prompts 4: a 2, b 2" in printed
-        assert {"endpoint/D0/c2", "endpoint/D0/c4"} <= set(printed.split())
-        assert len(seen) == 2 * 4 and all(p["max_tokens"] == 5 and p["ignore_eos"]
-                                          for p in seen)
+        assert {"endpoint/D3/c2", "endpoint/D3/c4"} <= set(printed.split())
+        assert len(seen) == 2 * 4 + 2 and all(p["max_tokens"] == 5 and p["ignore_eos"]
+                                              for p in measured(seen))
         records = read_records(tmp_path / "k")
         (tmp_path / "k" / "records.jsonl").write_text(
             "".join(json.dumps(r) + "\n" for r in records[:-3]))
@@ -253,10 +266,11 @@ def test_benchmark_knobs_reach_the_server_and_resume_reuses_them(tmp_path, capsy
     finally:
         server.shutdown()
     # the c4 batch was cut short: measured again whole (4 requests), 3 of them recorded
-    assert len(seen) == 2 * 4 + 4 and all(p["max_tokens"] == 5 for p in seen)
+    # no probe on resume: the records name the conditions
+    assert len(seen) == 2 * 4 + 2 + 4 and all(p["max_tokens"] == 5 for p in measured(seen))
     assert len(read_records(tmp_path / "k")) == 8
     counters = json.loads((tmp_path / "k" / "server_counters.json").read_text())
-    assert counters["endpoint/D0/c4/spec"]["raw"]["drafts"] == 4 * 2  # replaced, not added
+    assert counters["endpoint/D3/c4/spec"]["raw"]["drafts"] == 4 * 2  # replaced, not added
 
 
 def test_an_endpoint_that_refuses_connections_is_one_line_and_leaves_no_folder(
@@ -274,3 +288,16 @@ def test_an_endpoint_that_refuses_connections_is_one_line_and_leaves_no_folder(
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
     assert f"{down}: cannot connect" in err and "Connection refused" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_condition_is_named_after_the_d_the_server_says() -> None:
+    from trtspec.eval.endpoint import announced_draft_len
+    from trtspec.metrics import condition_parts
+
+    assert announced_draft_len({"metrics": {"speculative_decoding": None}}) == 0  # plain
+    assert announced_draft_len({"metrics": {"speculative_decoding": {"num_spec_tokens": 4}}}) \
+        == 4
+    assert announced_draft_len({"spec": {"proposed_tokens": 3}}) == "unknown"
+    assert announced_draft_len({}) == "unknown"
+    # every consumer of condition names reads an unknown D as it reads adaptive: not an int
+    assert condition_parts("endpoint/Dunknown/c2") == ("endpoint", "unknown", 2)

@@ -50,9 +50,10 @@ def _draft_lengths(_ctx: click.Context, _param: click.Parameter, values: tuple[s
 
 
 @click.command()
-@click.argument("source", type=click.Path(exists=True))
-@click.option("--samples", "-n", type=click.IntRange(50), default=150, show_default=True,
-              help="seeded samples per test (a method at one D on one prompt)")
+@click.argument("source", required=False, type=click.Path(exists=True))
+@click.option("--samples", "-n", type=click.IntRange(50), default=None,
+              help="seeded samples per test (a method at one D on one prompt) [default: 150; "
+              "with --endpoint, per server and prompt: 2000]")
 @click.option("--prompt", "prompts", multiple=True,
               help="audit prompt (plain text, repeatable) [default: a built-in one that "
               "invites copying]")
@@ -60,27 +61,66 @@ def _draft_lengths(_ctx: click.Context, _param: click.Parameter, values: tuple[s
               help="D of the audited rounds, repeatable: 1 … 64 or adaptive [default: the "
               "eval's largest fixed D, and adaptive if it has it]")
 @click.option("--temperature", type=click.FloatRange(0, min_open=True), default=None,
-              help="[default: the recipe's, or 1.0 when the recipe is greedy]")
+              help="[default: the recipe's (with --endpoint: --eval's), or 1.0 when greedy]")
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=1e-3,
-              show_default=True, help="false-alarm rate of the whole audit (Bonferroni)")
+              show_default=True, help="false-alarm rate of the whole audit (Bonferroni; with "
+              "--endpoint: of the one combined test)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="recipe overrides (when SOURCE is a recipe)")
 @click.option("--engines", default=None, type=click.Path(), help=ENGINES_HELP)
 @click.option("--out", default=None, type=click.Path(file_okay=False),
-              help="where audit.json goes [default: the eval folder, or reports/<recipe>-audit-…]")
-def audit(source: str, samples: int, prompts: tuple[str, ...], draft_lengths: list[int | str],
-          temperature: float | None, alpha: float, overrides: tuple[str, ...],
-          engines: str | None, out: str | None) -> None:
+              help="where audit.json goes [default: the eval folder, or reports/<recipe>-audit-…"
+              " (with --endpoint: --eval's folder, or reports/endpoint-audit-…)]")
+@click.option("--endpoint", default=None, metavar="URL",
+              help="audit a speculating OpenAI-compatible server (…/v1) against "
+              "--baseline-endpoint instead of SOURCE's models")
+@click.option("--baseline-endpoint", default=None, metavar="URL",
+              help="the same model served without speculation")
+@click.option("--model", default=None, help="with --endpoint: the model name the servers "
+              "serve [default: the first /v1/models lists]")
+@click.option("--tokens", "-k", type=click.IntRange(1, 16), default=None,
+              help="with --endpoint: the first k output tokens compared [default: 3]")
+@click.option("--effect", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=None, help="with --endpoint: the total variation the power is stated "
+              "against [default: 0.1]")
+@click.option("--eval", "eval_dir", default=None, type=click.Path(exists=True, file_okay=False),
+              help="with --endpoint: the endpoint eval (reports/<eval-id>) this audit is for: "
+              "audit.json goes there and `trtspec decide` uses it; its servers and model are "
+              "the defaults")
+def audit(source: str | None, samples: int | None, prompts: tuple[str, ...],
+          draft_lengths: list[int | str], temperature: float | None, alpha: float,
+          overrides: tuple[str, ...], engines: str | None, out: str | None,
+          endpoint: str | None, baseline_endpoint: str | None, model: str | None,
+          tokens: int | None, effect: float | None, eval_dir: str | None) -> None:
     """Exactness audit: sample the first four output tokens through the serving scheduler
     (staggered admissions, the eval's D, rounds after a rejection) on the actual models and
     test them against the target's exact probabilities (chi-square), per method. SOURCE is an
     eval folder (audits the models and D it measured; `trtspec decide` then uses the result as
-    a gate) or a recipe. Exit 0 when every method passes, 1 otherwise."""
+    a gate) or a recipe. With --endpoint URL --baseline-endpoint URL instead of SOURCE, any
+    server: the first k tokens sampled from both are compared (chi-square test of
+    homogeneity) and the power against --effect is reported. Exit 0 when every method passes,
+    1 otherwise."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from trtspec.audit import run_audit
     from trtspec.manifest import ManifestError
 
+    endpoint_only = {"--model": model, "--tokens": tokens, "--effect": effect,
+                     "--eval": eval_dir}
+    if source is not None and (endpoint or baseline_endpoint):
+        raise click.UsageError("give SOURCE (in-process models) or --endpoint and "
+                               "--baseline-endpoint (servers), not both")
+    if source is None and (endpoint or baseline_endpoint or eval_dir):
+        _audit_endpoints(endpoint, baseline_endpoint, model, eval_dir, out, prompts, samples,
+                         tokens, temperature, alpha, effect, draft_lengths, overrides, engines)
+        return
+    if source is None:
+        raise click.UsageError("give SOURCE (an eval folder or a recipe), or --endpoint URL "
+                               "--baseline-endpoint URL")
+    given = [k for k, v in endpoint_only.items() if v is not None]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} go with --endpoint: drop them with SOURCE")
+    samples = samples or 150
     root, why = engines_root(source, engines)
     tty = sys.stderr.isatty() or sys.stdout.isatty()
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
@@ -108,6 +148,74 @@ def audit(source: str, samples: int, prompts: tuple[str, ...], draft_lengths: li
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     click.echo(f"audit: {where / 'audit.json'}")
     sys.exit(0 if all(m["passed"] for m in report["methods"].values()) else 1)
+
+
+def _audit_endpoints(endpoint: str | None, baseline: str | None, model: str | None,
+                     eval_dir: str | None, out: str | None, prompts: tuple[str, ...],
+                     samples: int | None, tokens: int | None, temperature: float | None,
+                     alpha: float, effect: float | None, draft_lengths: list[int | str],
+                     overrides: tuple[str, ...], engines: str | None) -> None:
+    """`trtspec audit --endpoint URL --baseline-endpoint URL`: the two servers' first k
+    tokens compared (:mod:`trtspec.audit_endpoint`); exit 0 on a pass, 1 otherwise."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from trtspec.audit_endpoint import EFFECT, SAMPLES, TOKENS, run_endpoint_audit
+
+    in_process_only = [k for k, v in (("--draft-len", draft_lengths), ("--set", overrides),
+                                      ("--engines", engines)) if v]
+    if in_process_only:
+        raise click.UsageError(f"{', '.join(in_process_only)} go with SOURCE (in-process "
+                               "models): drop them with --endpoint")
+    if eval_dir and out:
+        raise click.UsageError("--eval puts audit.json in the eval folder: drop --out")
+    sampling = None
+    if eval_dir:
+        from trtspec.eval import eval_recipe, in_process
+        from trtspec.eval.folder import meta_if_any
+
+        if in_process(eval_dir):
+            raise click.UsageError(f"--eval {eval_dir} is an in-process eval: audit it with "
+                                   f"`trtspec audit {eval_dir}`")
+        meta = meta_if_any(Path(eval_dir))
+        if not endpoint and not baseline:
+            endpoint, baseline = meta.get("endpoint"), meta.get("baseline_endpoint")
+        model = model or meta.get("model")
+        sampling = eval_recipe(eval_dir).sampling
+    if not endpoint or not baseline:
+        raise click.UsageError("an endpoint audit compares two servers: give --endpoint URL "
+                               "(speculating) and --baseline-endpoint URL (plain decoding)")
+    t = temperature or (sampling.temperature if sampling is not None else 0) or 1.0
+    tty = sys.stderr.isatty() or sys.stdout.isatty()
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), transient=True, disable=not tty) as bar:
+        ticker = AuditTicker(bar, tty)
+        where, report = run_endpoint_audit(
+            endpoint, baseline, model, prompts, samples or SAMPLES, tokens or TOKENS, t, alpha,
+            effect or EFFECT, seed=(sampling.seed if sampling is not None else None) or 0,
+            out=eval_dir or out, top_p=sampling.top_p if sampling is not None else 1.0,
+            top_k=sampling.top_k if sampling is not None else 0, progress=ticker,
+            say=ticker.say)
+    m = report["methods"]["endpoint"]
+    table = Table(title=f"exactness audit of {endpoint} against {baseline}: the first "
+                        f"{report['tokens']} tokens, {report['samples']} samples per server "
+                        f"and prompt, T = {t}")
+    for column in ("prompt", "outcomes", "bins", "chi²", "dof", "p-value", "TV seen",
+                   "shorter (spec / base)", "seconds"):
+        table.add_column(column)
+    for p in m["prompts"]:
+        table.add_row(p["prompt"], str(p["outcomes"]), str(p["bins"]), f"{p['chi2']:.1f}",
+                      str(p["dof"]), f"{p['p_value']:.3g}", f"{p['tv']:.3f}",
+                      " / ".join(f"{100 * x:.0f} %" for x in p["ended_early"]),
+                      f"{p['seconds']:.0f}")
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    result = "PASS" if m["passed"] else "FAIL"
+    click.echo(f"{result}: χ² = {m['chi2']:.1f} on {m['dof']} dof (prompts summed), p = "
+               f"{m['p_value']:.3g} vs α = {report['alpha']:g}; power {m['power']:.2f} against "
+               f"a total variation of {m['effect']:g} between the servers' binned outputs"
+               + (f" (weak: < {report['min_power']:g}, cannot support a GO; raise --samples "
+                  "or add --prompt)" if m["weak"] else ""))
+    click.echo(f"audit: {where / 'audit.json'}")
+    sys.exit(0 if m["passed"] else 1)
 
 
 class AuditTicker:

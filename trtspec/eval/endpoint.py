@@ -20,6 +20,13 @@ each record's speculation counters from it, so the records add up to its /metric
 servers' samplers are not visible per request: their records' counters stay 0, and what their
 counters say is in ``server_counters.json`` as ``al_from_counters`` (vLLM's
 1 + Δaccepted / Δdrafts over the arm), which is not the in-process AL (emitted / rounds).
+
+A condition is named after what the speculating server says it runs: before the first batch
+one short probe request (the workload's first prompt, one token) reads the response's
+per-request ``metrics.speculative_decoding`` (vLLM's shape, which trtspec serve sends):
+``null`` means plain decoding (``endpoint/D0/c…``), ``num_spec_tokens`` = D the most drafts a
+round may propose (``endpoint/D4/c…``). A server that does not say is ``endpoint/Dunknown/c…``.
+A resumed eval keeps the names its records have.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from trtspec.eval.run import (
     append_line,
     done_keys,
     eval_clock,
+    read_jsonl,
     request_seed,
 )
 from trtspec.eval.workloads import WorkloadRequest
@@ -126,6 +134,60 @@ def detect_server(base_url: str, timeout: float = 5.0) -> str:
         if hint in owner.lower():
             return name
     return owner or "unknown"
+
+
+UNKNOWN = "unknown"
+
+
+def announced_draft_len(extra: dict[str, Any]) -> int | str:
+    """D as a response says it (its fields beyond OpenAI's): ``metrics.speculative_decoding``
+    null → 0 (plain decoding), else its ``num_spec_tokens``; "unknown" when it says neither."""
+    metrics = extra.get("metrics")
+    if not isinstance(metrics, dict) or "speculative_decoding" not in metrics:
+        return UNKNOWN
+    spec = metrics["speculative_decoding"]
+    if spec is None:
+        return 0
+    d = spec.get("num_spec_tokens") if isinstance(spec, dict) else None
+    return d if isinstance(d, int) and not isinstance(d, bool) and d >= 0 else UNKNOWN
+
+
+async def _probe(url: str, model: str, request: WorkloadRequest, params: SamplingParams
+                 ) -> int | str:
+    """D the server at ``url`` says it runs, from one streamed one-token request (the usage
+    chunk carries the extensions); "unknown" when it says nothing or the request fails."""
+    import openai
+    from openai import AsyncOpenAI
+
+    messages = request.chat()
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    client = AsyncOpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+                         max_retries=0)
+    said: int | str = UNKNOWN
+    try:
+        stream = await client.chat.completions.create(
+            model=model, messages=messages, stream=True, stream_options={"include_usage": True},
+            max_tokens=1, temperature=params.temperature, seed=params.seed)
+        async for chunk in stream:
+            if chunk.usage is not None:
+                said = announced_draft_len(chunk.model_extra or {})
+    except (openai.APIError, *_transport_errors(), ConnectionError):
+        return UNKNOWN
+    finally:
+        await client.close()
+    return said
+
+
+def condition_key(url: str, model: str, requests: Sequence[WorkloadRequest],
+                  params: SamplingParams, c: int, recorded: set[str]) -> str:
+    """``endpoint/D<d>/c<c>``: the name the records of concurrency c already have (a resumed
+    eval, failed records included), else D from :func:`_probe` of the speculating server."""
+    named = sorted(k for k in recorded if k.startswith("endpoint/") and k.endswith(f"/c{c}"))
+    if named:
+        return named[0]
+    d = asyncio.run(_probe(url, model, requests[0], params)) if requests else UNKNOWN
+    return f"endpoint/D{d}/c{c}"
 
 
 async def _one(client: Any, model: str, request: WorkloadRequest, params: SamplingParams,
@@ -237,7 +299,8 @@ async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
             arrival = time.perf_counter()
         async with clients:
             result = await _one(client, model, r, params, arrival)
-        record = {"condition": key, "method": method, "draft_len": int(d[1:] or 0),
+        record = {"condition": key, "method": method,
+                  "draft_len": int(d[1:]) if d[1:].isdigit() else d[1:],
                   "concurrency": int(c[1:]), "arm": arm, "request_id": r.id, "block": block,
                   "category": r.category, "source": r.source,
                   "context_tokens": result.pop("prompt_tokens"), "seed": params.seed,
@@ -277,6 +340,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
     if path.exists() and not resume:
         raise FileExistsError(f"{path} exists: pass --resume to continue that eval")
     done = done_keys(path)
+    recorded = {r["condition"] for r in read_jsonl(path)} if path.exists() else set()
     urls = {"spec": url, **({"baseline": baseline_url} if baseline_url else {})}
     total, finished = len(concurrency) * len(urls) * len(requests), [len(done)]
     label = [""]
@@ -292,7 +356,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
 
     with path.open("a") as sink:
         for c in concurrency:
-            key = f"endpoint/D0/c{c}"
+            key = condition_key(url, model, requests, sampling, c, recorded)
             # an arm that never answered stops the eval after one batch (a dead endpoint)
             answered = {arm: any((key, arm, r.id) in done for r in requests) for arm in urls}
             for i, batch in enumerate(turns(requests, turn_size(c, rate, len(requests)))):
