@@ -120,3 +120,34 @@ def test_safetensors_header_count(tmp_path: Path) -> None:
     assert safetensors_params(tmp_path) == 207
     (tmp_path / "none").mkdir()
     assert safetensors_params(tmp_path / "none") is None
+
+
+def test_decide_sizes_the_memory_section_for_the_gpu_asked(tmp_path: Path, capsys) -> None:
+    """`trtspec decide --gpu H100` on a CPU eval: the memory section counts the sequences that
+    fit in an H100's memory; an unknown GPU is one line, exit 2."""
+    import shutil
+
+    from test_decide import paired
+
+    from trtspec.cli import main
+
+    out = tmp_path / "e"
+    out.mkdir()
+    shutil.copyfile(Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml",
+                    out / "recipe.yaml")
+    rows = paired("ngram/D4/c1", 0.050, 0.025, n=10)
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    target = _folder(tmp_path / "target", TARGET)
+    (out / "manifest.json").write_text(json.dumps({
+        "build_inputs": {"target": {"dtype": "bfloat16"}},
+        "artifacts": [{"role": "target", "path": target, "name": "target"}]}))
+    with pytest.raises(SystemExit) as done:
+        main(["decide", str(out), "--no-mlflow", "--gpu", "H100"])
+    assert done.value.code == 1  # in-process, unaudited: INCONCLUSIVE
+    section = (out / "report.md").read_text().split("## Memory cost")[1].split("\n## ")[0]
+    assert "(H100, 80.0 GiB with 10 % kept free)" in section and "| ngram | 4 |" in section
+    with pytest.raises(SystemExit) as done:
+        main(["decide", str(out), "--no-mlflow", "--gpu", "H201"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and err == [
+        "error: unknown GPU 'H201': use one of A100-80GB, A100-40GB, L4, L40S, H100, H200, B200"]

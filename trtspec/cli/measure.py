@@ -273,7 +273,10 @@ def _duration(seconds: float) -> str:
 @click.argument("eval_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--mlflow-uri", default=None, help=MLFLOW_URI_HELP)
 @click.option("--no-mlflow", is_flag=True, help="write the report locally only")
-def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool) -> None:
+@click.option("--gpu", default=None, help="size the report's memory section for this GPU "
+              "(H200, A100-80GB, …) instead of the recipe's: the concurrency that fits at "
+              "limits.max_seq_len with and without speculation")
+def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool, gpu: str | None) -> None:
     """Go / no-go per condition for an eval; writes report.html, report.md and decision.json
     next to the records and logs them to the eval's MLflow run. Exit 0 when every condition is
     GO, 1 otherwise (NO-GO or INCONCLUSIVE), 2 on error: usable as a CI gate."""
@@ -284,6 +287,11 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool) -> None:
 
     out = Path(eval_dir)
     recipe = eval_recipe(out)
+    if gpu is not None:
+        from trtspec.gpu import profile
+
+        recipe = recipe.model_copy(update={"gpu": recipe.gpu.model_copy(
+            update={"name": profile(gpu).name})})  # ValueError (one line): unknown GPU
     records = read_records(require_files(out, "records.jsonl"))
     if not records:
         raise RecipeError(f"{out}/records.jsonl has no records yet: resume the eval "
