@@ -9,11 +9,11 @@ from trtspec.decide import (
     GO,
     INCONCLUSIVE,
     NO_GO,
-    apply_where,
     decide,
     judge,
 )
 from trtspec.gates import gate_percentile, paired_regression
+from trtspec.policy import apply_where
 from trtspec.recipe import Decide
 
 CRITERIA = Decide(min_speedup=1.05, max_ttft_p99_regression=0.10, max_e2e_p99_regression=0.10,

@@ -10,16 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trtspec.decide import ServePolicy
+from trtspec.policy import ServePolicy, read_policy, write_policy
 from trtspec.recipe_methods import DraftModel, Eagle, LayerSkip, Medusa, Ngram, Suffix
 from trtspec.schedules import (
     deploy_schedule,
-    read_policy,
     release_at_least,
     trtllm_snippet,
     vllm_config,
     vllm_notes,
-    write_policy,
 )
 
 # Option names of speculative_config, per TensorRT-LLM release.

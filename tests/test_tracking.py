@@ -295,3 +295,131 @@ def test_two_folders_with_one_eval_id_keep_their_own_runs(tmp_path: Path,
     client = MlflowClient(tracking_uri=mlflow_server)
     parents = _parents(client, receipts[0]["experiment_id"], "toy-eval-twin")
     assert {r.info.run_id for r in parents} == {r["run_id"] for r in receipts}
+
+
+# --- what a reviewer sees in the MLflow UI ---------------------------------------------------
+
+
+def test_reviewer_views_kind_times_datasets_and_load_curves(tmp_path: Path,
+                                                            mlflow_server: str) -> None:
+    """The runs table opens (experiment kind), runs span the eval's own clock (not the time
+    logging took), each run names the requests it measured as a dataset, and the parent has
+    speedup and TPOT against concurrency as stepped metrics."""
+    from mlflow.tracking import MlflowClient
+
+    from trtspec.tracking_views import run_window
+
+    out = toy_eval(tmp_path / "toy-eval-views")
+    _edit_meta(out, recipe="toy-views")
+    records = read_records(out)
+    receipt = log_eval(out, mlflow_server)
+    client = MlflowClient(tracking_uri=mlflow_server)
+    experiment = client.get_experiment(receipt["experiment_id"])
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+    parent = client.get_run(receipt["run_id"])
+    first = min(r["start_s"] for r in records)
+    last = max(r["start_s"] + r["e2e_s"] for r in records)
+    assert parent.info.start_time == int(first * 1000)
+    assert parent.info.end_time >= int(last * 1000)
+    assert parent.info.end_time == run_window(records)[1]
+    for key, run_id in receipt["conditions"].items():
+        rows = [r for r in records if r["condition"] == key]
+        child = client.get_run(run_id)
+        assert (child.info.start_time, child.info.end_time) == run_window(rows)
+        assert child.info.status == "FINISHED"
+        (dataset,) = child.inputs.dataset_inputs
+        assert dataset.dataset.name == "toy" and len(dataset.dataset.digest) == 16
+        assert json.loads(dataset.dataset.profile)["num_rows"] == 4
+
+    (dataset,) = parent.inputs.dataset_inputs
+    assert (dataset.dataset.name, json.loads(dataset.dataset.source)) == ("toy", {"uri": "toy"})
+    assert {t.key: t.value for t in dataset.tags} == {"mlflow.data.context": "eval"}
+    assert json.loads(dataset.dataset.profile) == {"num_rows": 4,
+                                                   "categories": {"chat": 2, "copy": 2}}
+
+    summary = json.loads((out / "summary.json").read_text())
+    for d in (2, 4):
+        history = client.get_metric_history(receipt["run_id"], f"speedup/draft_model_D{d}")
+        assert sorted((m.step, m.value) for m in history) == [
+            (c, summary[f"draft_model/D{d}/c{c}"]["speedup_tpot_p50"]) for c in (1, 2)]
+        spec = client.get_metric_history(receipt["run_id"], f"tpot_p50_ms/spec_draft_model_D{d}")
+        assert sorted(m.step for m in spec) == [1, 2]
+        assert len(client.get_metric_history(receipt["run_id"],
+                                             f"tpot_p50_ms/baseline_draft_model_D{d}")) == 2
+
+
+def test_params_say_what_ran_not_what_the_recipe_file_asks(tmp_path: Path,
+                                                          mlflow_server: str) -> None:
+    """A custom JSONL runs whole whatever the recipe's eval.per_category: the params say so,
+    and the dataset is named after the file and points at it."""
+    from mlflow.tracking import MlflowClient
+
+    out = toy_eval(tmp_path / "toy-eval-ran")
+    shutil.copyfile(ROOT / "recipes" / "cpu-smollm2.yaml", out / "recipe.yaml")
+    jsonl = str(tmp_path / "prompts.jsonl")
+    _edit_meta(out, recipe="toy-ran", workloads=[jsonl],
+               selection={"workloads": [jsonl], "per_category": None, "legacy": False},
+               overrides=["eval.per_category=1"])
+    receipt = log_eval(out, mlflow_server)
+    client = MlflowClient(tracking_uri=mlflow_server)
+    run = client.get_run(receipt["run_id"])
+    params = run.data.params
+    assert params["workloads"] == jsonl and params["per_category"] == f"{jsonl}=all"
+    assert params["requests"] == "4" and params["requests_measured"] == "4"
+    assert "recipe.eval.per_category" not in params and "recipe.eval.workloads" not in params
+    (dataset,) = run.inputs.dataset_inputs
+    assert dataset.dataset.name == "prompts"
+    assert json.loads(dataset.dataset.source) == {"uri": jsonl}
+    assert dataset.dataset.source_type == "local"
+
+
+def test_decision_logs_a_verdict_table_and_the_schedules(tmp_path: Path,
+                                                         mlflow_server: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from trtspec.tracking import log_decision
+
+    out = toy_eval(tmp_path / "toy-eval-decided")
+    _edit_meta(out, recipe="toy-decided")
+    receipt = log_eval(out, mlflow_server)
+    verdicts = [{"condition": k, "category": cat, "verdict": v, "speedup": s, "ci": [lo, hi],
+                 "requests": 4, "reasons": ["because"]}
+                for k, cat, v, s, lo, hi in (
+                    ("draft_model/D4/c1", "all", "GO", 1.4, 1.2, 1.6),
+                    ("draft_model/D4/c1", "copy", "GO", 1.5, 1.1, 1.9),
+                    ("draft_model/D2/c2", "all", "INCONCLUSIVE", 1.0, float("nan"), 1.3))]
+    (out / "decision.json").write_text(json.dumps({"verdicts": verdicts}))
+    (out / "schedules").mkdir()
+    (out / "schedules" / "trtspec-policy.yaml").write_text("method: draft_model\n")
+    (out / "schedules" / "vllm.yaml").write_text("speculative_config: {}\n")
+    log_decision(out, receipt)
+    log_decision(out, receipt)  # decide again: the table is replaced, not appended to
+    client = MlflowClient(tracking_uri=mlflow_server)
+    run_id = receipt["run_id"]
+    assert {a.path for a in client.list_artifacts(run_id, "schedules")} == {
+        "schedules/trtspec-policy.yaml", "schedules/vllm.yaml"}
+    table = json.loads(Path(client.download_artifacts(run_id, "decision/verdicts.json",
+                                                      str(tmp_path))).read_text())
+    assert table["columns"][:4] == ["condition", "category", "verdict", "speedup"]
+    assert [row[:3] for row in table["data"]] == [[v["condition"], v["category"], v["verdict"]]
+                                                  for v in verdicts]
+    assert table["data"][2][4] is None  # NaN bound: null
+    logged = json.loads(client.get_run(run_id).data.tags["mlflow.loggedArtifacts"])
+    assert logged == [{"path": "decision/verdicts.json", "type": "table"}]
+
+
+def test_relative_local_stores_are_made_absolute(tmp_path: Path, monkeypatch) -> None:
+    """The URI printed and kept in the receipt names one store from any folder."""
+    from trtspec.tracking import tracking_uri
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"
+    assert tracking_uri("sqlite:///sub/m.db") == f"sqlite:///{tmp_path}/sub/m.db"
+    assert tracking_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
+    assert tracking_uri("file:mlruns") == f"file://{tmp_path}/mlruns"
+    assert tracking_uri("mlruns") == f"file://{tmp_path}/mlruns"
+    assert tracking_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///env.db")
+    assert tracking_uri() == f"sqlite:///{tmp_path}/env.db"

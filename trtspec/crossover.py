@@ -25,7 +25,7 @@ Terms:
                    replicate that never falls below counts as +∞, one below at once as 0.
 * **schedule**     D per number of running requests, as ``trtspec serve`` runs it: at each
                    measured level the GO draft length with the highest CI lower bound (as
-                   :func:`trtspec.decide.apply_where`), 0 where none is GO or the level is
+                   :func:`trtspec.policy.apply_where`), 0 where none is GO or the level is
                    above c* of that D.
 """
 
@@ -170,7 +170,7 @@ def curves(verdicts: Sequence[Any], threshold: float, seed: int = 0,
 
 def schedules(verdicts: Sequence[Any], fits: Sequence[Curve]) -> dict[str, Schedule]:
     """Per method, D per measured level: the GO D with the highest CI lower bound (as
-    :func:`trtspec.decide.apply_where`), 0 where none is GO or the level is above c* of that
+    :func:`trtspec.policy.apply_where`), 0 where none is GO or the level is above c* of that
     D's curve ("all" bucket)."""
     from trtspec.decide import GO
 

@@ -58,7 +58,7 @@ import numpy as np
 
 from trtspec.gates import greedy_gate, latency_gates, memory_gate, unit_of
 from trtspec.goodput import goodput_ratio, signed_shares
-from trtspec.metrics import RequestTiming, condition_parts, failed, unanswered
+from trtspec.metrics import RequestTiming, failed, unanswered
 from trtspec.recipe import Decide
 from trtspec.stats import (
     ALPHA,
@@ -359,69 +359,3 @@ def decide(records: Sequence[dict[str, Any]], criteria: Decide, greedy: bool, se
         least = max(((families or {}).get(c.verdict.condition, 0) for c in family), default=0)
         _settle(family, criteria, alpha, least)
     return [c.verdict for c in cells]
-
-
-def apply_where(verdicts: Sequence[Verdict]) -> dict[str, dict[str, Any]]:
-    """Per method: the conditions that are GO, and per concurrency the GO draft length (an
-    int, or "adaptive") with the highest CI lower bound, [D, speedup, CI low]. The lower bound,
-    not the point estimate: among many GO cells the highest estimate is the one most likely
-    inflated by noise (the winner's curse)."""
-    table: dict[str, dict[str, Any]] = {}
-    for v in verdicts:
-        if v.category != "all":
-            continue
-        method, d, _ = condition_parts(v.condition)  # d: an int or "adaptive"
-        c = v.condition.split("/")[2]
-        entry = table.setdefault(method, {"go": [], "best_d": {}})
-        if v.verdict == GO:
-            entry["go"].append(v.condition)
-            best = entry["best_d"].get(c)
-            if best is None or _lower_first(v.ci[0], v.speedup) > _lower_first(best[2], best[1]):
-                entry["best_d"][c] = (d, v.speedup, v.ci[0])
-    return table
-
-
-def _lower_first(low: float, speedup: float) -> tuple[float, float]:
-    """Order GO cells by CI lower bound, then estimate (a decision.json without CIs: estimate)."""
-    return (low if low == low else float("-inf"), speedup)
-
-
-@dataclass(frozen=True)
-class ServePolicy:
-    """What `trtspec serve --policy` runs: ``method`` (none = plain decoding) and D by the
-    number of running requests, as measured: ``schedule`` pairs (c, D) for every concurrency
-    the eval measured, D = 0 where no draft length was GO there; more running requests than
-    the highest measured c were not measured and get plain decoding."""
-
-    method: str
-    schedule: tuple[tuple[int, int | str], ...]
-    go_methods: tuple[str, ...] = ()
-
-    @property
-    def text(self) -> str | None:
-        """The schedule as ``--draft-len-schedule`` writes it, or None for plain decoding."""
-        return ",".join(f"{c}:{d}" for c, d in self.schedule) if self.method != "none" else None
-
-
-def serve_policy(decision: dict[str, Any], method: str | None = None) -> ServePolicy:
-    """The policy of a decided eval (its ``decision.json``), by :func:`apply_where`: the method
-    with the most GO conditions (or ``method``; ValueError when that one has none), and per
-    measured concurrency its best GO draft length, else 0."""
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(Verdict)}
-    overall = [Verdict(**{"ci": (float("nan"),) * 2, "requests": 0,
-                          **{k: x for k, x in v.items() if k in names}})
-               for v in decision["verdicts"] if v["category"] == "all"]
-    levels = sorted({condition_parts(v.condition)[2] for v in overall})
-    go = {m: e for m, e in apply_where(overall).items() if e["go"]}
-    if method is not None and method != "none" and method not in go:
-        offer = f"GO: {', '.join(sorted(go))}" if go else "nothing is GO"
-        raise ValueError(f"{method} has no GO condition in this eval ({offer})")
-    if method is None:
-        method = max(go, key=lambda m: len(go[m]["go"]), default="none")
-    if method == "none":
-        return ServePolicy("none", (), tuple(go))
-    best = go[method]["best_d"]  # "c4" → [D, speedup, CI low]
-    return ServePolicy(method, tuple((c, best[f"c{c}"][0] if f"c{c}" in best else 0)
-                                     for c in levels), tuple(go))

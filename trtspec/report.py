@@ -16,7 +16,6 @@ from trtspec.decide import (
     NO_GO,
     SPEEDUP_MEANS,
     Verdict,
-    apply_where,
     decide,
     pairs,
     requests_to_resolve,
@@ -28,6 +27,7 @@ from trtspec.gates import P90_MIN, P99_MIN
 from trtspec.goodput import goodput_table
 from trtspec.goodput import markdown_lines as goodput_lines
 from trtspec.metrics import arm_throughput, chosen_draft_lengths, drop_unpaired
+from trtspec.policy import apply_where
 from trtspec.recipe import Recipe
 from trtspec.schedules import deployment, deployment_lines
 

@@ -28,12 +28,12 @@ from typing import Any
 import yaml
 
 from trtspec.adaptive import ADAPTIVE
-from trtspec.decide import ServePolicy, serve_policy
+from trtspec.policy import POLICY, ServePolicy, serve_policy, write_policy
 
 TRTLLM_RELEASE = "1.2.1"  # the newest TensorRT-LLM on the package index
 SCHEDULES = "schedules"
-POLICY, TRTLLM, VLLM, VLLM_NOTES = ("trtspec-policy.yaml", "trtllm-speculative.yaml",
-                                    "vllm-speculative.json", "vllm-speculative.md")
+TRTLLM, VLLM, VLLM_NOTES = ("trtllm-speculative.yaml", "vllm-speculative.json",
+                           "vllm-speculative.md")
 # TensorRT-LLM decoding_type per trtspec method (tensorrt_llm/llmapi/llm_args.py)
 TRTLLM_DECODING = {"ngram": "NGram", "draft_model": "DraftTarget", "eagle": "Eagle3",
                    "medusa": "Medusa", "mtp": "MTP"}
@@ -68,53 +68,6 @@ def deploy_schedule(schedule: Any, c_star: float | None = None) -> list[tuple[in
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 2)
-
-
-def write_policy(path: str | Path, policy: ServePolicy, eval_id: str,
-                 crossover: dict[str, Any] | None = None) -> Path:
-    """Write what ``trtspec serve --policy FILE`` reads: method, schedule (running requests →
-    D; 0 above the last key), eval id, crossover."""
-    from trtspec.files import write_atomic
-
-    body: dict[str, Any] = {"method": policy.method, "eval": eval_id,
-                            "schedule": {int(n): d for n, d in policy.schedule}}
-    if policy.go_methods:
-        body["go_methods"] = list(policy.go_methods)
-    if crossover:
-        body["crossover"] = crossover
-    header = (f"# trtspec serve --policy FILE: from eval {eval_id}.\n"
-              "# schedule: up to N running requests draft D tokens (D = 0: plain decoding);\n"
-              "# above the last N, plain decoding. crossover: c*, the concurrency where the\n"
-              "# fitted speedup falls below decide.min_speedup, with its 95 % CI.\n")
-    return write_atomic(Path(path), header + yaml.safe_dump(body, sort_keys=False))
-
-
-def read_policy(path: str | Path) -> ServePolicy:
-    """The policy in a ``trtspec-policy.yaml``; ValueError (one line) when malformed."""
-    p = Path(path)
-    try:
-        body = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ValueError(f"{p}: cannot read a policy ({type(e).__name__}): write it with "
-                         "`trtspec decide`") from None
-    if not isinstance(body, dict) or not isinstance(body.get("method"), str):
-        raise ValueError(f"{p}: not a trtspec policy (no method): write it with `trtspec "
-                         "decide`")
-    raw = body.get("schedule") or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{p}: schedule must map running requests to D, e.g. {{1: 4, 4: 2}}")
-    steps: list[tuple[int, int | str]] = []
-    for n, d in raw.items():
-        if not (isinstance(n, int) and n >= 1 and (d == ADAPTIVE or (
-                isinstance(d, int) and not isinstance(d, bool) and d >= 0))):
-            raise ValueError(f"{p}: schedule entry {n!r}: {d!r} is not RUNNING ≥ 1: D ≥ 0 "
-                             "(or adaptive)")
-        steps.append((n, d))
-    if [n for n, _ in steps] != sorted({n for n, _ in steps}):
-        raise ValueError(f"{p}: schedule keys must increase")
-    if body["method"] != "none" and not steps:
-        raise ValueError(f"{p}: method {body['method']} has an empty schedule")
-    return ServePolicy(body["method"], tuple(steps), tuple(body.get("go_methods") or ()))
 
 
 def trtllm_snippet(method: Any, steps: list[tuple[int, int | str]], max_concurrency: int | None,
@@ -239,6 +192,8 @@ def write_schedules(out: str | Path, recipe: Any, decision: dict[str, Any], eval
         policy = ServePolicy(policy.method, tuple(steps), policy.go_methods)
     else:
         steps = deploy_schedule(policy.schedule)
+    if not steps:  # GO nowhere it would deploy: plain decoding, said as such
+        policy = ServePolicy("none", (), policy.go_methods)
     crossing = {"c_star": _round(c_star), "ci": [_round(x) for x in cross["c_star_ci"]],
                 "where": cross["where"]} if cross and cross.get("where") else None
     write_policy(folder / POLICY, policy, eval_id, crossing)

@@ -12,20 +12,32 @@ Metric names are stable: ``perf/tpot_p50_ms``, ``perf/ttft_p99_ms``, ``baseline/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trtspec.files import write_atomic
+from trtspec.tracking_views import (
+    EXPERIMENT_KIND,
+    datasets,
+    load_metrics,
+    log_verdict_table,
+    ran_params,
+    run_window,
+)
 
 RECEIPT = "mlflow.json"
 STALE_RUNNING_S = 900  # a parent still RUNNING after this was left by a killed process
 DEFAULT_URI = "sqlite:///mlflow.db"
 EVAL_FILES = ("eval.json", "summary.json", "records.jsonl")
+LOGGING_SINCE = "trtspec.logging_since"  # epoch s when a sync created the run
+SCHEDULES = "schedules"  # the decision's serving schedules, in the eval folder
 
 
 class TrackingUnavailable(RuntimeError):
@@ -33,7 +45,25 @@ class TrackingUnavailable(RuntimeError):
 
 
 def tracking_uri(explicit: str | None = None) -> str:
-    return explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    """The store to log to: ``explicit``, else $MLFLOW_TRACKING_URI, else ./mlflow.db. A local
+    store given relative to the working directory is made absolute, so the URI printed (and
+    kept in the receipt) names the same store from any folder."""
+    return absolute_uri(explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI)
+
+
+def absolute_uri(uri: str) -> str:
+    """``sqlite:///mlflow.db`` → ``sqlite:////abs/mlflow.db``, ``file:mlruns`` or ``mlruns`` →
+    ``file:///abs/mlruns``; servers and absolute paths unchanged."""
+    if uri.startswith("sqlite:///"):
+        path, sep, query = uri.removeprefix("sqlite:///").partition("?")
+        if path and not path.startswith("/") and path != ":memory:":
+            return f"sqlite:///{os.path.abspath(path)}{sep}{query}"
+        return uri
+    if uri.startswith("file:") and not uri.startswith("file://"):
+        return Path(os.path.abspath(uri.removeprefix("file:"))).as_uri()
+    if "://" not in uri and ":" not in uri.partition("/")[0]:  # a bare folder: a file store
+        return Path(os.path.abspath(uri)).as_uri()
+    return uri
 
 
 def check_reachable(uri: str, timeout: float = 3.0) -> None:
@@ -87,13 +117,15 @@ def _log(out: Path, uri: str, meta: dict[str, Any], summary: dict[str, Any],
          records: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
     """Adopt a finished parent run or log the eval anew; returns the receipt and "found" or
     "logged"."""
-    import mlflow
+    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(meta["recipe"])
     experiment_id = experiment.experiment_id if experiment else \
         client.create_experiment(meta["recipe"])
+    if not (experiment and EXPERIMENT_KIND[0] in experiment.tags):  # the runs table, not traces
+        client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
     eval_id = out.name
     folder = meta.get("folder_id")  # another folder with the same eval id is another eval
     existing = [run for run in client.search_runs(
@@ -108,7 +140,7 @@ def _log(out: Path, uri: str, meta: dict[str, Any], summary: dict[str, Any],
 
     replaced = False
     for run in existing:  # FAILED, KILLED, RUNNING long after any logging would end, or stale
-        age = time.time() - run.info.start_time / 1000
+        age = time.time() - float(run.data.tags.get(LOGGING_SINCE, run.info.start_time / 1000))
         if run.info.status == "RUNNING" and age < STALE_RUNNING_S:
             raise TrackingUnavailable(f"run {run.info.run_id} of {eval_id} is being logged "
                                       f"right now (started {age:.0f} s ago): retry later")
@@ -127,31 +159,70 @@ def _log(out: Path, uri: str, meta: dict[str, Any], summary: dict[str, Any],
     tags = {"trtspec.eval_id": eval_id, "trtspec.level": "eval", "trtspec.records": logged,
             **({"trtspec.folder": folder} if folder else {}), "git_sha": _git_sha(),
             **_origin_tags(meta, _read_json(out / "manifest.json"))}
-    mlflow.set_tracking_uri(uri)
+    params: dict[str, Any] = {"recipe_digest": meta.get("recipe_digest", ""),
+                              "manifest_digest": _digest(out / "manifest.json")}
+    recipe = _recipe_data(out)
+    params |= ran_params(meta, recipe, records)  # what ran, not what the recipe file asks
+    params |= {k: v for k, v in _flatten(recipe, "recipe").items()
+               if k not in ("recipe.eval.workloads", "recipe.eval.per_category")}
+    start, end = run_window(records)
+    parent = client.create_run(experiment_id, start_time=start, run_name=eval_id,
+                               tags=_run_tags(tags))
+    run_id = parent.info.run_id
     conditions: dict[str, str] = {}
-    with mlflow.start_run(experiment_id=experiment_id, run_name=eval_id, tags=tags) as parent:
-        params = {"recipe_digest": meta.get("recipe_digest", ""),
-                  "manifest_digest": _digest(out / "manifest.json"),
-                  "workloads": ",".join(meta.get("workloads", [])),
-                  "requests": meta.get("requests", 0)}
-        params |= _flatten(_recipe_data(out), "recipe")
-        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+    with _terminated(client, run_id, end):
+        client.log_batch(run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
         for name in ("records.jsonl", "summary.json", "eval.json", "recipe.yaml",
                      "manifest.json"):
             if (out / name).is_file():
-                mlflow.log_artifact(str(out / name))
+                client.log_artifact(run_id, str(out / name))
+        workloads = meta.get("workloads", [])
+        client.log_inputs(run_id, datasets(records, workloads))
         for key, entry in summary.items():
             method, d, c = key.split("/")
-            run_tags = {**tags, "trtspec.level": "condition", "trtspec.condition": key,
-                        "method": method}
-            with mlflow.start_run(run_name=key, nested=True, experiment_id=experiment_id,
-                                  tags=run_tags) as child:
-                mlflow.log_params({"method": method, "draft_len": d[1:], "concurrency": c[1:]})
-                mlflow.log_metrics(condition_metrics(entry, records, key))
-                conditions[key] = child.info.run_id
-    return {"uri": uri, "experiment_id": experiment_id, "run_id": parent.info.run_id,
+            rows = [r for r in records if r["condition"] == key]
+            c_start, c_end = run_window(rows)
+            child = client.create_run(experiment_id, start_time=c_start, run_name=key, tags={
+                **_run_tags(tags), "trtspec.level": "condition", "trtspec.condition": key,
+                "method": method, "mlflow.parentRunId": run_id})
+            conditions[key] = child.info.run_id
+            with _terminated(client, child.info.run_id, c_end):
+                client.log_batch(child.info.run_id, params=[
+                    Param("method", method), Param("draft_len", d[1:]),
+                    Param("concurrency", c[1:])])
+                stamp = c_end or int(time.time() * 1000)
+                client.log_batch(child.info.run_id, metrics=[
+                    Metric(k, v, stamp, 0) for k, v in
+                    condition_metrics(entry, records, key).items()])
+                client.log_inputs(child.info.run_id, datasets(rows, workloads))
+        client.log_batch(run_id, metrics=load_metrics(summary, records))
+    return {"uri": uri, "experiment_id": experiment_id, "run_id": run_id,
             "conditions": conditions, "records": len(records)}, \
         "relogged" if replaced else "logged"
+
+
+def _run_tags(tags: dict[str, str]) -> dict[str, str]:
+    """MLflow's own run tags (user, source, git commit) as ``mlflow.start_run`` sets them, plus
+    ours, and the time logging began: a run carries the eval's start time, so its age says
+    nothing about whether a sync is still writing it."""
+    from mlflow.tracking.context.registry import resolve_tags
+
+    return resolve_tags({**tags, LOGGING_SINCE: f"{time.time():.0f}"})
+
+
+@contextlib.contextmanager
+def _terminated(client: Any, run_id: str, end: int | None) -> Iterator[None]:
+    """End a run at ``end`` (the records' clock) when its body logged everything, else mark it
+    FAILED (KILLED on Ctrl-C), so the next sync replaces it rather than adopting it."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        client.set_terminated(run_id, "KILLED")
+        raise
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED", end_time=end)
 
 
 def _children(client: Any, experiment_id: str, run_id: str) -> list[Any]:
@@ -198,8 +269,10 @@ def _recipe_data(out: Path) -> dict[str, Any]:
 
 def log_decision(out_dir: str | Path, receipt: dict[str, Any]) -> None:
     """Attach the decision to the eval's runs: report.html, report.md, decision.json and
-    audit.json as artifacts of the parent run, a ``verdict`` tag and ``decide/*`` metrics on
-    each condition's run. Re-running decide overwrites the artifacts and adds a metric step."""
+    audit.json as artifacts of the parent run, every verdict as a table (``decision/
+    verdicts.json``), the serving schedules (``schedules/``), a ``verdict`` tag and
+    ``decide/*`` metrics on each condition's run. Re-running decide overwrites the artifacts
+    and the table and adds a metric step."""
     from mlflow.tracking import MlflowClient
 
     out = Path(out_dir)
@@ -210,6 +283,12 @@ def log_decision(out_dir: str | Path, receipt: dict[str, Any]) -> None:
     for name in ("report.html", "report.md", "decision.json", "audit.json"):
         if (out / name).is_file():
             client.log_artifact(run_id, str(out / name), artifact_path="decision")
+    log_verdict_table(client, run_id, decision)
+    experiment = client.get_experiment(receipt["experiment_id"])  # logged by an older trtspec
+    if EXPERIMENT_KIND[0] not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND)
+    if (out / SCHEDULES).is_dir() and any(p.is_file() for p in (out / SCHEDULES).rglob("*")):
+        client.log_artifacts(run_id, str(out / SCHEDULES), artifact_path=SCHEDULES)
     overall = [v for v in decision["verdicts"] if v["category"] == "all"]
     for v in overall:
         client.set_tag(run_id, f"verdict.{v['condition']}", v["verdict"])

@@ -507,7 +507,8 @@ def test_policy_from_a_decided_eval(tmp_path) -> None:
     # most GO conditions; c = 8 was measured and nothing was GO there: D = 0
     notes: list[str] = []
     assert policy_from_eval(tmp_path, None, notes) == ("ngram", DraftPolicy.parse("1:4,4:2,8:0"))
-    assert "more running requests than 8 were not measured and are decoded plainly" in notes[0]
+    assert "ngram by running requests up to 8; more running requests are decoded plainly" \
+        in notes[0]
     assert policy_from_eval(tmp_path, "layer_skip", []) == ("layer_skip",
                                                             DraftPolicy.parse("1:2,4:0,8:0"))
     with pytest.raises(click.UsageError, match="draft_model has no GO condition in this eval "
@@ -521,7 +522,36 @@ def test_policy_from_a_decided_eval(tmp_path) -> None:
         assert exit_info.value.code == 2
     out = serve_toy("--policy", str(tmp_path))
     assert "policy: ngram, D = 4 at 1, D = 2 at 2–4, plain decoding at 5–8 running" in out, out
-    assert "were not measured and are decoded plainly" in out
+    assert "more running requests are decoded plainly" in out
+
+
+def test_policy_from_the_file_decide_writes(tmp_path) -> None:
+    """`--policy FILE` (schedules/trtspec-policy.yaml, the crossover applied), and an eval
+    folder that has one serves it; a malformed file or another --method is one line, exit 2."""
+    import click
+
+    from trtspec.cli.serve import policy_from_eval
+    from trtspec.policy import ServePolicy, write_policy
+    from trtspec.scheduler import DraftPolicy
+
+    (tmp_path / "schedules").mkdir()
+    file = write_policy(tmp_path / "schedules" / "trtspec-policy.yaml",
+                        ServePolicy("ngram", ((1, 4), (3, 2)), ("ngram",)), "e1",
+                        {"c_star": 3.4, "ci": [2.1, 6.0], "where": "between"})
+    (tmp_path / "decision.json").write_text(json.dumps({"verdicts": [
+        {"condition": "ngram/D4/c1", "category": "all", "verdict": "GO", "speedup": 1.5}]}))
+    want = ("ngram", DraftPolicy.parse("1:4,3:2"))
+    assert policy_from_eval(file, None, []) == want == policy_from_eval(tmp_path, None, [])
+    assert policy_from_eval(tmp_path, "ngram", []) == ("ngram", DraftPolicy.parse("1:4"))
+    with pytest.raises(click.UsageError, match="serves ngram: drop --method layer_skip"):
+        policy_from_eval(file, "layer_skip", [])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("method: ngram\nschedule: {1: -2}\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--backend", "toy", "--policy", str(bad)])
+    assert exit_info.value.code == 2
+    out = serve_toy("--policy", str(file))
+    assert "policy: ngram, D = 4 at 1, D = 2 at 2–3, plain decoding at 4–8 running" in out, out
 
 
 def launch(*args: str, **env: str):

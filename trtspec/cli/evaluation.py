@@ -87,7 +87,8 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str | None
               help="SPEED-Bench files [default: data/speed-bench, from here or the recipe's "
                    "project]")
 @click.option("--mlflow-uri", default=None,
-              help="tracking URI [default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]")
+              help="tracking URI [default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db; a "
+                   "relative local store is made absolute]")
 @click.option("--no-mlflow", is_flag=True, help="keep results local only")
 @click.option("--endpoint", default=None,
               help="evaluate an OpenAI-compatible server (…/v1) instead of in-process models")
@@ -254,8 +255,10 @@ def log_to_mlflow(out: Path, uri: str | None, decision: bool = False) -> None:
     what = "report, verdicts and audit logged to run" if decision else {
         "relogged": "run (re-logged: the records changed since it was logged)"}.get(
         receipt.get("status", ""), "run")
-    click.echo(f"MLflow: {what} {receipt['run_id']} at {receipt.get('uri', tracking_uri(uri))}"
-               " (compare runs with `mlflow ui`)")
+    store = receipt.get("uri") or tracking_uri(uri)
+    look = f"open {store}" if store.startswith(("http://", "https://")) else \
+        f"`mlflow ui --backend-store-uri {store}`"
+    click.echo(f"MLflow: {what} {receipt['run_id']} at {store} (compare runs: {look})")
 
 
 def print_summary(out: Path) -> None:

@@ -48,9 +48,15 @@ class DraftLen(click.ParamType):
 @click.option("--draft-len-schedule", default=None, metavar="RUNNING:D,…",
               help="D by number of running requests, e.g. 1:4,4:2,8:0 (0 beyond the last; "
                    "a D may be adaptive)")
-@click.option("--policy", "policy_dir", type=click.Path(exists=True, file_okay=False),
-              default=None, help="a decided eval folder: its GO conditions set method and D "
-                                 "per concurrency; plain decoding where none is GO")
+@click.option("--policy", "policy_dir", callback=lambda ctx, param, value: _policy_arg(value),
+              default=None, help="what `trtspec decide` chose: its policy file "
+                                 "(schedules/trtspec-policy.yaml), a decided eval folder, or "
+                                 "an approved version in MLflow's registry "
+                                 "(models:/<name>@approved, models:/<name>/<version>; "
+                                 "--mlflow-uri): method and D by running requests; plain "
+                                 "decoding where none is GO")
+@click.option("--mlflow-uri", default=None, help="the registry --policy models:/… reads "
+              "[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]")
 @click.option("--slots", type=click.IntRange(1), default=None,
               help="requests decoded together [default: the recipe's limits.max_batch_size]")
 @click.option("--max-waiting", type=click.IntRange(0), default=256, show_default=True,
@@ -66,7 +72,7 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
           method: str | None, draft_len: int | str | None, draft_len_schedule: str | None,
           policy_dir: str | None, slots: int | None, max_waiting: int,
           served_model_name: str | None, spec_metrics: str, overrides: tuple[str, ...],
-          engines: str | None) -> None:
+          engines: str | None, mlflow_uri: str | None) -> None:
     """Serve RECIPE's built models, or a build folder (engines/<recipe>/<gpu>/), behind an
     OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /health,
     /metrics) with exact speculative sampling and continuous batching."""
@@ -90,8 +96,14 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
         raise click.UsageError("--backend toy serves toy models: drop RECIPE, --set and "
                                "--engines")
     notes: list[str] = []
-    schedule = None
-    if policy_dir:
+    schedule, registered = None, None
+    if policy_dir and policy_dir.startswith("models:/"):
+        from trtspec.approve import fetch_approved
+
+        fetched = fetch_approved(policy_dir, mlflow_uri)
+        registered = fetched.describe()
+        method, schedule = policy_from_eval(fetched.folder, method, notes, label=policy_dir)
+    elif policy_dir:
         method, schedule = policy_from_eval(Path(policy_dir), method, notes)
     elif draft_len_schedule:
         try:
@@ -125,6 +137,8 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
                f"{scheduler.slots} (waiting ≤ {scheduler.max_waiting}"
                f"{', API key required' if key else ''})  ready in "
                f"{time.perf_counter() - began:.0f} s")
+    if registered:
+        click.echo(f"policy: {registered}")
     click.echo(f"policy: {engine.policy}")
     for note in notes:
         click.echo(f"note: {note}")
@@ -156,32 +170,56 @@ def describe_policy(engine: Any) -> str:
     return text
 
 
-def policy_from_eval(folder: Path, method: str | None, notes: list[str]
-                     ) -> tuple[str, DraftPolicy | None]:
-    """(method, D by running requests) from a decided eval (:func:`trtspec.decide.
-    serve_policy`); says in ``notes`` what the eval did not measure."""
-    from trtspec.decide import serve_policy
+def _policy_arg(value: str | None) -> str | None:
+    """--policy: a registry reference as given (checked when it is fetched), else a file or
+    folder that must exist."""
+    if value is None or value.startswith("models:/"):
+        return value
+    return click.Path(exists=True).convert(value, None, None)
 
-    path = folder / "decision.json"
-    if not path.is_file():
-        raise click.UsageError(f"--policy {folder}: no decision.json (run `trtspec decide "
-                               f"{folder}` first)")
-    decision = json.loads(path.read_text())
-    if any(v["condition"].startswith("endpoint/") for v in decision["verdicts"]):
-        raise click.UsageError(f"--policy {folder}: an endpoint eval measured a server's own "
-                               "policy, not trtspec's methods: use an in-process eval")
-    try:
-        policy = serve_policy(decision, method)
-    except ValueError as e:
-        raise click.UsageError(f"--policy {folder}: --method {e}") from None
+
+def policy_from_eval(folder: Path, method: str | None, notes: list[str],
+                     label: str | None = None) -> tuple[str, DraftPolicy | None]:
+    """(method, D by running requests) from ``folder``: a policy file
+    (``schedules/trtspec-policy.yaml``, :func:`trtspec.policy.read_policy`), or a decided eval
+    (its policy file, else :func:`trtspec.policy.serve_policy` of its decision.json; another
+    ``method`` than the file's is derived from decision.json). Says in ``notes`` what the
+    eval did not measure. ``label`` names it in messages [default: the path] (a registered
+    version: its models:/ reference)."""
+    from trtspec.policy import POLICY, read_policy, serve_policy
+    from trtspec.schedules import SCHEDULES
+
+    shown = label or str(folder)
+    written = folder / SCHEDULES / POLICY
+    if folder.is_file() or (written.is_file() and method is None):
+        try:
+            policy = read_policy(folder if folder.is_file() else written)
+        except ValueError as e:
+            raise click.UsageError(f"--policy {shown}: {e}") from None
+        if method is not None and method != policy.method:
+            raise click.UsageError(f"--policy {shown} serves {policy.method}: drop --method "
+                                   f"{method}, or pass the decided eval's folder")
+    else:
+        path = folder / "decision.json"
+        if not path.is_file():
+            raise click.UsageError(f"--policy {shown}: no decision.json (run `trtspec decide "
+                                   f"{folder}` first)")
+        decision = json.loads(path.read_text())
+        if any(v["condition"].startswith("endpoint/") for v in decision["verdicts"]):
+            raise click.UsageError(f"--policy {shown}: an endpoint eval measured a server's "
+                                   "own policy, not trtspec's methods: use an in-process eval")
+        try:
+            policy = serve_policy(decision, method)
+        except ValueError as e:
+            raise click.UsageError(f"--policy {shown}: --method {e}") from None
     if policy.text is None:
-        notes.append(f"--policy {folder}: no condition is GO, so every request is decoded "
+        notes.append(f"--policy {shown}: no condition is GO, so every request is decoded "
                      "plainly")
         return PLAIN, None
     measured = [c for c, _ in policy.schedule]
-    notes.append(f"--policy {folder}: {policy.method} measured at {', '.join(map(str, measured))}"
-                 f" concurrent requests; more running requests than {measured[-1]} were not "
-                 "measured and are decoded plainly")
+    notes.append(f"--policy {shown}: {policy.method} by running requests up to "
+                 f"{measured[-1]}; more running requests are decoded plainly (not measured, "
+                 "or past the crossover)")
     return policy.method, DraftPolicy.parse(policy.text)
 
 

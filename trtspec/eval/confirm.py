@@ -2,7 +2,7 @@
 requests it has not seen.
 
 An eval that judges many cells and applies the best GO is optimistic about that one: it was
-chosen *because* it measured well. The setting chosen (``decide.serve_policy``: the method
+chosen *because* it measured well. The setting chosen (``policy.serve_policy``: the method
 with the most GO conditions, and per concurrency the GO draft length with the highest CI lower
 bound) is measured again in a new eval folder on rows of the same workloads the first eval did
 not measure, with the same recipe, overrides and knobs. Its report shows both verdicts side by
@@ -25,7 +25,7 @@ CONFIRMS = "confirms"  # eval.json key: the folder a confirmation eval re-measur
 
 def chosen_conditions(original: Path) -> list[str]:
     """The condition keys the original eval's decision applies (its serve policy)."""
-    from trtspec.decide import serve_policy
+    from trtspec.policy import serve_policy
 
     path = original / "decision.json"
     if not path.is_file():
