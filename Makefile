@@ -63,7 +63,7 @@ demo: $(STAMP)
 	$(BIN)/trtspec decide reports/$(DEMO_ID) || test $$? -eq 1  # 1 = not every condition is GO
 	@echo
 	@echo "report:  reports/$(DEMO_ID)/report.html  (report.md, decision.json, audit.json, records.jsonl)"
-	@echo "MLflow:  $(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db  → http://127.0.0.1:5000"
+	@echo "MLflow:  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db  → http://127.0.0.1:5000"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
