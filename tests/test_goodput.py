@@ -112,3 +112,29 @@ def test_the_report_judges_goodput_and_shows_each_arm_s_rate(tmp_path) -> None:
     assert row["spec_met"] == 1.0 and verdicts[0].verdict == GO
     section = (out / "report.md").read_text().split("## Goodput at the SLO")[1].split("##")[0]
     assert "TPOT ≤ 50 ms" in section and "| ngram/D4/c1 | 24 |" in section
+
+
+def test_a_spec_arm_that_never_meets_the_slo_is_shown_below() -> None:
+    """Spec misses every request (TTFT 150 ms > 100), baseline meets them: goodput ratio 0,
+    CI (0, 0), NO-GO, not a degenerate INCONCLUSIVE."""
+    from trtspec.decide import NO_GO
+
+    recs = []
+    for i in range(20):
+        recs += [record("baseline", f"r{i}", 0.05, 0.04), record("spec", f"r{i}", 0.15, 0.02)]
+    v = judge(recs, "ngram/D4/c1", CRITERIA, greedy=False)
+    assert v.verdict == NO_GO and v.speedup == 0 and v.ci == (0.0, 0.0)
+
+
+def test_a_resumed_turn_is_timed_by_the_time_its_requests_ran() -> None:
+    """A c = 2 turn resumed an hour later: request a ran at 10.0–10.45, b at 3610.0–3610.65.
+    The span is the union of the intervals, 0.45 + 0.65 = 1.1 s, not 3600.65 s; overlapping
+    requests count their overlap once (10.0–10.45 and 10.2–10.85 → 0.85 s)."""
+    from trtspec.goodput import turn_spans
+
+    apart = [record("spec", "a", 0.05, 0.04, start=10.0, block="t"),
+             record("spec", "b", 0.05, 0.06, start=3610.0, block="t")]
+    assert turn_spans(apart)["t"] == (pytest.approx(1.1), 2)
+    overlap = [record("spec", "a", 0.05, 0.04, start=10.0, block="t"),
+               record("spec", "b", 0.05, 0.06, start=10.2, block="t")]
+    assert turn_spans(overlap)["t"] == (pytest.approx(0.85), 2)

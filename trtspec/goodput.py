@@ -7,9 +7,12 @@ Terms:
   no TPOT and meets that part). TTFT and TPOT by the one definition,
   :class:`trtspec.metrics.RequestTiming`.
 * **turn span** — the wall time one arm spent on one turn (``block``: the requests that ran
-  together): the last end minus the first send of the turn's requests in that arm. The arms
-  alternate turn by turn, so an arm's measured wall time is the sum of its turns' spans. At
-  c = 1 a turn is one request and its span is its E2E.
+  together): the length of the union of the turn's request intervals [send, end] in that arm.
+  The arms alternate turn by turn, so an arm's measured wall time is the sum of its turns'
+  spans. At c = 1 a turn is one request and its span is its E2E; with c closed-loop clients
+  the union runs from the first send to the last end. A union, not last end − first send: a
+  turn resumed after an interruption has records from two runs, hours apart, and the gap
+  between them is not time the arm spent.
 * **goodput** of an arm — requests that met the SLO / the sum of its turns' spans (requests
   per second). With c closed-loop clients a faster arm finishes its turn sooner, so goodput
   counts both speed and the SLO; with open-loop arrivals the turn's arrivals are the same in
@@ -26,6 +29,7 @@ when it met the SLO, negative when it missed. A resampled set of whole turns the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,17 +51,21 @@ def meets_slo(r: dict[str, Any], slo: Slo) -> bool:
 
 
 def turn_spans(records: Sequence[dict[str, Any]]) -> dict[Any, tuple[float, int]]:
-    """unit → (span in seconds, requests) of one arm's records, by :func:`unit_of`."""
-    first: dict[Any, float] = {}
-    last: dict[Any, float] = {}
-    count: dict[Any, int] = {}
+    """unit → (span in seconds, requests) of one arm's records, by :func:`unit_of`: the length
+    of the union of the turn's request intervals (module docstring)."""
+    intervals: dict[Any, list[tuple[float, float]]] = {}
     for r in records:
         t = RequestTiming.from_record(r)
-        u = unit_of(r)
-        first[u] = min(first.get(u, t.start), t.start)
-        last[u] = max(last.get(u, t.end), t.end)
-        count[u] = count.get(u, 0) + 1
-    return {u: (last[u] - first[u], count[u]) for u in first}
+        intervals.setdefault(unit_of(r), []).append((t.start, t.end))
+    spans = {}
+    for u, pieces in intervals.items():
+        covered, reach = 0.0, -math.inf
+        for start, end in sorted(pieces):
+            if end > reach:
+                covered += end - max(start, reach)
+                reach = end
+        spans[u] = (covered, len(pieces))
+    return spans
 
 
 def signed_shares(matched: Sequence[Pair], slo: Slo) -> list[tuple[float, float]]:
@@ -114,7 +122,8 @@ def markdown_lines(table: dict[str, dict[str, float]] | None, slo: Slo | None) -
                           (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms)) if value is not None)
     lines = ["## Goodput at the SLO", "",
              f"Requests per second meeting {limits}, over the paired requests; an arm's time is "
-             "the sum of its turns' spans (first send to last end).", "",
+             "the sum of its turns' spans (the time its requests ran: the union of their send-to-end "
+             "intervals).", "",
              "| condition | pairs | baseline met | spec met | baseline req/s | spec req/s | "
              "spec / baseline |", "|---|---:|---:|---:|---:|---:|---:|"]
     for condition, t in table.items():

@@ -110,8 +110,9 @@ def speedup_interval(base: np.ndarray, spec: np.ndarray, units: Sequence[Hashabl
     point = float(statistic(base, spec))
     reps = cluster_replicates(base, spec, units, statistic, resamples, seed)
     g = len(set(units))
-    if g > 1:  # a bootstrap of g units has (g − 1)/g of their variance: widen (on a log scale)
-        reps = point * np.exp(np.log(reps / point) * math.sqrt(g / (g - 1)))
+    if g > 1 and 0 < point < math.inf:  # a bootstrap of g units has (g − 1)/g of their
+        with np.errstate(divide="ignore"):  # variance: widen (on a log scale; 0 stays 0)
+            reps = point * np.exp(np.log(reps / point) * math.sqrt(g / (g - 1)))
     reps = np.where(np.isfinite(reps), reps, np.nan)
     if np.isnan(reps).any():  # a replicate with no value (a zero median) supports neither side
         reps = np.nan_to_num(reps, nan=threshold)
