@@ -103,6 +103,7 @@ def _go_gone(decision: dict) -> dict:
     ("failed-audit", "the exactness audit of draft_model failed"),
     ("no-audit", "has no exactness audit and the recipe requires one"),
     ("stale-build", "the build no longer matches what was measured"),
+    ("resumed", "records.jsonl changed after it was decided"),
 ])
 def test_refusals_register_nothing(tmp_path: Path, mlflow_server: str, capsys, case: str,
                                    message: str) -> None:
@@ -121,6 +122,11 @@ def test_refusals_register_nothing(tmp_path: Path, mlflow_server: str, capsys, c
             "passed": False, "p_value": 1e-5, "threshold": 0.001}}}))
     elif case == "no-audit":
         (out / "decision.json").write_text(json.dumps(decision | {"audit": None}))
+    elif case == "resumed":  # more records measured after decide
+        import os
+
+        later = (out / "decision.json").stat().st_mtime + 5
+        os.utime(out / "records.jsonl", (later, later))
     else:  # rebuilt since: other checkpoints behind the same recipe
         path = engines / name / "cpu" / "manifest.json"
         manifest = json.loads(path.read_text())

@@ -150,12 +150,14 @@ def test_a_wrong_sampler_fails(toy_servers, tmp_path, capsys, broken) -> None:
 
 def test_cli_errors_are_one_line(tmp_path, capsys) -> None:
     down = f"http://127.0.0.1:{free_port()}/v1"
+    other = f"http://127.0.0.1:{free_port()}/v1"
     recipe = str(HERE.parent / "recipes" / "cpu-smollm2.yaml")
     for argv, says in (
             (["audit", "--endpoint", down], "give --endpoint URL"),
             (["audit", "--baseline-endpoint", down], "give --endpoint URL"),
             (["audit", recipe, "--endpoint", down, "--baseline-endpoint", down], "not both"),
-            (["audit", "--endpoint", down, "--baseline-endpoint", down, "--out",
+            (["audit", "--endpoint", down, "--baseline-endpoint", down + "/"], "same server"),
+            (["audit", "--endpoint", down, "--baseline-endpoint", other, "--out",
               str(tmp_path / "x")], "cannot connect")):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)

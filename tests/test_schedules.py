@@ -4,7 +4,6 @@ and every emitted option name against the names the stack documents for that rel
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -59,7 +58,7 @@ STEPS = [(1, 4), (2, 4), (4, 2), (5, 2)]
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.method)
 def test_trtllm_keys_are_documented(method, release: str, temperature: float) -> None:
-    text = trtllm_snippet(method, STEPS, 5, temperature, "e1", release)
+    text = trtllm_snippet(method, STEPS, temperature, "e1", release)
     assert f"TensorRT-LLM {release}" in text  # the release is cited inside the snippet
     body = yaml.safe_load(text)
     if method.method in ("suffix", "layer_skip"):
@@ -72,21 +71,23 @@ def test_trtllm_keys_are_documented(method, release: str, temperature: float) ->
     assert ("max_concurrency" in config) != newer  # mutually exclusive in 1.3
     assert ("use_rejection_sampling" in config) == (newer and temperature > 0)
     if not newer:
-        assert "Left out: draft_len_schedule" in text
-        assert ("sampled outputs are not the target's distribution" in text) == (temperature > 0)
+        assert "Left out: this eval's schedule" in text and "was not verified in" in text
+        assert ("check the server with `trtspec audit --endpoint" in text) == (temperature > 0)
 
 
 def test_trtllm_method_mapping() -> None:
-    types = {m.method: yaml.safe_load(trtllm_snippet(m, STEPS, 5, 0, "e"))
+    types = {m.method: yaml.safe_load(trtllm_snippet(m, STEPS, 0, "e"))
              for m in METHODS[:4]}
     assert {k: v["speculative_config"]["decoding_type"] for k, v in types.items()} == {
-        "ngram": "NGram", "draft_model": "DraftTarget", "eagle": "Eagle3", "medusa": "Medusa"}
+        "ngram": "NGram", "draft_model": "DraftTarget", "eagle": "Eagle", "medusa": "Medusa"}
     assert types["ngram"]["speculative_config"]["max_matching_ngram_size"] == 4
     assert types["draft_model"]["speculative_config"]["speculative_model_dir"] == "/models/draft"
     old = Eagle(method="eagle", model="/m", version=2)
-    assert yaml.safe_load(trtllm_snippet(old, STEPS, 5, 0, "e"))["speculative_config"][
+    assert yaml.safe_load(trtllm_snippet(old, STEPS, 0, "e"))["speculative_config"][
         "decoding_type"] == "Eagle"
-    newer = yaml.safe_load(trtllm_snippet(METHODS[0], STEPS, 5, 0, "e", "1.3.0"))
+    eagle3 = yaml.safe_load(trtllm_snippet(METHODS[2], STEPS, 0, "e", "1.3.0"))
+    assert eagle3["speculative_config"]["decoding_type"] == "Eagle3"  # 1.2.x: Eagle (above)
+    newer = yaml.safe_load(trtllm_snippet(METHODS[0], STEPS, 0, "e", "1.3.0"))
     assert newer["speculative_config"]["draft_len_schedule"] == {1: 4, 2: 4, 4: 2, 5: 2}
     assert newer["speculative_config"]["max_draft_len"] == 4
 
@@ -103,23 +104,27 @@ def test_vllm_keys_and_mapping(method) -> None:
     assert config["method"] == {"ngram": "ngram", "draft_model": "draft_model",
                                 "eagle": "eagle3", "medusa": "medusa",
                                 "suffix": "suffix"}[method.method]
-    assert config["num_speculative_tokens"] == 4  # the schedule's largest D
+    assert config["num_speculative_tokens"] == 4  # the schedule's first D
     assert "[[1, 1, 4], [2, 2, 4], [3, 4, 2], [5, 5, 2], [6, 8, 0]]" in notes
     if method.method == "ngram":
         assert (config["prompt_lookup_min"], config["prompt_lookup_max"]) == (2, 4)
 
 
-def test_c_star_sets_the_cut() -> None:
-    # measured levels 1, 2, 4, 8; D = 2 pays at 4 and the fit crosses at c* = 5.7:
-    # the schedule carries D = 2 to ⌊c*⌋ = 5, and speculation stops above it
-    assert deploy_schedule([(1, 4), (2, 4), (4, 2), (8, 0)], 5.7) == [
-        (1, 4), (2, 4), (4, 2), (5, 2)]
-    assert deploy_schedule([(1, 4), (2, 0), (4, 0)], 3.5) == [(1, 4)]  # 2 was measured: 0
-    assert deploy_schedule([(1, 4), (2, 4)], None) == [(1, 4), (2, 4)]
-    c_star = 5.7
-    text = trtllm_snippet(METHODS[0], deploy_schedule([(1, 4), (4, 2), (8, 0)], c_star),
-                          math.floor(c_star), 0, "e")
-    assert yaml.safe_load(text)["speculative_config"]["max_concurrency"] == 5
+def test_the_schedule_stops_at_the_last_go_level() -> None:
+    # measured levels 1, 2, 4, 8; D = 2 is GO at 4, nothing at 8: speculation stops above 4,
+    # whatever the fitted c* between 4 and 8 (a point estimate, not a shown speedup)
+    assert deploy_schedule([(1, 4), (2, 4), (4, 2), (8, 0)]) == [(1, 4), (2, 4), (4, 2)]
+    assert deploy_schedule([(1, 4), (2, 0), (4, 0)]) == [(1, 4)]
+    assert deploy_schedule([(1, 0)]) == []
+    # TensorRT-LLM 1.2.1 has one max_draft_len: D = 4 runs up to the last level it was
+    # chosen at (2); the levels with D = 2 are left out, and the file says so
+    text = trtllm_snippet(METHODS[0], [(1, 4), (2, 4), (4, 2)], 0, "e")
+    config = yaml.safe_load(text)["speculative_config"]
+    assert (config["max_draft_len"], config["max_concurrency"]) == (4, 2)
+    assert "the levels with a smaller D run plain decoding here" in text
+    newer = yaml.safe_load(trtllm_snippet(METHODS[0], [(1, 4), (2, 4), (4, 2)], 0, "e",
+                                          "1.3.0rc1"))["speculative_config"]
+    assert newer["draft_len_schedule"] == {1: 4, 2: 4, 4: 2}
 
 
 def test_policy_round_trip(tmp_path: Path) -> None:
@@ -177,7 +182,7 @@ def test_make_decision_writes_crossover_memory_and_schedules(tmp_path: Path) -> 
     policy = read_policy(out / "schedules" / "trtspec-policy.yaml")
     assert policy.method == "ngram" and policy.schedule == ((1, 4), (2, 4))  # c* ≈ 2.8
     trtllm = yaml.safe_load((out / "schedules" / "trtllm-speculative.yaml").read_text())
-    assert trtllm["speculative_config"]["max_concurrency"] == 2  # ⌊c*⌋
+    assert trtllm["speculative_config"]["max_concurrency"] == 2  # the last GO level
     vllm = json.loads((out / "schedules" / "vllm-speculative.json").read_text())
     assert vllm["method"] == "ngram" and vllm["num_speculative_tokens"] == 4
     text = (out / "report.md").read_text()

@@ -59,6 +59,9 @@ def approve(eval_dir: str | Path, reviewer: str, note: str | None = None,
     if not (out / "decision.json").is_file():
         raise ApprovalRefused(f"{out} was never decided (no decision.json): run `trtspec decide "
                               f"{out}` first")
+    if (out / "records.jsonl").stat().st_mtime > (out / "decision.json").stat().st_mtime:
+        raise ApprovalRefused(f"{out}: records.jsonl changed after it was decided (a resumed "
+                              f"eval): run `trtspec decide {out}` again")
     decision = json.loads((out / "decision.json").read_text())
     meta = json.loads((out / "eval.json").read_text())
     overall = [v for v in decision.get("verdicts", []) if v["category"] == "all"]
@@ -74,7 +77,7 @@ def approve(eval_dir: str | Path, reviewer: str, note: str | None = None,
     tags = {"verdicts": " ".join(f"{v['condition']}={v['verdict']}" for v in overall),
             "audit": audit, "eval_id": out.name, "reviewer": reviewer, "note": note or "",
             "build_digest": built.get("build_digest") or "none (endpoint eval)",
-            "recipe_digest": meta.get("recipe_digest", ""), "policy": _policy_text(decision),
+            "recipe_digest": meta.get("recipe_digest", ""), "policy": _policy_text(out, decision),
             "approved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return _register(out, meta["recipe"], uri, receipt, tags, built)
 
@@ -86,17 +89,22 @@ def audit_result(out: Path, decision: dict[str, Any], methods: list[str]) -> str
     audits = [((decision.get("audit") or {}).get("methods") or {})]
     if (out / "audit.json").is_file():
         audits.append(json.loads((out / "audit.json").read_text()).get("methods") or {})
-    if not decision.get("audit_applies", True):
-        return "not applicable (endpoint eval: the sampler ran in the server)"
     required = (decision.get("criteria") or {}).get("require_audit", True)
     passed = []
-    for method in methods:
+    for method in methods:  # a failed audit refuses, even one run after decide
         found = [a[method] for a in audits if method in a]
         failed = [a for a in found if not a.get("passed")]
         if failed:
             raise ApprovalRefused(f"{out}: the exactness audit of {method} failed (p = "
                                   f"{failed[0].get('p_value', float('nan')):.2g}): its outputs "
                                   "are not the target's distribution; do not serve it")
+        if found and found[-1].get("weak") and required:
+            raise ApprovalRefused(f"{out}: the exactness audit of {method} is weak: re-run "
+                                  "`trtspec audit` with more --samples, then decide again")
+    if not decision.get("audit_applies", True):
+        return "not applicable (greedy endpoint eval: gated by greedy identity)"
+    for method in methods:
+        found = [a[method] for a in audits if method in a]
         if not found and required:
             raise ApprovalRefused(f"{out}: {method} has no exactness audit and the recipe "
                                   f"requires one: run `trtspec audit {out}`, then decide again")
@@ -132,11 +140,13 @@ def check_build(out: Path, engines_root: Path) -> dict[str, Any]:
     return {"build_digest": measured.build_digest, "folder": str(path.parent)}
 
 
-def _policy_text(decision: dict[str, Any]) -> str:
-    """What `trtspec serve --policy` will run: the method and D by running requests."""
-    from trtspec.policy import serve_policy
+def _policy_text(out: Path, decision: dict[str, Any]) -> str:
+    """What `trtspec serve --policy` will run: the method and D by running requests (the
+    eval's policy file when decide wrote one, as serve reads it)."""
+    from trtspec.policy import POLICY, read_policy, serve_policy
 
-    policy = serve_policy(decision)
+    written = out / "schedules" / POLICY
+    policy = read_policy(written) if written.is_file() else serve_policy(decision)
     return f"{policy.method} {policy.text}" if policy.text else "plain decoding"
 
 

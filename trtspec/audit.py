@@ -201,3 +201,42 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
 def read_audit(eval_dir: str | Path) -> dict[str, Any] | None:
     path = Path(eval_dir) / AUDIT
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def markdown_lines(decision: dict[str, Any]) -> list[str]:
+    """The report's "Exactness audit" section, from decision.json."""
+    audit = decision.get("audit")
+    lines = ["## Exactness audit", ""]
+    how = ("`trtspec audit --eval <eval dir>` compares the speculating server's first output "
+           "tokens with the plain server's, and `trtspec decide` then uses it as a gate.")
+    if not decision.get("audit_applies"):
+        return lines + ["Not applicable: greedy requests at an endpoint are gated by greedy "
+                        "identity (the sampler runs in the server). " + how]
+    if audit is None:
+        return lines + ["Not run: " + (how if decision.get("endpoint_eval") else
+                        "`trtspec audit <eval dir>` samples the first output tokens on these "
+                        "models, through the serving scheduler, and tests them against the "
+                        "target's exact probabilities.")]
+    if audit.get("kind") == "endpoint":
+        from trtspec.audit_endpoint import markdown_lines
+        return lines + markdown_lines(audit)
+    s = audit["sampling"]
+    tokens = audit.get("tokens", 2)  # audits before x₀ … x₃ through the scheduler tested two
+    through = (f" through the serving scheduler ({audit['slots']} slots, staggered admissions)"
+               if "slots" in audit else "")
+    lines += [f"{audit['samples']} samples per test of the first {tokens} output tokens"
+              f"{through} at D = {audit['draft_len']}, temperature {s['temperature']}, top-k "
+              f"{s['top_k']}, top-p {s['top_p']}; chi-square with pooled tail against the exact "
+              "joint probability; a method passes when every p-value ≥ α / tests (α = "
+              f"{audit['alpha']}).", "",
+              "| method | result | D | prompt | p-value | speculated | after a rejection |",
+              "|---|---|---|---|---:|---:|---:|"]
+    for method, m in audit["methods"].items():
+        result = ("PASS" if m["passed"] else "FAIL") + (" (weak: few rejections)"
+                                                         if m["weak"] else "")
+        for p in m["prompts"]:
+            prompt = p["prompt"].replace("|", "/")  # a table cell
+            d = p.get("draft_len", audit["draft_len"])
+            lines.append(f"| {method} | {result} | {d} | {prompt} | {p['p_value']:.3g} | "
+                         f"{100 * p['speculated']:.0f} % | {100 * p['rejected']:.0f} % |")
+    return lines

@@ -44,7 +44,10 @@ Terms:
                and −ε·p_i/(1 − P(S)) on the rest, with P(S) as near ½ as the bins allow
                (Cauchy–Schwarz: no Δ of TV ε has a smaller Σ Δ²/p), so λ = N_eff·ε²·(1/P(S) +
                1/(1 − P(S))) ≥ 4·ε²·N_eff, and the power holds for every difference of TV ε
-* weak         power < ``MIN_POWER``: a pass of a weak audit cannot support a GO
+* weak         power < ``MIN_POWER``, or (where the server says which samples had a draft
+               rejected, as ``trtspec serve`` does) fewer than ``MIN_REJECTED`` samples with a
+               rejection: a wrong residual distribution only shows after a rejection. A pass
+               of a weak audit cannot support a GO
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ SAMPLES = 2000  # per server and prompt: λ ≥ 4·0.1²·1000 = 40, power ≈ 0
 TOKENS = 3  # k: the first tokens compared
 EFFECT = 0.1  # TV the power is stated against
 MIN_POWER = 0.8
+MIN_REJECTED = 50  # samples with a rejected draft, as the in-process audit asks
 MIN_EXPECTED = 5.0
 MAX_BINS = 20  # more bins add dof, and so cost power against the least favourable Δ
 WORKERS = 8
@@ -316,8 +320,11 @@ def run_endpoint_audit(endpoint: str, baseline: str, model: str | None = None,
     p = p_value(stat, dof)
     pw = power(dof, lam, alpha)
     d = results[0].draft_len if results else "unknown"
+    told = [r for r in results if r.rejected == r.rejected]  # the server said (not NaN)
+    rejections = round(sum(r.rejected * r.samples for r in told)) if told else MIN_REJECTED
     method = {"method": METHOD, "draft_lengths": [d], "passed": p >= alpha,
-              "weak": pw < MIN_POWER, "threshold": alpha, "p_value": p, "chi2": stat,
+              "weak": pw < MIN_POWER or rejections < MIN_REJECTED, "rejections": rejections,
+              "threshold": alpha, "p_value": p, "chi2": stat,
               "dof": dof, "critical": float(chi2.isf(alpha, dof)) if dof else math.inf,
               "noncentrality": lam, "power": pw, "effect": effect, "combine": "sum",
               "prompts": [asdict(r) for r in results]}
@@ -351,17 +358,34 @@ def markdown_lines(audit: dict[str, Any]) -> list[str]:
     m = audit["methods"][METHOD]
     s = audit["sampling"]
     result = ("PASS" if m["passed"] else "FAIL") + (
-        f" (weak: power {m['power']:.2f} < {audit['min_power']})" if m["weak"] else "")
+        f" (weak: power {m['power']:.2f}, {m.get('rejections', '?')} samples after a "
+        "rejection)" if m["weak"] else "")
     lines = [f"{audit['endpoint']} against {audit['baseline_endpoint']} (model {audit['model']}, "
              f"temperature {s['temperature']}): {audit['samples']} samples per server and "
              f"prompt of the first {audit['tokens']} tokens; chi-square of homogeneity over "
              "the most frequent outputs (pooled tail), summed over prompts: X² = "
              f"{m['chi2']:.1f} on {m['dof']} dof, p = {m['p_value']:.3g} (α = "
              f"{audit['alpha']}); power {m['power']:.2f} against a total variation of "
-             f"{m['effect']} between the servers' outputs. **{result}**", "",
+             f"{m['effect']} between the servers' binned outputs. **{result}**", "",
              "| prompt | outcomes seen | bins | X² | dof | p-value |",
              "|---|---:|---:|---:|---:|---:|"]
     for p in m["prompts"]:
         lines.append(f"| {p['prompt'].replace('|', '/')} | {p['outcomes']} | {p['bins']} | "
                      f"{p['chi2']:.1f} | {p['dof']} | {p['p_value']:.3g} |")
     return lines
+
+
+def audit_of_this_eval(audit: dict[str, Any] | None, eval_dir: str | Path) -> bool:
+    """Whether ``audit`` (an eval folder's audit.json) tested the servers and model that
+    endpoint eval measured: an audit of other servers cannot gate its verdicts."""
+    from trtspec.eval.folder import meta_if_any
+
+    if not audit or audit.get("kind") != "endpoint":
+        return False
+    meta = meta_if_any(Path(eval_dir))
+
+    def same(a: Any, b: Any) -> bool:
+        return not a or not b or str(a).rstrip("/") == str(b).rstrip("/")
+
+    return all(same(audit.get(k), meta.get(k)) for k in ("endpoint", "baseline_endpoint",
+                                                         "model"))

@@ -23,6 +23,9 @@ Terms:
 * **c\\* CI**       95 % percentile interval of c* by parametric bootstrap: each level's log
                    speedup is redrawn from N(log speedup, sd²), refitted, c* recomputed; a
                    replicate that never falls below counts as +∞, one below at once as 0.
+                   Widened to at least the two measured levels c* lies between: the
+                   interpolation assumes the speedup is linear in log c inside that cell, and
+                   nothing measured there says so.
 * **schedule**     D per number of running requests, as ``trtspec serve`` runs it: at each
                    measured level the GO draft length with the highest CI lower bound (as
                    :func:`trtspec.policy.apply_where`), 0 where none is GO or the level is
@@ -82,7 +85,7 @@ class Curve:
 @dataclass
 class Schedule:
     """Per method: D per measured level (``(c, D)``, 0 = plain decoding) and the c* of the D
-    it runs at its lowest level (the crossover a deployment cuts speculation at)."""
+    it runs at its last speculating level (the crossover where speculation turns off)."""
 
     method: str
     schedule: list[tuple[int, int | str]]
@@ -143,6 +146,9 @@ def fit_curve(method: str, d: int | str, bucket: str, points: Sequence[tuple[int
         side, c = crossing(levels, pava(rng.normal(y, sd), w), threshold)
         draws.append(c if side == "between" else math.inf if side == "above" else 0.0)
     low, high = (float(np.quantile(draws, q, method="inverted_cdf")) for q in (0.025, 0.975))
+    if where == "between":  # nothing was measured inside the cell c* lies in: the speedup may
+        i = next(i for i, c in enumerate(levels) if c > c_star)  # bend anywhere in it
+        low, high = min(low, levels[i - 1]), max(high, levels[i])
     ci = (low if low > 0 else None, high if math.isfinite(high) else None)
     return Curve(method, d, bucket, levels, [p[1] for p in kept], [p[2] for p in kept],
                  [float(math.exp(f)) for f in fitted], where, c_star, ci, skipped)
@@ -192,8 +198,8 @@ def schedules(verdicts: Sequence[Any], fits: Sequence[Curve]) -> dict[str, Sched
                         curve.where == "between" and level <= curve.c_star):
                     d = best[0]
             plan.append((level, d))
-        first = next((d for _, d in plan if d != 0), None)
-        curve = by_key.get((method, first)) if first is not None else None
+        last = next((d for _, d in reversed(plan) if d != 0), None)  # the D that turns off
+        curve = by_key.get((method, last)) if last is not None else None
         out[method] = Schedule(method, plan, curve.c_star if curve else None,
                                curve.c_star_ci if curve else (None, None),
                                curve.where if curve else None)

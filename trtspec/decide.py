@@ -263,12 +263,15 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
                      f"{audited['threshold']:.2g}): the output distribution is not the "
                      "target's")
     if needs_audit and not audited:
-        holds.append(f"{method} has no exactness audit: run `trtspec audit <eval dir>` (or set "
+        how = "--eval <eval dir>` (its servers, against each other)" if \
+            method == "endpoint" else "<eval dir>`"
+        holds.append(f"{method} has no exactness audit: run `trtspec audit {how} (or set "
                      "decide.require_audit: false)")
     if audited and audited.get("weak") and (audit or {}).get("kind") == "endpoint":
         holds.append(f"the endpoint's exactness audit is weak (power {audited['power']:.2f} "
-                     f"against a total variation of {audited['effect']}): re-run `trtspec "
-                     "audit --endpoint` with more --samples")
+                     f"against a total variation of {audited['effect']}, "
+                     f"{audited.get('rejections', '?')} samples after a rejection): re-run "
+                     "`trtspec audit --endpoint` with more --samples")
     elif audited and audited.get("weak"):
         holds.append(f"the exactness audit of {method} is weak (too few rejections seen to test "
                      "the residual): re-run `trtspec audit` with more --samples or a --prompt "

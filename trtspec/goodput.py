@@ -122,8 +122,8 @@ def markdown_lines(table: dict[str, dict[str, float]] | None, slo: Slo | None) -
                           (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms)) if value is not None)
     lines = ["## Goodput at the SLO", "",
              f"Requests per second meeting {limits}, over the paired requests; an arm's time is "
-             "the sum of its turns' spans (the time its requests ran: the union of their send-to-end "
-             "intervals).", "",
+             "the sum of its turns' spans (the time its requests ran: the union of their "
+             "send-to-end intervals).", "",
              "| condition | pairs | baseline met | spec met | baseline req/s | spec req/s | "
              "spec / baseline |", "|---|---:|---:|---:|---:|---:|---:|"]
     for condition, t in table.items():

@@ -93,13 +93,17 @@ def serve_policy(decision: dict[str, Any], method: str | None = None) -> ServePo
 
 
 def write_policy(path: str | Path, policy: ServePolicy, eval_id: str,
-                 crossover: dict[str, Any] | None = None) -> Path:
+                 crossover: dict[str, Any] | None = None, build_digest: str | None = None
+                 ) -> Path:
     """Write what ``trtspec serve --policy FILE`` reads: method, schedule (running requests →
-    D; 0 above the last key), eval id, crossover."""
+    D; 0 above the last key), eval id, crossover, and the digest of the build it was decided
+    on (serve refuses another build)."""
     from trtspec.files import write_atomic
 
     body: dict[str, Any] = {"method": policy.method, "eval": eval_id,
                             "schedule": {int(n): d for n, d in policy.schedule}}
+    if build_digest:
+        body["build_digest"] = build_digest
     if policy.go_methods:
         body["go_methods"] = list(policy.go_methods)
     if crossover:
@@ -137,3 +141,20 @@ def read_policy(path: str | Path) -> ServePolicy:
     if body["method"] != "none" and not steps:
         raise ValueError(f"{p}: method {body['method']} has an empty schedule")
     return ServePolicy(body["method"], tuple(steps), tuple(body.get("go_methods") or ()))
+
+
+def decided_build(path: str | Path) -> str | None:
+    """The build digest a policy was decided on: a policy file's ``build_digest``, or an eval
+    folder's manifest.json (None: not recorded, or an endpoint eval)."""
+    import json
+
+    p = Path(path)
+    try:
+        if p.is_file():
+            body = yaml.safe_load(p.read_text())
+            return body.get("build_digest") if isinstance(body, dict) else None
+        if (p / "manifest.json").is_file():
+            return json.loads((p / "manifest.json").read_text()).get("build_digest")
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return None

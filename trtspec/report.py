@@ -36,6 +36,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                   ) -> tuple[list[Verdict], dict[str, Any]]:
     """Verdicts, the apply-where table and the cost model; writes decision.json + report.md."""
     from trtspec.audit import read_audit
+    from trtspec.audit_endpoint import audit_of_this_eval
     from trtspec.eval import in_process
     from trtspec.eval.folder import arms_of, completeness
     from trtspec.eval.run import DIVERGENCES, read_jsonl
@@ -47,8 +48,10 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     records, unpaired = drop_unpaired(records, arms_of(out))  # interrupted, not yet resumed
     greedy = recipe.sampling.temperature == 0
     audit = read_audit(out)
-    # an endpoint eval's sampler runs in the server: only an endpoint audit tests it
-    audit_applies = in_process(out) or (audit or {}).get("kind") == "endpoint"
+    if not in_process(out):  # the sampler runs in the server: an endpoint audit of its servers
+        audit = audit if audit_of_this_eval(audit, out) else None
+    # sampled requests need an audit; greedy ones at an endpoint are gated by greedy identity
+    audit_applies = in_process(out) or audit is not None or not greedy
     sequential = read_sequential(out)
     verdicts = decide(records, recipe.decide, greedy, recipe.sampling.seed, audit,
                       needs_audit=recipe.decide.require_audit and audit_applies,
@@ -74,7 +77,8 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                 "sequential": sequential, "confirmation": side_by_side(out, verdicts),
                 "workload_sources": sorted({str(r.get("source")) for r in records}),
                 "cost_model": models, "audit": audit,
-                "audit_applies": audit_applies, "unpaired_records": unpaired,
+                "audit_applies": audit_applies, "endpoint_eval": not in_process(out),
+                "unpaired_records": unpaired,
                 "measured_records": measured, "expected_records": expected}
     decision |= deployment(out, recipe, records, verdicts, decision)  # crossover, memory
     decision["goodput"] = goodput_table(records, recipe.decide.slo, pairs) \
@@ -194,7 +198,8 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
                              f"{t['wall_s']:.2f} | {t['tokens_per_s']:.1f} |")
     lines += ["", *goodput_lines(decision.get("goodput"), recipe.decide.slo)]
     lines += ["", *deployment_lines(decision)]
-    lines += ["", *_audit_section(decision)]
+    from trtspec.audit import markdown_lines as audit_lines  # the audit's module imports torch
+    lines += ["", *audit_lines(decision)]
     lines += ["", "Speedup = baseline / speculative on the primary metric (> 1: speculation is "
               "faster), from the same requests with the same seeds.", ""]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
@@ -273,43 +278,6 @@ def _what_would_change(v: Verdict, model: dict[str, Any] | None, threshold: floa
         return (f" To reach {threshold:.2f}× at α = {alpha:.2f}, D = {d}, a draft step must cost "
                 f"≤ {c_max:.2f} target steps (measured c = {model['c']:.2f}).")
     return ""
-
-
-def _audit_section(decision: dict[str, Any]) -> list[str]:
-    audit = decision.get("audit")
-    lines = ["## Exactness audit", ""]
-    if not decision.get("audit_applies"):
-        return lines + ["Not applicable: an endpoint eval's sampler runs in the server. "
-                        "`trtspec audit --endpoint URL --baseline-endpoint URL --eval <eval dir>` "
-                        "compares the server's first output tokens with a plain server's, and "
-                        "`trtspec decide` then uses it as a gate."]
-    if audit is None:
-        return lines + ["Not run: `trtspec audit <eval dir>` samples the first output tokens "
-                        "on these models, through the serving scheduler, and tests them against "
-                        "the target's exact probabilities."]
-    if audit.get("kind") == "endpoint":
-        from trtspec.audit_endpoint import markdown_lines
-        return lines + markdown_lines(audit)
-    s = audit["sampling"]
-    tokens = audit.get("tokens", 2)  # audits before x₀ … x₃ through the scheduler tested two
-    through = (f" through the serving scheduler ({audit['slots']} slots, staggered admissions)"
-               if "slots" in audit else "")
-    lines += [f"{audit['samples']} samples per test of the first {tokens} output tokens"
-              f"{through} at D = {audit['draft_len']}, temperature {s['temperature']}, top-k "
-              f"{s['top_k']}, top-p {s['top_p']}; chi-square with pooled tail against the exact "
-              "joint probability; a method passes when every p-value ≥ α / tests (α = "
-              f"{audit['alpha']}).", "",
-              "| method | result | D | prompt | p-value | speculated | after a rejection |",
-              "|---|---|---|---|---:|---:|---:|"]
-    for method, m in audit["methods"].items():
-        result = ("PASS" if m["passed"] else "FAIL") + (" (weak: few rejections)"
-                                                         if m["weak"] else "")
-        for p in m["prompts"]:
-            prompt = p["prompt"].replace("|", "/")  # a table cell
-            d = p.get("draft_len", audit["draft_len"])
-            lines.append(f"| {method} | {result} | {d} | {prompt} | {p['p_value']:.3g} | "
-                         f"{100 * p['speculated']:.0f} % | {100 * p['rejected']:.0f} % |")
-    return lines
 
 
 def _row(v: Verdict, with_category: bool = False) -> str:

@@ -10,10 +10,9 @@ Terms:
 
 * **schedule**   D per number of running requests (the batch size), ``(n, D)`` by increasing n:
                  up to n running requests draft D tokens; above the last entry D = 0 (plain
-                 decoding). The entries are the eval's measured levels (see
-                 :mod:`trtspec.crossover`), trailing zeros dropped; when the fitted crossover c*
-                 lies between the last speculating level and the next, that D is carried up to
-                 ⌊c*⌋ (the fit says it still pays there).
+                 decoding). The entries are the eval's measured levels where a D was GO and
+                 not above its crossover c* (see :mod:`trtspec.crossover`), trailing zeros
+                 dropped: nothing is carried past the last GO level.
 * **release**    the version of the stack a snippet targets: option names differ between
                  releases, so every snippet names the release it was written for.
 """
@@ -21,7 +20,6 @@ Terms:
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -53,16 +51,13 @@ def release_at_least(release: str, major: int, minor: int) -> bool:
     return tuple(parts + [0] * (2 - len(parts))) >= (major, minor)
 
 
-def deploy_schedule(schedule: Any, c_star: float | None = None) -> list[tuple[int, int | str]]:
-    """The schedule a stack runs (see the module docstring): trailing zeros dropped, the last
-    speculating D carried up to ⌊c*⌋ when c* lies before the next measured level."""
+def deploy_schedule(schedule: Any) -> list[tuple[int, int | str]]:
+    """The schedule a stack runs (see the module docstring): the measured levels, trailing
+    zeros dropped. Nothing is carried past the last level that was GO: between it and c* the
+    fit is a point estimate, not a shown speedup."""
     steps = [(int(n), d) for n, d in schedule]
     while steps and steps[-1][1] == 0:
         steps.pop()
-    if steps and c_star is not None and math.isfinite(c_star):
-        last, following = steps[-1][0], [n for n, _ in schedule if n > steps[-1][0]]
-        if last < math.floor(c_star) and (not following or math.floor(c_star) < following[0]):
-            steps.append((math.floor(c_star), steps[-1][1]))
     return steps
 
 
@@ -70,11 +65,13 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 2)
 
 
-def trtllm_snippet(method: Any, steps: list[tuple[int, int | str]], max_concurrency: int | None,
-                   temperature: float, eval_id: str, release: str = TRTLLM_RELEASE,
-                   cap: int = 8) -> str:
+def trtllm_snippet(method: Any, steps: list[tuple[int, int | str]], temperature: float,
+                   eval_id: str, release: str = TRTLLM_RELEASE, cap: int = 8) -> str:
     """``speculative_config:`` for trtllm-serve at ``release`` (see the module docstring);
-    ``method`` is the recipe's method entry; ``cap`` replaces an adaptive D."""
+    ``method`` is the recipe's method entry, ``steps`` the deployed schedule; ``cap`` replaces
+    an adaptive D. Before 1.3 there is one ``max_draft_len``: it runs up to
+    ``max_concurrency`` = the last level that schedule gives that D, and speculation is off
+    above (levels where the eval chose a smaller D are left out and said so)."""
     name = method.method
     lines = [f"# TensorRT-LLM {release}: trtllm-serve MODEL --config FILE (older releases: "
              "--extra_llm_api_options FILE).",
@@ -87,9 +84,11 @@ def trtllm_snippet(method: Any, steps: list[tuple[int, int | str]], max_concurre
         lines.append(f"# An adaptive D has no TensorRT-LLM form: written as its cap {cap}.")
     steps = [(n, cap if d == ADAPTIVE else int(d)) for n, d in steps]
     first = steps[0][1] if steps else 0
-    decoding = "Eagle" if name == "eagle" and method.version != 3 else TRTLLM_DECODING[name]
-    config: dict[str, Any] = {"decoding_type": decoding, "max_draft_len": first}
     newer = release_at_least(release, 1, 3)
+    decoding = TRTLLM_DECODING[name]
+    if name == "eagle" and (method.version != 3 or not newer):
+        decoding = "Eagle"  # EAGLE-3 heads load through EagleDecodingConfig before 1.3
+    config: dict[str, Any] = {"decoding_type": decoding, "max_draft_len": first}
     model = getattr(method, "model", None) or getattr(method, "heads", None)
     if model:
         config["speculative_model" if newer else "speculative_model_dir"] = model
@@ -99,31 +98,37 @@ def trtllm_snippet(method: Any, steps: list[tuple[int, int | str]], max_concurre
         config["num_medusa_heads"] = method.num_heads
         lines.append("# Medusa runs in the engine workflow only (not the pytorch backend).")
     plan = ", ".join(f"≤ {n}: D = {d}" for n, d in steps)
+    check = ("`trtspec audit --endpoint URL --baseline-endpoint URL` against the same model "
+             "served plainly")
     if newer:
         config["draft_len_schedule"] = {n: min(d, first) for n, d in steps}
-        lines.append(f"# draft_len_schedule: batch size → D ({plan}; above the last key D = 0). "
-                     "It replaces max_concurrency (the two are mutually exclusive).")
+        lines.append(f"# draft_len_schedule: batch size → D ({plan}; keys are upper bounds, "
+                     "D = 0 above the last: the form of PR #10860). It replaces "
+                     "max_concurrency (the two are mutually exclusive).")
         if any(d > first for _, d in steps):
             lines.append(f"# Later entries clipped to max_draft_len = {first} (the smallest "
                          "key must map to max_draft_len).")
         if temperature > 0:
             config["use_rejection_sampling"] = True
-            lines.append("# use_rejection_sampling: at temperature > 0 verification without it "
-                         "is exact-match, so outputs would not follow the target's "
-                         "distribution.")
+            lines.append("# use_rejection_sampling: sampled requests verified by rejection "
+                         "sampling; verification by exact match does not keep the target's "
+                         f"distribution. Check the server with {check}.")
     else:
-        if max_concurrency:
-            config["max_concurrency"] = max_concurrency
-            lines.append(f"# max_concurrency {max_concurrency}: speculation off above this "
-                         "batch size (the eval's crossover).")
+        last = max((n for n, d in steps if d == first), default=None)
+        if last is not None:
+            config["max_concurrency"] = last
+            lines.append(f"# max_concurrency {last}: speculation off above this batch size "
+                         "(the last level this eval chose D = "
+                         f"{first} at; above it D = 0 or not measured).")
         if len({d for _, d in steps}) > 1:
-            lines.append(f"# Left out: draft_len_schedule ({plan}) needs TensorRT-LLM ≥ 1.3 "
-                         f"(PR #10860); {release} drafts max_draft_len = {first} at every "
-                         "batch size up to max_concurrency.")
+            lines.append(f"# Left out: this eval's schedule ({plan}) needs one D per batch "
+                         f"size; {release} has one max_draft_len, so the levels with a "
+                         "smaller D run plain decoding here. draft_len_schedule in the form "
+                         "written for later releases (keys as upper bounds, PR #10860) was not "
+                         f"verified in {release}: an earlier form read its keys differently.")
         if temperature > 0:
-            lines.append(f"# Warning: temperature > 0 and {release} has no "
-                         "use_rejection_sampling: non-greedy verification is exact-match, so "
-                         "sampled outputs are not the target's distribution.")
+            lines.append("# Temperature > 0: verification by exact match does not keep the "
+                         f"target's distribution; check the server with {check}.")
     return "\n".join(lines) + "\n" + yaml.safe_dump({"speculative_config": config},
                                                     sort_keys=False)
 
@@ -131,11 +136,11 @@ def trtllm_snippet(method: Any, steps: list[tuple[int, int | str]], max_concurre
 def vllm_config(method: Any, steps: list[tuple[int, int | str]], cap: int = 8
                 ) -> dict[str, Any] | None:
     """The ``--speculative-config`` JSON (None where vLLM has no equivalent): one D, the
-    schedule's largest."""
+    schedule's first (what was chosen at the lowest load)."""
     name = method.method
     if name not in VLLM_METHOD:
         return None
-    d = max((cap if x == ADAPTIVE else int(x) for _, x in steps), default=0)
+    d = next((cap if x == ADAPTIVE else int(x) for _, x in steps), 0)
     vllm_name = VLLM_METHOD[name] if not (name == "eagle" and method.version != 3) else "eagle"
     config: dict[str, Any] = {"method": vllm_name, "num_speculative_tokens": d}
     model = getattr(method, "model", None) or getattr(method, "heads", None)
@@ -165,7 +170,9 @@ def vllm_notes(method: Any, steps: list[tuple[int, int | str]], eval_id: str,
         ranges.append([low, max_batch, 0])
     return (f"# vLLM speculative config (trtspec eval {eval_id})\n\n"
             "`vllm serve MODEL --speculative-config \"$(cat vllm-speculative.json)\"` drafts "
-            "`num_speculative_tokens` tokens at every batch size. Its keys are those of "
+            "`num_speculative_tokens` tokens at every batch size, also above the last level "
+            f"this eval found it GO ({steps[-1][0] if steps else 0} running requests): cap "
+            "the server's concurrency there or use the schedule below. Its keys are those of "
             "vLLM's SpeculativeConfig (vllm/config/speculative.py: method, model, "
             "num_speculative_tokens, prompt_lookup_max/min, suffix_decoding_*) in recent "
             "releases; method suffix needs a release with suffix decoding.\n\n"
@@ -182,13 +189,15 @@ def write_schedules(out: str | Path, recipe: Any, decision: dict[str, Any], eval
     is GO. Returns the file names written."""
     from trtspec.files import write_atomic
 
+    if any(v["condition"].startswith("endpoint/") for v in decision["verdicts"]):
+        return []  # a server's own policy was measured: nothing of trtspec's to deploy
     folder = Path(out) / SCHEDULES
     folder.mkdir(exist_ok=True)
     policy = serve_policy(decision)
     cross = (decision.get("crossover") or {}).get("schedules", {}).get(policy.method)
     c_star = cross["c_star"] if cross and cross.get("where") == "between" else None
     if cross:
-        steps = deploy_schedule(cross["schedule"], c_star)
+        steps = deploy_schedule(cross["schedule"])
         policy = ServePolicy(policy.method, tuple(steps), policy.go_methods)
     else:
         steps = deploy_schedule(policy.schedule)
@@ -196,14 +205,15 @@ def write_schedules(out: str | Path, recipe: Any, decision: dict[str, Any], eval
         policy = ServePolicy("none", (), policy.go_methods)
     crossing = {"c_star": _round(c_star), "ci": [_round(x) for x in cross["c_star_ci"]],
                 "where": cross["where"]} if cross and cross.get("where") else None
-    write_policy(folder / POLICY, policy, eval_id, crossing)
+    manifest = Path(out) / "manifest.json"
+    build = json.loads(manifest.read_text()).get("build_digest") if manifest.is_file() else None
+    write_policy(folder / POLICY, policy, eval_id, crossing, build)
     written = [POLICY]
     if policy.method == "none" or not steps:
         return written
     method = next(m for m in recipe.methods if m.method == policy.method)
     cap = recipe.adaptive_cap
-    max_conc = math.floor(c_star) if c_star else steps[-1][0]
-    write_atomic(folder / TRTLLM, trtllm_snippet(method, steps, max_conc,
+    write_atomic(folder / TRTLLM, trtllm_snippet(method, steps,
                                                  recipe.sampling.temperature, eval_id,
                                                  trtllm_release, cap))
     written.append(TRTLLM)

@@ -626,6 +626,15 @@ def test_a_build_folder_serves_without_its_recipe_file(tiny_dir, tmp_path) -> No
     assert engine.scheduler.executor.proposer.max_n == 2 and engine.scheduler.slots == 8
     with pytest.raises(RecipeError, match=r"no recipe\.yaml here"):
         recipe_engine(str(tmp_path), (), tmp_path, None, None, None, 4, None)
+    # a --policy decided on another build is refused before any warm-up; its own build serves
+    import click
+
+    with pytest.raises(click.UsageError, match="was decided on another build"):
+        recipe_engine(str(folder), (), tmp_path / "engines", None, None, None, 4, None,
+                      ("p.yaml", "0" * 64))
+    built = json.loads((folder / "manifest.json").read_text())["build_digest"]
+    recipe_engine(str(folder), (), tmp_path / "engines", None, None, 2, 4, None,
+                  ("p.yaml", built))
 
 
 def test_eval_with_open_loop_arrivals_against_serve(tmp_path) -> None:

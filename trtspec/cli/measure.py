@@ -177,13 +177,27 @@ def _audit_endpoints(endpoint: str | None, baseline: str | None, model: str | No
             raise click.UsageError(f"--eval {eval_dir} is an in-process eval: audit it with "
                                    f"`trtspec audit {eval_dir}`")
         meta = meta_if_any(Path(eval_dir))
-        if not endpoint and not baseline:
-            endpoint, baseline = meta.get("endpoint"), meta.get("baseline_endpoint")
-        model = model or meta.get("model")
+        measured = {"--endpoint": meta.get("endpoint"),
+                    "--baseline-endpoint": meta.get("baseline_endpoint"),
+                    "--model": meta.get("model")}
+        for flag, given in (("--endpoint", endpoint), ("--baseline-endpoint", baseline),
+                            ("--model", model)):
+            if given and measured[flag] and given != measured[flag]:
+                raise click.UsageError(f"--eval {eval_dir} measured {flag} {measured[flag]}: "
+                                       f"an audit of {given} cannot gate it (drop {flag})")
+        endpoint = endpoint or measured["--endpoint"]
+        baseline = baseline or measured["--baseline-endpoint"]
+        model = model or measured["--model"]
         sampling = eval_recipe(eval_dir).sampling
+        if temperature and sampling.temperature and temperature != sampling.temperature:
+            raise click.UsageError(f"--eval {eval_dir} sampled at temperature "
+                                   f"{sampling.temperature}: drop --temperature")
     if not endpoint or not baseline:
         raise click.UsageError("an endpoint audit compares two servers: give --endpoint URL "
                                "(speculating) and --baseline-endpoint URL (plain decoding)")
+    if endpoint.rstrip("/") == baseline.rstrip("/"):
+        raise click.UsageError("--endpoint and --baseline-endpoint are the same server: the "
+                               "baseline is the same model served without speculation")
     t = temperature or (sampling.temperature if sampling is not None else 0) or 1.0
     tty = sys.stderr.isatty() or sys.stdout.isatty()
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),

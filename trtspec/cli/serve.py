@@ -96,15 +96,20 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
         raise click.UsageError("--backend toy serves toy models: drop RECIPE, --set and "
                                "--engines")
     notes: list[str] = []
-    schedule, registered = None, None
+    schedule, registered, decided = None, None, None  # decided: (its label, build digest)
     if policy_dir and policy_dir.startswith("models:/"):
         from trtspec.approve import fetch_approved
+        from trtspec.policy import decided_build
 
         fetched = fetch_approved(policy_dir, mlflow_uri)
         registered = fetched.describe()
         method, schedule = policy_from_eval(fetched.folder, method, notes, label=policy_dir)
+        decided = policy_dir, decided_build(fetched.folder)
     elif policy_dir:
+        from trtspec.policy import decided_build
+
         method, schedule = policy_from_eval(Path(policy_dir), method, notes)
+        decided = policy_dir, decided_build(policy_dir)
     elif draft_len_schedule:
         try:
             schedule = DraftPolicy.parse(draft_len_schedule)
@@ -121,7 +126,7 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
         root, why = engines_root(recipe, engines)
         try:
             engine = recipe_engine(recipe, overrides, root, method, draft_len, slots,
-                                   max_waiting, served_model_name)
+                                   max_waiting, served_model_name, decided)
         except ManifestError as e:
             raise explain_engines(e, root, why) from None
     scheduler = engine.scheduler
@@ -225,9 +230,11 @@ def policy_from_eval(folder: Path, method: str | None, notes: list[str],
 
 def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
                   method: str | None, draft_len: int | str | None, slots: int | None,
-                  max_waiting: int, name: str | None) -> Any:
+                  max_waiting: int, name: str | None,
+                  decided: tuple[str, str | None] | None = None) -> Any:
     """The served model of a recipe's build (or a build folder): its runner warmed up for
-    ``slots`` before the scheduler takes its rows."""
+    ``slots`` before the scheduler takes its rows. ``decided``: a --policy and the build
+    digest it was decided on; another build is refused before any warm-up."""
     from trtspec.engine import open_build
     from trtspec.scheduler import Scheduler
     from trtspec.serve.server import Engine, Limits, TokenizerTexts
@@ -235,6 +242,11 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     build, _ = open_build(recipe_path, overrides, root,
                           say=lambda line: click.echo(line, err=True))
     recipe = build.recipe
+    if decided and decided[1] and decided[1] != build.manifest.build_digest:
+        raise click.UsageError(f"--policy {decided[0]} was decided on another build "
+                               f"({decided[1][:12]}; this one is "
+                               f"{str(build.manifest.build_digest)[:12]}): evaluate this build, "
+                               "or serve the build that eval measured")
     method = method or build.method_names[0]
     build.check_method(method)  # before any warm-up
     d = recipe.condition_draft_lengths(build.manifest.draft_lengths)[0] if draft_len is None \
