@@ -204,3 +204,34 @@ def test_decide_applies_an_endpoint_audit_to_an_endpoint_eval(tmp_path, passed, 
         assert any("endpoint's exactness audit is weak (power 0.09" in r for r in overall.reasons)
     section = (out / "report.md").read_text().split("## Exactness audit")[1]
     assert "http://a/v1 against http://b/v1" in section and "X² = 25.0 on 19 dof" in section
+
+
+def test_a_sampled_endpoint_eval_without_an_audit_of_its_servers_is_held(tmp_path) -> None:
+    """An endpoint eval (eval.json names its servers) sampled at temperature 0.7: no GO
+    without an endpoint audit, and an audit of other servers does not count; greedy, the
+    greedy-identity gate stands in for it."""
+    import shutil
+
+    from test_decide import paired
+
+    from trtspec.recipe import load_recipe
+    from trtspec.report import make_decision
+
+    out = tmp_path / "e"
+    out.mkdir()
+    shutil.copyfile(Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml",
+                    out / "recipe.yaml")
+    (out / "eval.json").write_text(json.dumps({"endpoint": "http://a/v1",
+                                               "baseline_endpoint": "http://b/v1"}))
+    rows = paired("endpoint/D4/c1", 0.050, 0.025, n=30)
+    sampled = load_recipe(out / "recipe.yaml", ["sampling.temperature=0.7"])
+    verdicts, decision = make_decision(out, sampled, rows)
+    assert verdicts[0].verdict == "INCONCLUSIVE" and decision["audit_applies"]
+    assert any("run `trtspec audit --eval <eval dir>`" in r for r in verdicts[0].reasons)
+    (out / "audit.json").write_text(json.dumps({
+        "kind": "endpoint", "endpoint": "http://elsewhere/v1", "baseline_endpoint": "http://b/v1",
+        "methods": {"endpoint": {"passed": True, "weak": False, "p_value": 0.5}}}))
+    verdicts, decision = make_decision(out, sampled, rows)
+    assert verdicts[0].verdict == "INCONCLUSIVE" and decision["audit"] is None
+    verdicts, decision = make_decision(out, load_recipe(out / "recipe.yaml"), rows)
+    assert verdicts[0].verdict == "GO" and not decision["audit_applies"]

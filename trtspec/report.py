@@ -38,7 +38,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     from trtspec.audit import read_audit
     from trtspec.audit_endpoint import audit_of_this_eval
     from trtspec.eval import in_process
-    from trtspec.eval.folder import arms_of, completeness
+    from trtspec.eval.folder import arms_of, completeness, meta_if_any
     from trtspec.eval.run import DIVERGENCES, read_jsonl
     from trtspec.eval.sequential import cut_short, read_sequential
     from trtspec.files import write_atomic
@@ -50,8 +50,9 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
     audit = read_audit(out)
     if not in_process(out):  # the sampler runs in the server: an endpoint audit of its servers
         audit = audit if audit_of_this_eval(audit, out) else None
-    # sampled requests need an audit; greedy ones at an endpoint are gated by greedy identity
-    audit_applies = in_process(out) or audit is not None or not greedy
+    endpoint = "endpoint" in meta_if_any(out)  # an endpoint eval (not a bare records folder)
+    # its sampled requests need an audit; greedy ones are gated by greedy identity
+    audit_applies = in_process(out) or audit is not None or (endpoint and not greedy)
     sequential = read_sequential(out)
     verdicts = decide(records, recipe.decide, greedy, recipe.sampling.seed, audit,
                       needs_audit=recipe.decide.require_audit and audit_applies,
@@ -77,7 +78,7 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
                 "sequential": sequential, "confirmation": side_by_side(out, verdicts),
                 "workload_sources": sorted({str(r.get("source")) for r in records}),
                 "cost_model": models, "audit": audit,
-                "audit_applies": audit_applies, "endpoint_eval": not in_process(out),
+                "audit_applies": audit_applies, "endpoint_eval": endpoint,
                 "unpaired_records": unpaired,
                 "measured_records": measured, "expected_records": expected}
     decision |= deployment(out, recipe, records, verdicts, decision)  # crossover, memory
