@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from trtspec.adaptive import ADAPTIVE
-from trtspec.policy import POLICY, ServePolicy, serve_policy, write_policy
+from trtspec.policy import POLICY, ServePolicy, read_policy, serve_policy, write_policy
 
 TRTLLM_RELEASE = "1.2.1"  # the newest TensorRT-LLM on the package index
 SCHEDULES = "schedules"
@@ -231,9 +231,10 @@ def markdown_lines(written: list[str] | None, decision: dict[str, Any]) -> list[
     """The report's "Deployment schedules" section: the files written and what they say."""
     if not written:
         return []
-    policy = serve_policy(decision)
-    what = "plain decoding (nothing is GO)" if policy.method == "none" else \
-        f"{policy.method}, D by running requests"
+    policy = decision.get("policy") or {"method": "none", "schedule": []}
+    plan = ", ".join(f"{n}: {d}" for n, d in policy["schedule"])
+    what = "plain decoding (nothing GO to deploy)" if policy["method"] == "none" else \
+        f"{policy['method']}, D by running requests {plan} (plain decoding above)"
     stacks = (" The TensorRT-LLM and vLLM files name the release they were written for and "
               "say what that release cannot express.") if len(written) > 1 else ""
     return ["## Deployment schedules", "",
@@ -253,6 +254,10 @@ def deployment(out: Path, recipe: Any, records: list[dict[str, Any]], verdicts: 
     part["memory"] = eval_memory(out, recipe, decision | part)
     try:
         part["schedules"] = write_schedules(out, recipe, decision | part, Path(out).name)
+        if part["schedules"]:  # as serve will read it
+            written = read_policy(Path(out) / SCHEDULES / POLICY)
+            part["policy"] = {"method": written.method,
+                              "schedule": [list(x) for x in written.schedule]}
     except (OSError, ValueError, StopIteration) as e:
         part["schedules"] = []
         part["schedules_error"] = f"schedules not written ({type(e).__name__}: {e})"
