@@ -188,5 +188,6 @@ def test_make_decision_writes_crossover_memory_and_schedules(tmp_path: Path) -> 
     text = (out / "report.md").read_text()
     assert "## Concurrency crossover" in text and "## Memory cost" in text
     assert "## Deployment schedules" in text
+    assert "runs ngram, D by running requests 1: 4, 2: 4 (plain decoding above)" in text
     assert "Concurrency crossover" in (out / "report.html").read_text()
     json.loads((out / "decision.json").read_text())
