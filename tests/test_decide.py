@@ -343,3 +343,20 @@ def test_apply_where_chooses_by_the_lower_bound() -> None:
     assert {v.verdict for v in overall.values()} == {GO}
     best = apply_where(verdicts)["ngram"]["best_d"]["c1"]
     assert best[0] == 2 and best[2] == overall["ngram/D2/c1"].ci[0]
+
+
+def test_a_latency_gate_on_too_few_turns_holds_and_never_fails() -> None:
+    """16 requests in 2 turns at c = 4, spec's E2E twice the baseline's: a bootstrap of 2
+    turns has no spread (its CI is one value), so the gate cannot demonstrate a regression:
+    it holds the verdict at INCONCLUSIVE instead of failing it."""
+    records = []
+    for i in range(16):
+        block = f"t{i // 8}"
+        b = record("ngram/D4/c4", "baseline", f"r{i}", 0.05)
+        s = record("ngram/D4/c4", "spec", f"r{i}", 0.10)
+        records += [b | {"block": block}, s | {"block": block}]
+    v = judge(records, "ngram/D4/c4", CRITERIA.model_copy(update={"min_requests": 8}),
+              greedy=False)
+    assert v.verdict == INCONCLUSIVE
+    assert any("measured on 2 independent turn(s) (< 8): not judged" in r for r in v.reasons)
+    assert not any("regressed" in r for r in v.reasons)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.recipe import Decide
-from trtspec.stats import cluster_replicates, units_to_resolve
+from trtspec.stats import MIN_UNITS, cluster_replicates, units_to_resolve
 
 P99_MIN, P90_MIN = 100, 20  # paired requests a gate needs before it may use p99 / p90
 Pair = tuple[dict[str, Any], dict[str, Any]]
@@ -74,6 +74,13 @@ def latency_gates(matched: list[Pair], criteria: Decide,
         point, (low, high) = paired_regression(base, spec, q, seed=seed,
                                                units=[x[2] for x in both])
         span = f"95 % CI {100 * low:+.0f} … {100 * high:+.0f} %, limit {100 * limit:.0f} %"
+        count = len({x[2] for x in both})
+        if count < MIN_UNITS:  # a bootstrap of a few turns has no spread: nothing is shown
+            if point > limit:
+                holds.append(f"{stat} regression of {100 * point:+.0f} % measured on {count} "
+                             f"independent turn(s) (< {MIN_UNITS}): not judged; measure more "
+                             "turns")
+            continue
         if low > limit:
             fails.append(f"{stat} regressed {100 * point:.0f} % ({span}, {len(both)} requests)")
             continue

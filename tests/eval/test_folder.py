@@ -291,3 +291,24 @@ def test_ctrl_c_before_anything_was_measured_leaves_no_folder(tmp_path: Path) ->
     with pytest.raises(Interrupted) as e, _kept_on_failure(out, created=True, total=4):
         raise KeyboardInterrupt
     assert e.value.discarded and not out.exists()
+
+
+def test_repeat_measures_each_request_again_as_a_request_of_its_own(tmp_path: Path) -> None:
+    """--repeat 3 on the built-in workload: every request three times, ids r, r#2, r#3 (so
+    their seeds differ), the copies after the originals; stored in eval.json for a resume."""
+    from trtspec.eval.folder import load_requests, stored_selection
+    from trtspec.eval.run import request_seed
+
+    recipe = load_recipe(RECIPE)
+    once = load_requests(recipe, Selection.make(), RECIPE, say=lambda _: None)
+    thrice = load_requests(recipe, Selection.make(repeat=3), RECIPE, say=lambda _: None)
+    assert len(thrice) == 3 * len(once) and thrice[:len(once)] == once
+    first = once[0]
+    copies = [r for r in thrice if r.id.split("#")[0] == first.id]
+    assert [r.id for r in copies] == [first.id, f"{first.id}#2", f"{first.id}#3"]
+    assert {r.prompt for r in copies} == {first.prompt} and len({request_seed(0, r.id)
+                                                               for r in copies}) == 3
+    out = tmp_path / "e"
+    out.mkdir()
+    (out / "eval.json").write_text(json.dumps({"selection": {"repeat": 3}}))
+    assert stored_selection(out).repeat == 3

@@ -66,6 +66,9 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str | None
                    "recipe's eval.per_category for builtin and SPEED-Bench; a JSONL runs whole]")
 @click.option("--num-prompts", type=click.IntRange(1), default=None,
               help="measure N requests (seeded, spread over the categories)")
+@click.option("--repeat", type=click.IntRange(1, 100), default=1, show_default=True,
+              help="measure each request R times, each a request of its own (id#2 …, its own "
+                   "seed): more turns at c > 1 from a small workload")
 @click.option("--max-tokens", type=click.IntRange(1), default=None,
               help="output limit of every request (the workload's own too) [default: the "
                    "recipe's sampling.max_tokens]")
@@ -107,7 +110,8 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str | None
               help="re-measure only what that decided eval chose (reports/<eval-id>) on "
                    "requests it has not seen; the report shows both verdicts")
 def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | None,
-                 num_prompts: int | None, max_tokens: int | None, ignore_eos: bool,
+                 num_prompts: int | None, repeat: int, max_tokens: int | None,
+                 ignore_eos: bool,
                  concurrency: tuple[int, ...], request_rate: float | None,
                  eval_id: str | None, resume: str | None,
                  overrides: tuple[str, ...], engines: str | None, reports: str,
@@ -139,7 +143,8 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
                                "drop " + ("--resume" if resume else "--endpoint" if endpoint
                                           else "--until-decided"))
     knobs = {"--workload": workloads, "--per-category": per_category,
-             "--num-prompts": num_prompts, "--max-tokens": max_tokens, "--ignore-eos": ignore_eos,
+             "--num-prompts": num_prompts, "--repeat": repeat > 1, "--max-tokens": max_tokens,
+             "--ignore-eos": ignore_eos,
              "--concurrency": concurrency, "--request-rate": request_rate, "--set": overrides}
     if confirm and any(knobs.values()):
         given = ", ".join(k for k, v in knobs.items() if v)
@@ -150,6 +155,7 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
                                "measures its plan (raise --per-category instead)")
     before = _records_in(resume)
     selection = Selection.make(workloads, per_category=per_category, num_prompts=num_prompts,
+                               repeat=repeat,
                                max_tokens=max_tokens, ignore_eos=ignore_eos,
                                concurrency=concurrency, request_rate=request_rate,
                                overrides=overrides,

@@ -45,6 +45,7 @@ class Selection:
     workloads: tuple[str, ...] = ()  # builtin, speed-bench:<config> or JSONL paths
     per_category: int | None = None  # a custom JSONL runs whole unless this is given
     num_prompts: int | None = None  # a seeded sample of the requests, spread over categories
+    repeat: int = 1  # each request measured this many times (its own id and seed each time)
     max_tokens: int | None = None  # every request's output limit (the workload's own too)
     ignore_eos: bool = False  # fixed output lengths
     concurrency: tuple[int, ...] = ()
@@ -80,7 +81,7 @@ class Selection:
 
 
 _FLAGS = {"workloads": "--workload", "per_category": "--per-category",
-          "num_prompts": "--num-prompts", "max_tokens": "--max-tokens",
+          "num_prompts": "--num-prompts", "repeat": "--repeat", "max_tokens": "--max-tokens",
           "ignore_eos": "--ignore-eos", "concurrency": "--concurrency",
           "request_rate": "--request-rate", "overrides": "--set",
           "speed_bench_dir": "--speed-bench-dir"}
@@ -212,6 +213,10 @@ def load_requests(recipe: Recipe, selection: Selection, recipe_path: str | Path,
         counts = Counter(r.category for r in requests)
         say(f"--num-prompts {selection.num_prompts}: "
             + ", ".join(f"{c} {k}" for c, k in sorted(counts.items())))
+    if selection.repeat > 1:  # copies as new requests: ids r#2, r#3 … (and so their seeds)
+        requests = [r if k == 0 else r.model_copy(update={"id": f"{r.id}#{k + 1}"})
+                    for k in range(selection.repeat) for r in requests]
+        say(f"--repeat {selection.repeat}: {len(requests)} requests")
     if selection.max_tokens is not None:  # the knob fixes every request's limit
         requests = [r.model_copy(update={"max_tokens": None}) for r in requests]
     return requests
