@@ -114,6 +114,11 @@ def test_a_crossover_inside_a_bend_is_covered() -> None:
     assert covered >= 45
 
 
+def test_a_curve_below_from_the_start_says_so() -> None:
+    below = fit_curve("ngram", 4, "all", _points([0.5, 0.4]), 1.0, resamples=100)
+    assert below.where == "below" and below.ci_text == "< 1"
+
+
 def test_edge_cases() -> None:
     above = fit_curve("ngram", 4, "all", _points([1.8, 1.6, 1.4]), 1.0, resamples=100)
     assert above is not None and above.where == "above" and above.c_star is None
@@ -177,3 +182,6 @@ def test_buckets_by_context_length() -> None:
     assert speed["context 0–255"] == pytest.approx(1.5, rel=0.01)
     assert speed["context 1024–4095"] == pytest.approx(1.1, rel=0.01)
     assert bucket_speedups([r | {"context_tokens": 5} for r in records], E2E) == {}
+    # a bucket needs 8 independent units, as a verdict does: 40 requests in 2 turns have none
+    turns = [r | {"block": f"t{int(r['request_id'][1:]) % 2}"} for r in records]
+    assert bucket_speedups(turns, E2E) == {}

@@ -77,6 +77,8 @@ class Curve:
     @property
     def ci_text(self) -> str:
         low, high = self.c_star_ci
+        if high is not None and high < self.levels[0]:  # every replicate below at once
+            return f"< {self.levels[0]}"
         lo = f"{low:.1f}" if low is not None else f"< {self.levels[0]}"
         hi = f"{high:.1f}" if high is not None else f"> {self.levels[-1]}"
         return f"{lo} – {hi}"
@@ -233,6 +235,7 @@ def bucket_speedups(records: Sequence[dict[str, Any]], criteria: Any, seed: int 
     one bucket)."""
     from trtspec.decide import metric_values, paired_speedup, pairs, statistic_for
     from trtspec.gates import unit_of
+    from trtspec.stats import MIN_UNITS
 
     if len({bucket_of(r.get("context_tokens")) for r in records} - {None}) < 2:
         return {}
@@ -244,12 +247,15 @@ def bucket_speedups(records: Sequence[dict[str, Any]], criteria: Any, seed: int 
                 groups.setdefault(name, []).append((b, s))
         for name, matched in sorted(groups.items()):
             rows = metric_values(matched, criteria)
-            if len(rows) >= criteria.min_requests:
+            if len(rows) >= criteria.min_requests and \
+                    len({unit_of(r[0]) for r in rows}) >= MIN_UNITS:  # as decide asks
                 point, ci = paired_speedup(np.array([r[2] for r in rows]),
                                            np.array([r[3] for r in rows]), seed=seed,
                                            units=[unit_of(r[0]) for r in rows],
                                            statistic=statistic_for(criteria.primary_metric))
                 out.setdefault(condition, []).append((name, ci, point))
+    if len({name for cells in out.values() for name, _, _ in cells}) < 2:
+        return {}  # one bucket with enough requests: its curve is the overall one again
     return out
 
 
