@@ -271,8 +271,9 @@ def log_decision(out_dir: str | Path, receipt: dict[str, Any]) -> None:
     """Attach the decision to the eval's runs: report.html, report.md, decision.json and
     audit.json as artifacts of the parent run, every verdict as a table (``decision/
     verdicts.json``), the serving schedules (``schedules/``), a ``verdict`` tag and
-    ``decide/*`` metrics on each condition's run. Re-running decide overwrites the artifacts
-    and the table and adds a metric step."""
+    ``decide/*`` metrics on each condition's run, and on the parent the verdict's speedup and
+    CI against load (``decide/speedup/<method>_D<d>`` …, step = concurrency). Re-running
+    decide overwrites the artifacts and the table and adds a metric step."""
     from mlflow.tracking import MlflowClient
 
     out = Path(out_dir)
@@ -299,6 +300,12 @@ def log_decision(out_dir: str | Path, receipt: dict[str, Any]) -> None:
                                 ("ci_high", v["ci"][1])):
                 if value == value:  # NaN when there were too few requests
                     client.log_metric(child, f"decide/{name}", float(value))
+        method, d, c = v["condition"].split("/")  # the verdict's speedup against load
+        for name, value in (("speedup", v["speedup"]), ("ci_low", v["ci"][0]),
+                            ("ci_high", v["ci"][1])):
+            if value == value:
+                client.log_metric(run_id, f"decide/{name}/{method}_{d}", float(value),
+                                  step=int(c.removeprefix("c")))
     client.log_metric(run_id, "decide/go_conditions",
                       float(sum(v["verdict"] == "GO" for v in overall)))
     for method, m in ((decision.get("audit") or {}).get("methods") or {}).items():

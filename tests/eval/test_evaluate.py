@@ -79,7 +79,9 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys)
     assert parent.data.tags["audit.ngram"] == "pass"
     assert {a.path for a in client.list_artifacts(receipt["run_id"], "decision")} == {
         "decision/report.html", "decision/report.md", "decision/decision.json",
-        "decision/audit.json"}
+        "decision/audit.json", "decision/verdicts.json"}
+    steps = client.get_metric_history(receipt["run_id"], "decide/speedup/ngram_D4")
+    assert [(m.step, m.value) for m in steps] == [(1, pytest.approx(overall["speedup"]))]
     assert client.get_run(receipt["conditions"]["ngram/D4/c1"]).data.tags["verdict"] == verdict
     with pytest.raises(SystemExit) as exit_info:  # the same eval id again without --resume
         main(["eval", str(RECIPE), "--engines", str(tmp_path / "engines"), "--reports",
