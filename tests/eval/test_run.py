@@ -256,4 +256,5 @@ def test_an_eval_with_an_adaptive_condition_end_to_end(tmp_path: Path) -> None:
         if v["condition"] == "draft_model/D2/c1":
             v["verdict"] = "NO-GO"
     (out / "decision.json").write_text(json.dumps(decision))
+    shutil.rmtree(out / "schedules")  # the edited decision.json, not the policy file decide wrote
     assert policy_from_eval(out, None, []) == ("draft_model", DraftPolicy.parse("1:adaptive"))
