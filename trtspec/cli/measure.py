@@ -120,7 +120,9 @@ def audit(source: str | None, samples: int | None, prompts: tuple[str, ...],
     given = [k for k, v in endpoint_only.items() if v is not None]
     if given:
         raise click.UsageError(f"{', '.join(given)} go with --endpoint: drop them with SOURCE")
-    samples = samples or 150
+    from trtspec.audit import SAMPLES
+
+    samples = samples or SAMPLES
     root, why = engines_root(source, engines)
     tty = sys.stderr.isatty() or sys.stdout.isatty()
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
