@@ -118,7 +118,7 @@ def check_build(out: Path, engines_root: Path) -> dict[str, Any]:
     folder: the same build digest and checkpoints. Returns that manifest (``{}`` for an
     endpoint eval, which measured a server's build trtspec cannot see)."""
     from trtspec.eval import eval_recipe
-    from trtspec.manifest import ManifestError, load_manifest, open_built
+    from trtspec.manifest import ManifestError, build_fingerprint, load_manifest, open_built
 
     if not (out / "manifest.json").is_file():
         return {}
@@ -129,11 +129,7 @@ def check_build(out: Path, engines_root: Path) -> dict[str, Any]:
         raise ApprovalRefused(f"{out}: the build it measured is gone or no longer fits ({e})"
                               ) from None
 
-    def fingerprint(m: Any) -> tuple[Any, ...]:
-        return (m.build_digest, sorted((a.name, a.config_digest, a.tokenizer_digest)
-                                       for a in m.artifacts))
-
-    if fingerprint(measured) != fingerprint(current):
+    if build_fingerprint(measured) != build_fingerprint(current):
         raise ApprovalRefused(f"{out}: the build no longer matches what was measured ({path} was"
                               f" rebuilt {current.created}, the eval measured the build of "
                               f"{measured.created}): run the eval again on this build")

@@ -285,3 +285,10 @@ def file_digest(*paths: Path) -> str | None:
             digest.update(p.name.encode())
             digest.update(p.read_bytes())
     return digest.hexdigest() if found else None
+
+
+def build_fingerprint(m: Any) -> tuple[Any, ...]:
+    """What makes two builds the same models: the build digest and each artifact's config and
+    tokenizer digests (a rebuild behind the same recipe changes the latter)."""
+    return (m.build_digest, sorted((a.name, a.config_digest, a.tokenizer_digest)
+                                   for a in m.artifacts))

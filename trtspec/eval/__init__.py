@@ -210,17 +210,13 @@ def in_process(eval_dir: str | Path) -> bool:
 def _check_same_build(out: Path, manifest: Any, manifest_path: Path) -> None:
     """A resumed eval measures the models its first part measured: the same build inputs and
     the same checkpoints (config and tokenizer digests)."""
-    from trtspec.manifest import load_manifest
+    from trtspec.manifest import build_fingerprint, load_manifest
 
     if not (out / "manifest.json").is_file():
         return
     before = load_manifest(out / "manifest.json")
 
-    def fingerprint(m: Any) -> tuple[Any, ...]:
-        return (m.build_digest, sorted((a.name, a.config_digest, a.tokenizer_digest)
-                                       for a in m.artifacts))
-
-    if fingerprint(before) != fingerprint(manifest):
+    if build_fingerprint(before) != build_fingerprint(manifest):
         raise RecipeError(f"--resume {out}: {manifest_path} is not the build this eval started "
                           f"with (built {before.created}, now {manifest.created}): its models "
                           "may differ, so start a new eval")
