@@ -1,8 +1,8 @@
 """Proposers: where draft tokens come from.
 
 Implementations: ``draft_model`` (a second Runner), ``ngram`` (prompt lookup), ``suffix`` (suffix
-tries over the request and earlier outputs), ``layer_skip``; ``medusa`` and ``eagle`` with the
-real-model backends.
+tries over the request and earlier outputs), ``layer_skip``, and heads that read the target's
+hidden states: ``medusa`` (Medusa-1) and ``eagle`` (EAGLE-3, chain drafting).
 """
 
 from __future__ import annotations
@@ -78,11 +78,11 @@ def make_proposer(method: Method | None, target: Runner | None = None, *, draft:
                   target_tokenizer: Any = None) -> Proposer | None:
     """The proposer for a recipe method (None: plain decoding). ``target`` is the target's
     Runner (a layer-skip draft is its ``layer_skip`` view: over its KV cache on the compiled
-    runner, with a cache of its own elsewhere); ``draft`` is a draft model's loaded checkpoint
-    (trtspec.models; its tokenizer is checked against ``target_tokenizer``) or a Runner (the
-    toy backend)."""
+    runner, with a cache of its own elsewhere; heads read its hidden states); ``draft`` is a
+    draft model's loaded checkpoint (trtspec.models; its tokenizer is checked against
+    ``target_tokenizer``), a Runner (the toy backend) or loaded Medusa / EAGLE-3 heads."""
     from trtspec.propose.draft_model import DraftModelProposer, check_vocab
-    from trtspec.recipe_methods import DraftModel, LayerSkip, Ngram, Suffix
+    from trtspec.recipe_methods import DraftModel, Eagle, LayerSkip, Medusa, Ngram, Suffix
 
     match method:
         case None:
@@ -120,9 +120,19 @@ def make_proposer(method: Method | None, target: Runner | None = None, *, draft:
                                           if target is not None else None,
                                           fallback_id=draft.tokenizer.unk_token_id)
             return DraftModelProposer(draft)
+        case Medusa() | Eagle():
+            if target is None or draft is None:
+                raise ValueError(f"method {method.method} needs the target's runner and its "
+                                 "loaded heads")
+            if isinstance(method, Medusa):
+                from trtspec.propose.medusa import MedusaProposer
+
+                return MedusaProposer(target, draft)
+            from trtspec.propose.eagle import EagleProposer
+
+            return EagleProposer(target, draft)
         case _:
-            raise ValueError(f"method {method.method} runs on TensorRT-LLM builds only (the "
-                             "torch backend runs draft_model, layer_skip, ngram and suffix)")
+            raise ValueError(f"method {method.method} runs on TensorRT-LLM builds only")
 
 
 def method_named(name: str, *, draft_model: str = "", layers: int = 1, ngram_min: int = 1,

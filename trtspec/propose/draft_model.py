@@ -95,7 +95,7 @@ def sample_drafts(runner: Runner, feed: list[list[int]], draft_len: Sequence[int
     batch, steps = len(feed), max(draft_len, default=0)
     ids, probs = [], []
     for step in range(steps):
-        logits = _fit(runner.score(feed, last_only=True)[:, 0], target_vocab)
+        logits = fit_vocab(runner.score(feed, last_only=True)[:, 0], target_vocab)
         q = rows_to_probs(logits, params)  # [B, V_target]
         live = [int(n > step) for n in draft_len]
         x = sample(q, uniforms(live, generators, q.device)[:, 0]).tolist()  # [B], host
@@ -106,7 +106,7 @@ def sample_drafts(runner: Runner, feed: list[list[int]], draft_len: Sequence[int
                  torch.as_tensor(list(draft_len), dtype=torch.long), torch.stack(probs, 1))
 
 
-def _fit(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     """Draft logits [B, V_draft] → [B, vocab]: ids the draft lacks get −inf, so q(x) = 0."""
     have = logits.shape[-1]
     if have == vocab:

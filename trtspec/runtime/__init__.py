@@ -1,6 +1,7 @@
 """Runners: a model that holds a batch of sequences (its KV cache) and scores new tokens.
 
-Implementations: ``toy`` (exact Markov models) now; ``hf`` (transformers) and ``trtllm`` later.
+Implementations: ``toy`` (exact Markov models), ``hf`` (transformers, any architecture) and
+``compiled`` (trtspec's Llama-family decoder under torch.compile).
 """
 
 from __future__ import annotations
@@ -55,6 +56,15 @@ class Runner(Protocol):
         its weights. Its KV cache is this runner's where the runner can share it (then its
         ``shares_cache`` is true) and ``share_cache`` asks for it, else its own. ValueError
         when the model has no layers to skip."""
+        ...
+
+    def capture_hidden(self, layers: Sequence[int]) -> None:
+        """From now on every prefill/score also keeps the outputs of decoder ``layers``
+        (0-based, negative from the end; before the final norm) at every position it is fed,
+        from the same forward: ``hidden`` [B, T, len(layers)·H] (T: the most tokens a row was
+        fed in that call, with ``last_only`` too; rows fed nothing are zeros) and
+        ``hidden_counts`` (tokens fed per row). Medusa and EAGLE heads read them; ValueError
+        where a runner has no layers (toy)."""
         ...
 
     def warm_up(self, batch: int, watch: bool = False) -> float:

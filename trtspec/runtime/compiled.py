@@ -106,6 +106,10 @@ class CompiledRunner:
         self._eager = _layer_fn(self._hq, self._hkv, self._d, self._eps)
         self._graph: Callable[..., torch.Tensor] = self._eager
         self.shapes: set[tuple[int, int]] = set()  # (Bb, Tb) run compiled so far
+        self._capture: list[int] = []  # layers whose outputs each forward keeps (heads)
+        self._kept: list[torch.Tensor] = []
+        self.hidden: torch.Tensor | None = None  # [B, T, k·H] of the last call
+        self.hidden_counts: list[int] = []  # tokens fed per row in that call
         if compile:
             if cache_dir is not None:
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
@@ -139,7 +143,18 @@ class CompiledRunner:
         draft.keys, draft.values, draft._lengths = [], [], []
         draft._owner = self if share_cache else draft
         draft._warmed = set()
+        draft._capture, draft.hidden, draft.hidden_counts = [], None, []
         return draft
+
+    def capture_hidden(self, layers: Sequence[int]) -> None:
+        """From now on every prefill/score also keeps the outputs of decoder ``layers`` (0-based,
+        negative from the end; before the final norm) at every position fed, from the same
+        forward (references to tensors the layers return anyway: no copy, no recompile):
+        ``hidden`` [B, T, len(layers)·H] and ``hidden_counts`` (Medusa / EAGLE heads read
+        them)."""
+        from trtspec.runtime.hf import layer_indices
+
+        self._capture = layer_indices(len(self._weights), layers)
 
     @property
     def shares_cache(self) -> bool:
@@ -179,6 +194,11 @@ class CompiledRunner:
         logits = torch.zeros((batch, 1 if last_only else width, self._vocab),
                              dtype=torch.float32, device=self.device)
         live = [b for b, n in enumerate(counts) if n]
+        if self._capture:
+            size = len(self._capture) * self._embed.weight.shape[1]
+            self.hidden = torch.zeros((batch, width, size), dtype=self.dtype,
+                                      device=self.device)  # [B, T, k·H]
+            self.hidden_counts = list(counts)
         if not live:
             return logits
         compiled, tb = self.compiled, width
@@ -213,6 +233,9 @@ class CompiledRunner:
                 x = self._embed(ids.to(self.device))  # writes went to uncommitted slots only
         if not compiled:
             x = self._layers(self._eager, x, cos, sin, mask, slots, rows, span)
+        if self._capture:
+            self.hidden[rows.start: rows.stop] = torch.cat(self._kept, dim=-1)[:, :width]
+            self.hidden[[b for b in rows if not counts[b]]] = 0  # idle rows inside the range
         n = torch.tensor([counts[b] for b in rows], device=self.device)  # [Bb]
         if last_only:
             x = x[torch.arange(nb, device=self.device), (n - 1).clamp(min=0)][:, None]
@@ -230,7 +253,8 @@ class CompiledRunner:
         sl = slice(rows.start, rows.stop)
         dynamic = layer is not self._eager
         keys, values = self._caches()
-        for w, k, v in zip(self._weights, keys, values, strict=True):
+        kept: dict[int, torch.Tensor] = {}
+        for i, (w, k, v) in enumerate(zip(self._weights, keys, values, strict=True)):
             k, v = k[:span, sl], v[:span, sl]  # [W, Bb, Hkv, d]: strides free of capacity
             if dynamic:  # one graph whatever the rows, width and span (size-1 dims specialise)
                 for t, dims in ((x, (0, 1)), (cos, (0, 1)), (sin, (0, 1)), (slots, (0, 1)),
@@ -239,6 +263,9 @@ class CompiledRunner:
                         if t.shape[dim] > 1:
                             torch._dynamo.mark_dynamic(t, dim)
             x = layer(x, cos, sin, mask, slots, k, v, *w)
+            if i in self._capture:
+                kept[i] = x
+        self._kept = [kept[i] for i in self._capture]
         return x
 
     def _give_up(self, error: Exception) -> None:
@@ -272,6 +299,7 @@ class CompiledRunner:
         if batch in self._warmed or not self.compiled:
             return 0.0
         live = self.keys, self.values, self._lengths, self._capacity
+        states = self.hidden, self.hidden_counts  # what a proposer has yet to read
         self._warming, self._capacity = True, MIN_CAPACITY  # a small scratch cache
         try:
             self.prefill([[0]] * batch)
@@ -282,6 +310,7 @@ class CompiledRunner:
             self._warmed.add(batch)
         finally:
             self.keys, self.values, self._lengths, self._capacity = live
+            self.hidden, self.hidden_counts = states
             self._warming = False
         return time.perf_counter() - began
 

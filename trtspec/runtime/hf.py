@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -97,6 +98,7 @@ class HFRunner:
         self._decoder = model.get_decoder()
         self._head = model.get_output_embeddings()
         self._num_layers = config.num_hidden_layers
+        self._hidden_size = config.hidden_size
         self._kv_heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
         self._head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads)
@@ -112,6 +114,9 @@ class HFRunner:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.cache: RowCache | None = None
+        self._capture: list[int] = []  # decoder layers whose outputs each forward keeps
+        self.hidden: torch.Tensor | None = None  # [B, T, k·H] of the last call (see capture_hidden)
+        self.hidden_counts: list[int] = []  # tokens fed per row in that call
 
     @property
     def vocab_size(self) -> int:
@@ -135,7 +140,17 @@ class HFRunner:
             return logits
         rows = torch.tensor([first[tuple(p)] for p in prompts], device=self.device)
         self.cache = self.cache.select(rows)
+        if self.hidden is not None:
+            self.hidden = self.hidden.index_select(0, rows)
+            self.hidden_counts = [len(p) for p in prompts]
         return logits.index_select(0, rows)
+
+    def capture_hidden(self, layers: Sequence[int]) -> None:
+        """From now on every prefill/score also keeps the outputs of decoder ``layers`` (0-based,
+        negative from the end; before the final norm) at every position fed, from the same
+        forward: ``hidden`` [B, T, len(layers)·H] and ``hidden_counts`` (Medusa / EAGLE heads
+        read them)."""
+        self._capture = layer_indices(self._num_layers, layers)
 
     @torch.inference_mode()
     def score(self, tokens: Sequence[Sequence[int]], last_only: bool = False) -> torch.Tensor:
@@ -148,6 +163,10 @@ class HFRunner:
                              device=self.device)  # stays on the model's device: verify runs there
         live = [b for b, n in enumerate(counts) if n]
         if not live:
+            if self._capture:  # nothing scored: no states, but the call is still the last one
+                self.hidden = torch.zeros((batch, 0, len(self._capture) * self._hidden_size),
+                                          dtype=self.dtype, device=self.device)
+                self.hidden_counts = list(counts)
             return logits
         rows = slice(live[0], live[-1] + 1)  # a contiguous range: views, no copies
         ids = torch.tensor([list(tokens[b]) + [0] * (width - counts[b])
@@ -161,15 +180,27 @@ class HFRunner:
         if self._cache_position:  # 4.x: a stand-in. With a 4D mask (returned as-is) and per-row
             # position_ids it only reaches cache.update's kwargs, which RowCache ignores
             extra["cache_position"] = positions[0]
-        hidden = self._decoder(input_ids=ids.to(self.device), attention_mask=mask,
-                               position_ids=positions, use_cache=True,
-                               **extra).last_hidden_state  # [b, T, d]
+        with layer_outputs(self.model, self._capture) as kept:
+            hidden = self._decoder(input_ids=ids.to(self.device), attention_mask=mask,
+                                   position_ids=positions, use_cache=True,
+                                   **extra).last_hidden_state  # [b, T, d]
+        if self._capture:
+            self._keep(kept, rows, counts, width)
         n = torch.tensor(counts[rows], device=self.device)  # [b]
         if last_only:
             hidden = hidden[torch.arange(len(n), device=self.device), (n - 1).clamp(min=0)][:, None]
         logits[rows] = self._head(hidden).float()[..., : self._vocab]
         cache.lengths[rows] += n
         return logits
+
+    def _keep(self, kept: list[torch.Tensor], rows: slice, counts: list[int], width: int
+              ) -> None:
+        """The captured layers' states of this call, for every row of the batch."""
+        states = torch.cat(kept, dim=-1)  # [b, T, k·H]
+        self.hidden = states.new_zeros((len(counts), width, states.shape[-1]))  # [B, T, k·H]
+        self.hidden[rows] = states
+        self.hidden[[b for b in range(rows.start, rows.stop) if not counts[b]]] = 0  # idle rows
+        self.hidden_counts = list(counts)
 
     def rollback(self, lengths: Sequence[int]) -> None:
         cache = self._require_cache(len(lengths))
@@ -199,6 +230,45 @@ class HFRunner:
         if rows != len(self.cache.lengths):
             raise ValueError(f"got {rows} rows for a batch of {len(self.cache.lengths)}")
         return self.cache
+
+
+def layer_indices(num_layers: int, layers: Sequence[int]) -> list[int]:
+    """Layer numbers as given (negative from the end) → 0-based indices; ValueError when one is
+    out of range."""
+    out = []
+    for i in layers:
+        j = i + num_layers if i < 0 else i
+        if not 0 <= j < num_layers:
+            raise ValueError(f"layer {i} is out of range for a model of {num_layers} layers")
+        out.append(j)
+    return out
+
+
+@contextmanager
+def layer_outputs(model: nn.Module, layers: Sequence[int]) -> Iterator[list[torch.Tensor]]:
+    """Within the block, forwards of ``model`` record the outputs of decoder ``layers`` (0-based,
+    negative from the end; the residual stream before the final norm): afterwards the list
+    holds one [B, T, H] tensor per layer, in the order asked (the last forward's). Hooks on the
+    stock layers, so the states are the model's own, from the forward that made the logits;
+    they are removed on exit (a layer-skip view sharing these layers records nothing later)."""
+    decoder_layers = model.get_decoder().layers
+    wanted = layer_indices(len(decoder_layers), layers)
+    seen: dict[int, torch.Tensor] = {}
+    kept: list[torch.Tensor] = []
+
+    def hook(index: int) -> Any:
+        def record(module: nn.Module, args: Any, output: Any) -> None:
+            seen[index] = output[0] if isinstance(output, tuple) else output  # 4.x: a tuple
+            if len(seen) == len(set(wanted)):
+                kept[:] = [seen[i] for i in wanted]
+        return record
+
+    handles = [decoder_layers[i].register_forward_hook(hook(i)) for i in sorted(set(wanted))]
+    try:
+        yield kept
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def layer_skip_view(model: nn.Module, num_layers: int) -> nn.Module:

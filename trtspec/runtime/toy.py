@@ -119,6 +119,9 @@ class ToyRunner:
     def layer_skip(self, num_layers: int, share_cache: bool = True) -> ToyRunner:
         raise ValueError("the toy backend has no layers to skip")
 
+    def capture_hidden(self, layers: Sequence[int]) -> None:
+        raise ValueError("the toy backend has no hidden states (heads need a real model)")
+
     def warm_up(self, batch: int, watch: bool = False) -> float:
         return 0.0  # nothing is compiled
 
