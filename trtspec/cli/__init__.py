@@ -10,7 +10,7 @@ import click
 from pydantic import ValidationError
 
 from trtspec import __version__
-from trtspec.cli import approve, evaluation, generate, measure, serve
+from trtspec.cli import approve, distill, evaluation, generate, measure, serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,7 +21,7 @@ def cli() -> None:
 
 for command in (generate.generate, measure.build, evaluation.eval_command, measure.audit,
                 measure.decide, measure.prepare_data, measure.sync, measure.doctor,
-                serve.serve, approve.approve):
+                serve.serve, approve.approve, distill.distill):
     cli.add_command(command)
 
 
