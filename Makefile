@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.trtspec-installed
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: install test test-tf4 lint browser bench demo clean
+.PHONY: install test test-tf4 lint browser bench bench-heads heads demo clean
 
 DEMO_ID := demo-$(shell date +%Y%m%d-%H%M%S)
 
@@ -56,14 +56,38 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cpu.py
 	$(BIN)/python benchmarks/bench_adaptive.py
 
+# The CPU recipe's EAGLE-3 head (and a Medusa head for the heads benchmark), distilled from its
+# target on this CPU on the target's own continuations of trtspec's training prompts (disjoint
+# from the eval's built-in workload): about 20 minutes on 2 cores; not part of `make test`.
+HEADS_EAGLE  := heads/smollm2-135m-eagle3
+HEADS_MEDUSA := heads/smollm2-135m-medusa
+HEADS_DATA   := --num-prompts 256 --max-new-tokens 64  # the eval's 64 tokens; generating is slow
+heads: $(STAMP)
+	$(BIN)/trtspec distill recipes/cpu-smollm2.yaml --method eagle --out $(HEADS_EAGLE) \
+		$(HEADS_DATA) --minutes 9
+	@# the same prompts and settings: medusa reuses the target's continuations eagle generated
+	mkdir -p $(HEADS_MEDUSA)/.distill
+	cp $(HEADS_EAGLE)/.distill/sequences.json $(HEADS_MEDUSA)/.distill/
+	$(BIN)/trtspec distill recipes/cpu-smollm2.yaml --method medusa --out $(HEADS_MEDUSA) \
+		$(HEADS_DATA) --shared-head --minutes 3
+
+# eagle, medusa, ngram and layer_skip on the built-in workload, with `make heads`' heads
+bench-heads: $(STAMP)
+	$(BIN)/python benchmarks/bench_heads.py
+
 # build the CPU recipe, eval ngram at D = 4 on the built-in workload's two groups until decided
 # (24 requests a condition, then rounds up to 48), audit, decide: under 15 min on 2 cores from a
 # fresh clone. The recipe as written (`trtspec eval recipes/cpu-smollm2.yaml`) also runs
 # layer_skip and D = 2: twice the time.
 DEMO_MAX_REQUESTS ?= 48
-DEMO_SET := --per-category 12 --set 'draft_lengths=[4]' \
-	--set 'methods=[{method: ngram, min_n: 1, max_n: 3}]'
+# With `make heads`' EAGLE head the demo runs it too (about 5 minutes more).
+DEMO_NGRAM := {method: ngram, min_n: 1, max_n: 3}
+DEMO_EAGLE := , {method: eagle, model: $(HEADS_EAGLE)}
+DEMO_METHODS := [$(DEMO_NGRAM)$(if $(wildcard $(HEADS_EAGLE)/config.json),$(DEMO_EAGLE))]
+DEMO_SET := --per-category 12 --set 'draft_lengths=[4]' --set 'methods=$(DEMO_METHODS)'
 demo: $(STAMP)
+	@test -f $(HEADS_EAGLE)/config.json || echo "note: no EAGLE head at $(HEADS_EAGLE): this \
+	demo runs ngram only (\`make heads\` trains one in about 20 minutes)"
 	$(BIN)/trtspec build recipes/cpu-smollm2.yaml
 	$(BIN)/trtspec eval recipes/cpu-smollm2.yaml --eval-id $(DEMO_ID) --until-decided \
 		--max-requests $(DEMO_MAX_REQUESTS) $(DEMO_SET)

@@ -18,7 +18,7 @@ from typing import Any
 from trtspec.adaptive import ADAPTIVE, is_adaptive
 from trtspec.executor import SpecExecutor
 from trtspec.propose import Proposer, make_proposer
-from trtspec.recipe import DraftModel, Recipe, RecipeError, load_recipe
+from trtspec.recipe import DraftModel, Eagle, Medusa, Recipe, RecipeError, load_recipe
 from trtspec.runtime import Runner
 
 PLAIN = "none"  # the method name of plain decoding
@@ -63,7 +63,9 @@ class OpenBuild:
 
     @property
     def method_names(self) -> list[str]:
-        return [m.method for m in self.recipe.methods]
+        """The recipe's methods this build can run (not those it left out: heads not trained)."""
+        left_out = self.manifest.left_out()
+        return [m.method for m in self.recipe.methods if m.method not in left_out]
 
     def target_runner(self) -> Runner:
         """The target's Runner as built: the manifest's runner kind (the recipe's for a build
@@ -90,6 +92,9 @@ class OpenBuild:
 
     def check_method(self, method: str) -> None:
         """RecipeError unless ``method`` is one of the recipe's (or none)."""
+        if method in (why := self.manifest.left_out()):
+            raise RecipeError(f"method {method} is not in this build: {why[method]}; then "
+                              "`trtspec build` again")
         if method != PLAIN and method not in self.method_names:
             raise RecipeError(f"method {method}: the recipe has "
                               f"{', '.join(self.method_names)} (or {PLAIN})")
@@ -100,8 +105,14 @@ class OpenBuild:
         if method == PLAIN:
             return None
         chosen = {m.method: m for m in self.recipe.methods}[method]
-        draft = self.model(self.manifest.artifact("draft").path) \
-            if isinstance(chosen, DraftModel) else None
+        draft = None
+        if isinstance(chosen, DraftModel):
+            draft = self.model(self.manifest.artifact("draft").path)
+        elif isinstance(chosen, Medusa | Eagle):  # a fresh copy: a proposer's heads are its own
+            from trtspec.build.torch import load_heads
+
+            draft = load_heads(chosen, self.manifest.artifact(chosen.method).path,
+                               self.model().model)
         return make_proposer(chosen, self.target_runner(), draft=draft,
                              target_tokenizer=self.tokenizer)
 

@@ -90,6 +90,11 @@ class Manifest(Strict):
 
         return write_atomic(directory / MANIFEST, self.model_dump_json(indent=2) + "\n")
 
+    def left_out(self) -> dict[str, str]:
+        """Methods the build left out (heads whose folder did not exist then) → why, and how to
+        get them."""
+        return {a.name: a.flags["missing"] for a in self.artifacts if "missing" in a.flags}
+
     def artifact(self, name: str) -> Artifact:
         for a in self.artifacts:
             if a.name == name:

@@ -217,9 +217,9 @@ class Recipe(Strict):
                 raise ValueError("the torch backend runs on one device: set tp_size and pp_size "
                                  "to 1, or use backend.kind: trtllm")
             for m in self.methods:
-                if m.method in ("medusa", "eagle"):
-                    raise ValueError(f"method {m.method} needs TensorRT-LLM: use backend.kind: "
-                                     "trtllm")
+                if m.method == "eagle" and m.version != 3:
+                    raise ValueError("the torch backend runs EAGLE-3 heads: set version: 3 "
+                                     "(EAGLE-1/2 run on TensorRT-LLM engines)")
             fp8 = ["target.dtype"] * (t.dtype == "fp8") + [
                 f"methods.{i}.dtype" for i, m in enumerate(self.methods)
                 if getattr(m, "dtype", None) == "fp8"]
@@ -297,10 +297,11 @@ class Recipe(Strict):
         """Per method, a digest of the settings its artefacts depend on: a build covers a set
         of methods, and an eval of a subset of them uses it. TensorRT-LLM compiles every
         setting in (engine flags, llm-api YAML); the torch backend prepares only the draft
-        checkpoint (draft_model: its model and dtype; layer_skip: the layers kept), so n-gram
-        sizes and suffix settings are chosen at run time."""
+        checkpoint (draft_model: its model and dtype; layer_skip: the layers kept; heads: their
+        folder), so n-gram sizes and suffix settings are chosen at run time."""
         built = {"draft_model": ("method", "model", "dtype"), "layer_skip": ("method", "layers"),
-                 "ngram": ("method",), "suffix": ("method",)}
+                 "ngram": ("method",), "suffix": ("method",), "medusa": ("method", "heads"),
+                 "eagle": ("method", "model", "version")}
         return {m.method: _sha256(m.model_dump(mode="json", include=set(built[m.method]))
                                   if self.backend.kind == "torch" else m.model_dump(mode="json"))
                 for m in self.methods}

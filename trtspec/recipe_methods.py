@@ -68,17 +68,23 @@ class Suffix(Strict):
 
 
 class Medusa(Strict):
-    method: Literal["medusa"] = Field(description="Medusa heads on the target draft "
-                                      "(TensorRT-LLM engine workflow)")
-    heads: str = Field(description="directory of the trained Medusa heads")
+    method: Literal["medusa"] = Field(description="Medusa-1 heads on the target's last hidden "
+                                      "state draft one token each (torch backend; TensorRT-LLM "
+                                      "engine workflow)")
+    heads: str = Field(description="directory of the trained Medusa heads (config.json + "
+                       "medusa_lm_head.safetensors|.pt; `trtspec distill --method medusa` "
+                       "writes one)")
     num_heads: int = Field(4, ge=1, le=8, description="Medusa heads used (`--num_medusa_heads`)")
 
 
 class Eagle(Strict):
-    method: Literal["eagle"] = Field(description="EAGLE draft heads (TensorRT-LLM)")
-    model: str = Field(description="the EAGLE draft (heads / EAGLE-3 model directory)")
+    method: Literal["eagle"] = Field(description="EAGLE draft heads over the target's hidden "
+                                     "states (torch backend: EAGLE-3, chain drafting; "
+                                     "TensorRT-LLM)")
+    model: str = Field(description="the EAGLE draft (heads / EAGLE-3 model directory; "
+                       "`trtspec distill --method eagle` writes one)")
     version: Literal[1, 2, 3] = Field(3, description="EAGLE-1, 2 or 3 (EAGLE-3: pytorch "
-                                      "workflow only)")
+                                      "workflow and torch backend only)")
     num_layers: int = Field(4, ge=1, description="EAGLE-1/2 engine tree depth (num_eagle_layers)")
     max_non_leaves_per_layer: int = Field(10, ge=1, description="EAGLE-1/2 engine: nodes "
                                           "expanded per tree layer")

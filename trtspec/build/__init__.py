@@ -80,10 +80,11 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
     commands: list[str] = []
     curve = runner = None
     if recipe.backend.kind == "torch":
-        from trtspec.build.torch import prepare, target_runner
+        from trtspec.build.torch import check_heads, prepare, target_runner
 
         artifacts = prepare(recipe)
         target, model, runner = target_runner(recipe, artifacts, out_dir, say)
+        check_heads(recipe, artifacts, model, say)
         curve = _cost_curve(recipe, artifacts, target, model, say)
     else:
         from trtspec.build.trtllm import execute
@@ -223,7 +224,12 @@ def _current(path: Path, recipe: Recipe) -> tuple[Manifest | None, str]:
     problem = check_covers(manifest, recipe)
     if problem is not None:
         return None, problem
-    missing = [a.path for a in manifest.artifacts if not Path(a.path).exists()]
+    missing = [a.path for a in manifest.artifacts
+               if not Path(a.path).exists() and "missing" not in a.flags]
+    appeared = [a.name for a in manifest.artifacts
+                if "missing" in a.flags and Path(a.path).exists()]
+    if appeared:
+        return None, f"left out {appeared[0]}, whose heads are there now"
     if missing:
         return None, f"lists artifacts that are gone ({missing[0]})"
     return manifest, ""

@@ -147,6 +147,12 @@ def _torch_steps(plan: Plan, recipe: Recipe) -> None:
             plan.steps.append(Step(f"layer_skip-{m.layers}", "prepare",
                                    note=f"check the target has more than {m.layers} layers "
                                         "(the draft shares its weights)"))
+        elif isinstance(m, Medusa | Eagle):
+            folder = m.heads if isinstance(m, Medusa) else m.model
+            plan.steps.append(Step(m.method, "prepare", produces=folder,
+                                   note=f"load the {m.method} heads in {folder} against the "
+                                        "target (shapes, vocabulary); left out, with how to "
+                                        "train them, when the folder is missing"))
     if recipe.backend.runner == "compiled":
         plan.steps.append(Step("compile target", "prepare",
                                note="torch.compile one decoder layer of the target (for one row "

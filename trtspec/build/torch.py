@@ -9,7 +9,7 @@ from typing import Any
 
 from trtspec.manifest import Artifact, RunnerInfo, file_digest
 from trtspec.models import resolve
-from trtspec.recipe import DraftModel, LayerSkip, Recipe
+from trtspec.recipe import DraftModel, Eagle, LayerSkip, Medusa, Recipe
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 INDUCTOR = "inductor"  # inductor's cache, in the build folder
@@ -52,7 +52,59 @@ def prepare(recipe: Recipe) -> list[Artifact]:
             artifacts.append(target.model_copy(update={
                 "name": f"layer_skip-{m.layers}", "role": "draft",
                 "flags": {"layers": m.layers}, "num_layers": m.layers}))
+        elif isinstance(m, Medusa | Eagle):
+            artifacts.append(heads_artifact(m))
     return artifacts
+
+
+HEADS_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors",
+                 "pytorch_model.bin")
+
+
+def heads_artifact(method: Medusa | Eagle) -> Artifact:
+    """A Medusa / EAGLE-3 heads folder as an artifact. A folder that does not exist yet is
+    recorded as left out (flags.missing says how to train it) instead of failing the build:
+    the recipe's other methods still build and run, and the next build picks the heads up."""
+    from trtspec.propose.heads import read_config
+
+    spec = method.heads if isinstance(method, Medusa) else method.model
+    folder = Path(spec).expanduser()
+    if not folder.exists():
+        why = (f"no heads at {spec}: `trtspec distill <recipe> --method {method.method}` trains "
+               "them (`make heads` for the CPU recipe)")
+        return Artifact(name=method.method, role="heads", source=spec,
+                        path=str(folder.absolute()), flags={"missing": why})
+    config = read_config(folder)
+    return Artifact(name=method.method, role="heads", source=spec, path=str(folder.resolve()),
+                    config_digest=file_digest(folder / "config.json",
+                                              *(folder / w for w in HEADS_WEIGHTS)),
+                    vocab_size=config.get("vocab_size"))
+
+
+def load_heads(method: Medusa | Eagle, path: str | Path, model: Any) -> Any:
+    """The method's heads from ``path``, checked against the target ``model`` (HeadsError, one
+    line, on a wrong or missing tensor)."""
+    if isinstance(method, Medusa):
+        from trtspec.propose.medusa import load_medusa
+
+        return load_medusa(path, model, num_heads=method.num_heads)
+    from trtspec.propose.eagle import load_eagle3
+
+    return load_eagle3(path, model)
+
+
+def check_heads(recipe: Recipe, artifacts: list[Artifact], model: Any,
+                say: Callable[[str], None]) -> None:
+    """Load every heads artifact against the loaded target now, so a wrong checkpoint fails the
+    build (exit 2, one line) rather than the first request; say which were left out."""
+    for m in recipe.methods:
+        if not isinstance(m, Medusa | Eagle):
+            continue
+        artifact = next(a for a in artifacts if a.name == m.method)
+        if "missing" in artifact.flags:
+            say(f"note: {m.method} left out of this build: {artifact.flags['missing']}")
+            continue
+        load_heads(m, artifact.path, model)
 
 
 def head_counts(model_spec: str) -> tuple[int, int] | None:

@@ -168,9 +168,7 @@ def describe_policy(engine: Any) -> str:
         return "plain decoding"
     text = f"{engine.method}, " + engine.scheduler.policy.describe(engine.scheduler.slots,
                                                                   executor.draft_len)
-    from trtspec.propose.suffix import SuffixProposer
-
-    if isinstance(proposer, SuffixProposer):  # whose text its drafts come from (tenants)
+    if hasattr(proposer, "describe"):  # suffix: whose text drafts come from; heads: which
         text += f"; {proposer.describe()}"
     return text
 

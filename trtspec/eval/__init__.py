@@ -87,8 +87,16 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
 
     # the torch backend bakes no draft length into its build: the recipe's list is used as is
     lengths = recipe.condition_draft_lengths(manifest.draft_lengths)  # adaptive is one too
+    left_out = manifest.left_out()
+    for method, why in left_out.items():
+        if any(m.method == method for m in recipe.methods):
+            say(f"note: {method} is left out of this eval: {why}; then `trtspec build` again")
     conditions = list(dict.fromkeys(Condition(m.method, d, c) for m in recipe.methods
+                                    if m.method not in left_out
                                     for d in lengths for c in recipe.eval.concurrency))
+    if not conditions:
+        raise RecipeError(f"{recipe_path}: every method is left out of the build "
+                          f"({'; '.join(left_out.values())})")
     if chosen is not None:
         conditions = [c for c in conditions if c.key in chosen]
         if not conditions:
