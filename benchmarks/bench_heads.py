@@ -106,20 +106,21 @@ def write_report(folder: Path, draft_len: int, seconds: float, path: Path) -> No
              f"`python benchmarks/bench_heads.py` (eval `{folder.name}`, {seconds / 60:.0f} min "
              "for build + eval + audit + decide). Greedy (the CPU recipe's temperature 0), "
              "concurrency 1, the built-in workload (8 categories × 6 requests).", "",
-             "## The heads", "",
-             "| head | trained on | tokens | training time | epochs | held-out top-1 | "
-             "expected AL (D = 4) |", "|---|---|---:|---:|---:|---:|---:|"]
+             "## The heads (`make heads`)", "",
+             "| head | trained on | training tokens | data time | training time | epochs | "
+             "held-out top-1 | expected AL (D = 4) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for method in ("eagle", "medusa"):
         info_path = HEADS[method] / "distill.json"
         info = json.loads(info_path.read_text()) if info_path.is_file() else {}
-        epochs = info.get("epochs_run", info.get("epochs", "?"))
-        history = info.get("history") or info.get("per_epoch") or [{}]
-        last = history[-1] if history else {}
-        lines.append(f"| {method} | {info.get('prompts', '?')} ({info.get('sequences', '?')} "
-                     f"sequences) | {info.get('training_tokens', info.get('tokens', '?'))} | "
-                     f"{float(info.get('seconds', 0)) / 60:.1f} min | {epochs} | "
-                     f"{_num(last.get('top1', last.get('heldout_top1')))} | "
-                     f"{_num(last.get('expected_al', last.get('al')))} |")
+        last = (info.get("history") or [{}])[-1]
+        top1 = (last.get("agreement") or [None])[0]
+        lines.append(f"| {method} | {info.get('prompts', '?')} prompts "
+                     f"({info.get('sequences', '?')} sequences, "
+                     f"{info.get('heldout_sequences', '?')} held out) | "
+                     f"{info.get('training_tokens', '?')} | "
+                     f"{float(info.get('data_seconds', 0)) / 60:.1f} min | "
+                     f"{float(info.get('seconds', 0)) / 60:.1f} min | {info.get('epochs', '?')} "
+                     f"({info.get('stopped', '?')}) | {_num(top1)} | {_num(last.get('al_d4'))} |")
     lines += ["", "## Per category", "",
               "Speedup = geometric mean over paired requests of baseline TPOT / spec TPOT.", "",
               "| category | " + " | ".join(f"{m} AL | {m} acc. | {m} speedup" for m in METHODS)

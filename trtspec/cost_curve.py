@@ -195,6 +195,10 @@ def chooser(method: str, max_draft_len: int, curve: CostCurve | None = None,
         _say_once(say, f"the round cost was measured up to {max(curve.rounds)} rows; {slots} "
                   "slots: rows past it are costed in proportion (`trtspec build --force` with "
                   "this limits.max_batch_size measures them)")
+    if costs is not None and step is None:  # heads: the build times no draft step of theirs
+        _say_once(say, f"the build timed no {method} draft step: the adaptive draft length "
+                  f"assumes {FALLBACK_DRAFT:g} t(1) per draft token, with the measured t(T)")
+        step = FALLBACK_DRAFT
     if costs is not None and step is not None:
         if rounds is None:
             _say_once(say, "the build has no round-cost table (built by an older trtspec): the "

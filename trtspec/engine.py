@@ -108,11 +108,14 @@ class OpenBuild:
         draft = None
         if isinstance(chosen, DraftModel):
             draft = self.model(self.manifest.artifact("draft").path)
-        elif isinstance(chosen, Medusa | Eagle):  # a fresh copy: a proposer's heads are its own
+        elif isinstance(chosen, Medusa | Eagle):  # loaded once: proposers only read them
             from trtspec.build.torch import load_heads
 
-            draft = load_heads(chosen, self.manifest.artifact(chosen.method).path,
-                               self.model().model)
+            key = f"heads:{chosen.method}"
+            if key not in self._models:
+                self._models[key] = load_heads(chosen, self.manifest.artifact(chosen.method).path,
+                                               self.model().model)
+            draft = self._models[key]
         return make_proposer(chosen, self.target_runner(), draft=draft,
                              target_tokenizer=self.tokenizer)
 

@@ -155,9 +155,18 @@ class SpecExecutor:
         ids = frozenset(params.stop_token_ids)
         return ids if params.ignore_eos else ids | self.eos_token_ids
 
+    def claim_target(self) -> None:
+        """Before a batch starts on the target Runner (which other executors, e.g. the
+        baseline arm, share): keep the hidden states this proposer reads (heads), or none, so
+        no other arm pays for them."""
+        keep = getattr(self.target, "capture_hidden", None)
+        if keep is not None:
+            keep(list(getattr(self.proposer, "hidden_layers", [])))
+
     def _run(self, reqs: list[Request]) -> Iterator[list[Delta]]:
         if not reqs:
             return
+        self.claim_target()
         logits = self.target.prefill([r.prompt for r in reqs])  # [B, V]
         if self.proposer is not None:
             self.proposer.start([r.prompt for r in reqs])

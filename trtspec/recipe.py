@@ -300,7 +300,8 @@ class Recipe(Strict):
         checkpoint (draft_model: its model and dtype; layer_skip: the layers kept; heads: their
         folder), so n-gram sizes and suffix settings are chosen at run time."""
         built = {"draft_model": ("method", "model", "dtype"), "layer_skip": ("method", "layers"),
-                 "ngram": ("method",), "suffix": ("method",), "medusa": ("method", "heads"),
+                 "ngram": ("method",), "suffix": ("method",),
+                 "medusa": ("method", "heads", "num_heads"),
                  "eagle": ("method", "model", "version")}
         return {m.method: _sha256(m.model_dump(mode="json", include=set(built[m.method]))
                                   if self.backend.kind == "torch" else m.model_dump(mode="json"))

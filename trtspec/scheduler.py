@@ -179,6 +179,7 @@ class Scheduler:
         self.on_end: Callable[[Ticket], None] | None = None  # on the step thread (metrics)
         self.on_round: Callable[[list[Delta]], None] | None = None  # after each round, too
         self.error: str | None = None  # set when a step failed: the scheduler is down
+        executor.claim_target()  # its hidden states (heads) or none: the runner is shared
         executor.target.prefill([[0]] * slots)  # the rows exist from now on; admission refills
         if executor.proposer is not None:
             executor.proposer.start([[0]] * slots)

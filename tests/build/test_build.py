@@ -37,6 +37,8 @@ def test_cpu_recipe_builds_then_is_a_no_op(tmp_path: Path, smollm2) -> None:
     assert target.vocab_size == 49152 and target.num_layers == 30
     assert target.config_digest and target.tokenizer_digest
     assert manifest.artifact("layer_skip-24").flags == {"layers": 24}
+    if not (ROOT / "heads" / "smollm2-135m-eagle3" / "config.json").exists():  # `make heads`
+        assert "make heads" in manifest.left_out()["eagle"]  # left out, saying how to train it
     assert manifest.versions["torch"] and manifest.versions["tensorrt_llm"] is None
     curve = manifest.cost_curve  # the adaptive draft length's costs: T = 1 … K + 1 (K = 8)
     assert sorted(curve.target) == list(range(1, 10)) and set(curve.draft) == {"layer_skip"}

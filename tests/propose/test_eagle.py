@@ -4,15 +4,20 @@ and reading / writing the public checkpoint layout."""
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
 from broken_verifiers import naive_resample_verify
 from conftest import tiny_llama
+from test_executor_torch import exact_two_token_probs
 
 import trtspec.executor
+import trtspec.propose.eagle
 from trtspec.executor import SpecExecutor
 from trtspec.metrics import chi_square_gof
 from trtspec.propose.eagle import (
@@ -20,14 +25,15 @@ from trtspec.propose.eagle import (
     Eagle3Draft,
     EagleProposer,
     default_aux_layers,
+    groups,
     load_eagle3,
     save_eagle3,
 )
 from trtspec.propose.heads import HeadsError
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner
-from trtspec.sampling import SamplingParams, logits_to_probs, rows_to_probs
-from trtspec.scheduler import Scheduler
+from trtspec.sampling import SamplingParams, rows_to_probs
+from trtspec.scheduler import DraftPolicy, Scheduler
 
 PROMPT = [3, 1, 4, 1, 5]
 AUX = [1, 3, 4]  # distinct layers of the 6-layer target (the default would be [1, 2, 2])
@@ -66,16 +72,6 @@ def random_draft(target, seed: int = 7, own_embeddings: bool = False) -> Eagle3D
 
 def make_runner(kind: str, model):
     return HFRunner(model) if kind == "hf" else CompiledRunner(model, compile=False)
-
-
-def exact_two_token_probs(model, prompt: list[int], params: SamplingParams) -> torch.Tensor:
-    """[V, V] exact P(t1, t2 | prompt) from full forward passes (no cache)."""
-    vocab = model.config.vocab_size
-    with torch.inference_mode():
-        p1 = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)  # [V]
-        p2 = logits_to_probs(model(torch.tensor([[*prompt, t] for t in range(vocab)]))
-                             .logits[:, -1], params)  # [V, V]
-    return p1[:, None] * p2
 
 
 def two_token_pvalue(kind: str, params: SamplingParams, trials: int = 30_000,
@@ -128,7 +124,7 @@ class Recording(EagleProposer):
 
     def propose(self, tokens, draft_len, params, generators):
         draft = super().propose(tokens, draft_len, params, generators)
-        self.rounds.append(([list(t) for t in tokens], draft))
+        self.rounds.append(([list(t) for t in tokens], draft, list(params)))
         return draft
 
 
@@ -152,39 +148,69 @@ def reference_probs(target, draft: Eagle3Draft, tokens: list[int], ids: list[int
     return out
 
 
-def test_cached_drafting_equals_the_uncached_forward_over_many_rounds() -> None:
+def check_rounds(target, draft: Eagle3Draft, rounds: list) -> int:
+    """Every recorded proposal's q against the head run from scratch over the tokens it
+    continued (:func:`reference_probs`). Returns the drafts checked."""
+    checked = 0
+    for tokens, out, row_params in rounds:
+        for b, row in enumerate(tokens):
+            n = int(out.num_draft[b])
+            if n == 0:
+                continue
+            ids = out.token_ids[b, :n].tolist()
+            for i, q in enumerate(reference_probs(target, draft, row, ids, row_params[b])):
+                assert torch.allclose(out.probs[b, i], q, atol=1e-5), (b, len(row), i)
+                assert out.probs[b, i, q.new_ones(32).bool().index_fill(0, KEEP, False)].eq(
+                    0).all()  # nothing off the head's vocabulary
+                checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("kind", ["hf", "compiled"])
+def test_cached_drafting_equals_the_uncached_forward_over_many_rounds(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows of other lengths, drafts accepted and rejected, rounds that draft nothing (the
-    target's states pile up as pending), the budget's clipped last rounds: every round's q
-    equals the head run from scratch over the committed tokens."""
+    target's states pile up as pending), a row drafting alone (then rows of far apart pending
+    counts, fed in separate calls), the budget's clipped last rounds: every round's q equals
+    the head run from scratch over the committed tokens."""
+    split: list[list[list[int]]] = []
+    plain = trtspec.propose.eagle.groups
+
+    def groups(counts, slack):
+        out = plain(counts, slack)
+        split.extend([out] if len(out) > 1 else [])
+        return out
+
+    monkeypatch.setattr(trtspec.propose.eagle, "groups", groups)
     target = target_model()
     draft = random_draft(target)
-    runner = HFRunner(target)
+    runner = make_runner(kind, target)
     proposer = Recording(runner, draft)
     executor = SpecExecutor(runner, proposer, 3)
-    params = SamplingParams(temperature=0.8, max_tokens=16)
+    params = SamplingParams(temperature=0.8, max_tokens=32)
     prompts = [PROMPT, [7, 2], [9, 9, 8, 1, 6, 0, 2, 5], [4]]
     reqs = [executor.request(p, params.model_copy(update={"seed": i}))
             for i, p in enumerate(prompts)]
     executor.first_tokens(reqs, [0, 1, 2, 3], runner.prefill(prompts))
     proposer.start(prompts)
-    for d in [3, 0, 2, 0, 0, 3, 1, 3, 2, 0, 3, 3, 3, 3, 3, 3, 3]:
+    for d in [3, 0, 2, *[0] * 12, (3, [0]), 3, 1, 3, 2, 0, *[3] * 20]:
         live = [b for b, r in enumerate(reqs) if r.finish_reason is None]
+        if isinstance(d, tuple):
+            d, live = d
         if live:
             executor.round(reqs, live, d)
     assert all(r.finish_reason == "length" for r in reqs)
+    assert split  # the round after row 0 drafted alone: it had ≤ 4 pending, the others ≥ 13
     accepted = sum(r.stats.accepted_draft_tokens for r in reqs)
     assert 0 < accepted < sum(r.stats.proposed_tokens for r in reqs)
-    checked = 0
-    for tokens, out in proposer.rounds:
-        for b, row in enumerate(tokens):
-            n = int(out.num_draft[b])
-            ids = out.token_ids[b, :n].tolist()
-            for i, q in enumerate(reference_probs(target, draft, row, ids, reqs[b].params)):
-                assert torch.allclose(out.probs[b, i], q, atol=1e-5), (b, len(row), i)
-                assert out.probs[b, i, q.new_ones(32).bool().index_fill(0, KEEP, False)].eq(
-                    0).all()  # nothing off the head's vocabulary
-                checked += 1
+    checked = check_rounds(target, draft, proposer.rounds)
     assert len(proposer.rounds) >= 6 and checked >= 40
+
+
+def test_groups_bound_the_padding() -> None:
+    assert groups([1, 30, 2, 4, 28], 4) == [[1, 4], [3, 2, 0]]
+    assert groups([4, 1, 1, 3], 4) == [[0, 3, 1, 2]]  # steady state: one call
+    assert groups([], 4) == []
 
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10], [11, 12, 13, 14]]
@@ -216,6 +242,42 @@ def test_greedy_through_the_scheduler_with_more_requests_than_slots() -> None:
     for ticket, prompt, p in zip(tickets, prompts, params, strict=True):
         assert ticket.token_ids == plain.generate([prompt], p)[0].token_ids
     assert sum(t.stats.proposed_tokens for t in tickets) > 0
+
+
+def test_scheduler_rounds_draft_from_aligned_states() -> None:
+    """More requests than slots, sampled: admissions (one a long prompt) into a running batch,
+    releases, rows ending at different times. Every round's q of every drafting row equals the
+    head run from scratch over its committed tokens; after each step a running row holds at
+    most D + 1 pending states, and only an admitted prompt's own call (alone) is wider."""
+    target = target_model()
+    draft = random_draft(target)
+    runner = CompiledRunner(target, compile=False)
+    proposer = Recording(runner, draft)
+    calls: list[tuple[int, int]] = []  # (rows, pairs) of each call of the head's layer
+    layer = draft.layer
+
+    def spy(embeds, *args, **kwargs):
+        calls.append((embeds.shape[0], embeds.shape[1]))
+        return layer(embeds, *args, **kwargs)
+
+    draft.layer = spy
+    scheduler = Scheduler(SpecExecutor(runner, proposer, 3), slots=3, policy=DraftPolicy(3))
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10], [*range(20, 32), *range(12)],
+               [11, 12, 13, 14], [5, 5], [2, 30, 31]]
+    budgets = (9, 1, 12, 6, 15, 7, 10)
+    tickets = [scheduler.submit(p, SamplingParams(temperature=0.8, seed=i, max_tokens=n))
+               for i, (p, n) in enumerate(zip(prompts, budgets, strict=True))]
+    while scheduler.step() or scheduler.waiting:
+        for slot, ticket in enumerate(scheduler._tickets):
+            if ticket is not None and ticket.finish_reason is None:
+                assert sum(len(c) for c in proposer._pending[slot]) <= 4, slot
+    assert [t.finish_reason for t in tickets] == ["length"] * len(tickets)
+    wide = [c for c in calls if c[1] > 4]
+    assert (1, 23) in wide and all(rows == 1 for rows, _ in wide)
+    del draft.layer
+    accepted = sum(t.stats.accepted_draft_tokens for t in tickets)
+    assert 0 < accepted < sum(t.stats.proposed_tokens for t in tickets)
+    assert check_rounds(target, draft, proposer.rounds) >= 40
 
 
 def test_default_aux_layers() -> None:
@@ -334,6 +396,81 @@ def test_a_bad_folder_config_or_size_is_named(tmp_path) -> None:
     (tmp_path / "deep" / "config.json").write_text(json.dumps(config))
     with pytest.raises(HeadsError, match=r"\[1, 3, 6\] are not 3 layers of the target's 6"):
         load_eagle3(tmp_path / "deep", target)
+
+
+@pytest.mark.parametrize("key,value,named", [
+    ("hidden_size", None, "hidden_size must be an integer ≥ 1, got None"),
+    ("hidden_size", "32", "hidden_size must be an integer ≥ 1, got '32'"),
+    ("hidden_size", "absent", "no hidden_size"),
+    ("intermediate_size", 64.5, "intermediate_size must be an integer ≥ 1, got 64.5"),
+    ("num_attention_heads", 0, "num_attention_heads must be an integer ≥ 1, got 0"),
+    ("num_key_value_heads", 3, "num_attention_heads 4 is not a multiple of num_key_value_heads"),
+    ("head_dim", "8", "head_dim must be an integer ≥ 1, got '8'"),
+    ("draft_vocab_size", [24], "draft_vocab_size must be an integer ≥ 1, got [24]"),
+    ("max_position_embeddings", True, "max_position_embeddings must be an integer ≥ 1"),
+    ("rms_norm_eps", "small", "rms_norm_eps must be a positive number, got 'small'"),
+    ("rope_theta", -1, "rope_theta must be a positive number, got -1"),
+    ("rope_scaling", "linear", "rope_scaling must be an object, got 'linear'"),
+    ("rope_scaling", {"rope_type": "warp"}, "rope_scaling {'rope_type': 'warp'} is not usable"),
+    ("eagle_config", 5, "eagle_config must be an object, got 5"),
+    ("aux", 5, "eagle_config.eagle_aux_hidden_state_layer_ids 5 are not 3 layers"),
+    ("aux", ["1", "3", "4"], "eagle_aux_hidden_state_layer_ids ['1', '3', '4'] are not 3"),
+])
+def test_a_mistyped_config_value_is_named(tmp_path, key: str, value, named: str) -> None:
+    """null, strings, numbers of the wrong kind: one line naming config.json and the key."""
+    public_checkpoint(tmp_path)
+    path = tmp_path / "config.json"
+    config = json.loads(path.read_text())
+    if key == "aux":
+        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = value
+    elif value == "absent":
+        del config[key]
+    else:
+        config[key] = value
+    path.write_text(json.dumps(config))
+    with pytest.raises(HeadsError) as e:
+        load_eagle3(tmp_path, target_model())
+    message = str(e.value)
+    assert message.startswith(f"{path}: ") and named in message and "\n" not in message
+
+
+def test_a_target_without_llama_layers_is_refused_in_one_line() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=64, n_embd=32, n_layer=2,
+                                      n_head=4))
+    runner = SimpleNamespace(model=gpt2, vocab_size=32, capture_hidden=lambda layers: None)
+    draft = Eagle3Draft.from_target(target_model(), AUX, KEEP)
+    want = "eagle3 heads need a Llama-family target (decoder layers + final norm): gpt2"
+    with pytest.raises(HeadsError, match=re.escape(want)):
+        EagleProposer(runner, draft)
+    with pytest.raises(HeadsError, match=re.escape(want)):
+        Eagle3Draft.from_target(gpt2)
+
+
+def test_rope_stays_float32_in_a_bf16_head(tmp_path) -> None:
+    """A bf16 head (cast, made from a bf16 target, or loaded for one) computes RoPE from a
+    float32 inv_freq: cos/sin at position 2000 as float32's up to bf16 rounding (a bf16
+    inv_freq is off by ~0.3 there)."""
+    target = target_model()
+    head32 = Eagle3Draft.from_target(target, AUX, KEEP)
+    save_eagle3(head32, tmp_path)
+    positions = torch.tensor([[0, 1, 100, 2000]])
+    x = torch.zeros(1, 4, 64)
+    want = head32.rotary_emb(x, positions)
+    bf16 = target.to(torch.bfloat16)
+    for head in (copy.deepcopy(head32).to(torch.bfloat16),
+                 Eagle3Draft.from_target(bf16, AUX, KEEP), load_eagle3(tmp_path, bf16)):
+        assert head.lm_head.weight.dtype == torch.bfloat16
+        assert all(b.dtype == torch.float32 for b in head.rotary_emb.buffers())
+        got = head.rotary_emb(x.bfloat16(), positions)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == torch.bfloat16 and (g.float() - w).abs().max() < 1e-2
+        with torch.no_grad():
+            g, logits = head(torch.ones(1, 2, 32, dtype=torch.bfloat16),
+                             torch.ones(1, 2, 32, dtype=torch.bfloat16), positions[:, 2:])
+        assert logits.dtype == torch.bfloat16 and logits.isfinite().all()
+    assert all(b.dtype == torch.float32 for b in head32.float().rotary_emb.buffers())
 
 
 def test_from_target_starts_as_the_last_layer_on_the_high_state() -> None:

@@ -4,13 +4,16 @@ the hidden state each row drafts from, continuous batching, and the checkpoint l
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
 from broken_verifiers import naive_resample_verify
 from conftest import tiny_llama
 from safetensors.torch import save_file
+from test_executor_torch import exact_two_token_probs
 
 import trtspec.executor
 from trtspec.executor import SpecExecutor
@@ -19,7 +22,7 @@ from trtspec.propose.heads import HeadsError
 from trtspec.propose.medusa import MedusaHeads, MedusaProposer, load_medusa, save_medusa
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner
-from trtspec.sampling import SamplingParams, logits_to_probs
+from trtspec.sampling import SamplingParams
 from trtspec.scheduler import Scheduler
 
 PROMPT = [3, 1, 4, 1, 5]
@@ -43,16 +46,6 @@ def noisy_heads(model, num_heads: int = 3, num_layers: int = 1, seed: int = 0,
 
 def make_runner(model, compiled: bool):
     return CompiledRunner(model, compile=False) if compiled else HFRunner(model)
-
-
-def exact_two_token_probs(model, prompt: list[int], params: SamplingParams) -> torch.Tensor:
-    """[V, V] exact P(t1, t2 | prompt) from full forward passes (no cache)."""
-    vocab = model.config.vocab_size
-    with torch.inference_mode():
-        p1 = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)  # [V]
-        both = torch.tensor([[*prompt, t] for t in range(vocab)])  # [V, L+1]
-        p2 = logits_to_probs(model(both).logits[:, -1], params)  # [V, V]
-    return p1[:, None] * p2
 
 
 def two_token_pvalue(params: SamplingParams, trials: int, compiled: bool = False
@@ -88,6 +81,13 @@ def test_power_broken_verifier_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     assert two_token_pvalue(SamplingParams(), 10_000)[0] < 1e-3
 
 
+def normed_last_state(model, seq: list[int]) -> torch.Tensor:
+    """The target's last hidden state (after the final norm) at the end of ``seq``, from a full
+    forward without a cache: what the logits that followed ``seq`` came from."""
+    with torch.inference_mode():
+        return model(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0, -1]
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["hf", "compiled"])
 def test_each_row_drafts_from_the_position_that_gave_its_last_token(compiled: bool) -> None:
     """After prefill and after every round, h[b] is the target's normed last hidden state at
@@ -105,9 +105,7 @@ def test_each_row_drafts_from_the_position_that_gave_its_last_token(compiled: bo
             if r.finish_reason is not None:
                 continue
             seq = r.prompt + r.output[:-1]  # the last token came from the logits at seq[-1]
-            with torch.inference_mode():
-                out = model(torch.tensor([seq]), output_hidden_states=True)
-            want = out.hidden_states[-1][0, -1]  # after the final norm
+            want = normed_last_state(model, seq)
             assert torch.allclose(proposer._h[b], want, atol=1e-5), (b, len(r.output))
             checked += 1
     assert checked > 10
@@ -143,6 +141,44 @@ def test_continuous_batching_greedy_equals_plain() -> None:
     for ticket, prompt, p in zip(tickets, prompts, params, strict=True):
         assert ticket.token_ids == plain.generate([prompt], p)[0].token_ids
     assert sum(t.stats.proposed_tokens for t in tickets) > 0
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["hf", "compiled"])
+def test_scheduler_rows_draft_from_the_position_that_gave_their_last_token(compiled: bool
+                                                                          ) -> None:
+    """More requests than slots, sampled: admissions into a running batch, releases, rows
+    ending at different times. After every step, each running row's h is the target's normed
+    last hidden state where its last token came from (full forward, no cache)."""
+    model = tiny_llama(vocab=32, layers=2, seed=1, logit_scale=6.0)
+    runner = make_runner(model, compiled)
+    proposer = MedusaProposer(runner, noisy_heads(model))
+    scheduler = Scheduler(SpecExecutor(runner, proposer, 3), slots=3)
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10], [7, 7], [*range(20, 32)], [3, 1, 4, 1, 5],
+               [9]]
+    budgets = (8, 1, 12, 3, 10, 6, 9)
+    tickets = [scheduler.submit(p, SamplingParams(seed=i, max_tokens=n))
+               for i, (p, n) in enumerate(zip(prompts, budgets, strict=True))]
+    checked = 0
+    while scheduler.step() or scheduler.waiting:
+        for slot, ticket in enumerate(scheduler._tickets):
+            if ticket is None or ticket.finish_reason is not None:
+                continue
+            want = normed_last_state(model, ticket.prompt + ticket.token_ids[:-1])
+            assert torch.allclose(proposer._h[slot], want, atol=1e-5), (slot, ticket.prompt)
+            checked += 1
+    assert [t.finish_reason for t in tickets] == ["length"] * len(tickets)
+    assert checked > 15 and sum(t.stats.accepted_draft_tokens for t in tickets) > 0
+
+
+def test_a_target_without_llama_layers_is_refused_in_one_line() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=64, n_embd=32, n_layer=2,
+                                      n_head=4))
+    runner = SimpleNamespace(model=gpt2, vocab_size=32, capture_hidden=lambda layers: None)
+    want = "medusa heads need a Llama-family target (decoder layers + final norm): gpt2"
+    with pytest.raises(HeadsError, match=re.escape(want)):
+        MedusaProposer(runner, MedusaHeads.from_target(gpt2, 2))
 
 
 # --- checkpoints -----------------------------------------------------------------------------
@@ -240,6 +276,20 @@ def test_folder_config_and_sizes_are_checked(target, tmp_path) -> None:
     assert "vocab_size 50" in one_line_error(tmp_path / "v", target)
     write_public(tmp_path / "n", {})
     assert "tensor 0.0.linear.weight is missing" in one_line_error(tmp_path / "n", target)
+
+
+@pytest.mark.parametrize("key,value", [
+    ("medusa_num_heads", None), ("medusa_num_heads", "3"), ("medusa_num_heads", 0),
+    ("medusa_num_heads", -2), ("medusa_num_heads", 2.0), ("medusa_num_heads", True),
+    ("medusa_num_layers", None), ("medusa_num_layers", "2"), ("medusa_num_layers", -1),
+    ("medusa_num_layers", 1.5),
+])
+def test_a_mistyped_head_count_is_named(target, tmp_path, key: str, value) -> None:
+    write_public(tmp_path, public_tensors(noisy_heads(target, num_layers=2)), **{key: value})
+    least = 1 if key == "medusa_num_heads" else 0
+    message = one_line_error(tmp_path, target)
+    assert message == f"{tmp_path / 'config.json'}: {key} must be an integer ≥ {least}, got " \
+        f"{value!r}"
 
 
 def test_a_head_without_its_projection_shares_the_target_s_lm_head(target, tmp_path) -> None:

@@ -5,6 +5,7 @@ import pytest
 import torch
 from conftest import tiny_llama
 
+from trtspec.propose.heads import captured
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner, layer_outputs
 from trtspec.runtime.toy import ToyRunner
@@ -30,24 +31,33 @@ def test_captured_states_are_the_model_s_own_at_each_position_fed(kind: str) -> 
     runner.capture_hidden(LAYERS)
     prompts = [[3, 1, 4, 1, 5], [9, 2], [3, 1, 4, 1, 5]]  # a repeat: HF computes it once
     runner.prefill(prompts)
-    assert runner.hidden_counts == [5, 2, 5]
+    cap = captured(runner)
+    assert cap.counts == [5, 2, 5]
     for b, p in enumerate(prompts):
-        torch.testing.assert_close(runner.hidden[b, : len(p)], reference(model, p),
-                                   atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(cap.row(b), reference(model, p), atol=1e-5, rtol=1e-4)
     # a ragged verify-like call, then a rollback and another call: positions follow the rows
     feed = [[7, 8, 9], [], [6]]
     runner.score(feed)
-    assert runner.hidden.shape[:2] == (3, 3) and runner.hidden_counts == [3, 0, 1]
-    assert runner.hidden[1].abs().sum() == 0  # a row fed nothing
-    torch.testing.assert_close(runner.hidden[0, :3], reference(model, prompts[0] + feed[0])[5:],
+    cap = captured(runner)
+    assert cap.counts == [3, 0, 1] and cap.row(1).shape[0] == 0  # a row fed nothing
+    torch.testing.assert_close(cap.row(0), reference(model, prompts[0] + feed[0])[5:],
                                atol=1e-5, rtol=1e-4)
     runner.rollback([6, 2, 6])  # keep 7 of row 0; drop nothing else
     runner.score([[5], [4, 4], []], last_only=True)
-    assert runner.hidden.shape[1] == 2  # every position fed, with last_only too
-    torch.testing.assert_close(runner.hidden[0, 0], reference(model, [*prompts[0], 7, 5])[-1],
+    cap = captured(runner)
+    assert cap.states.shape[:2] == (2, 2)  # rows 0-1 only; every position fed, last_only too
+    torch.testing.assert_close(cap.at([0, 1], [0, 1]),
+                               torch.stack([reference(model, [*prompts[0], 7, 5])[-1],
+                                            reference(model, [9, 2, 4, 4])[-1]]),
                                atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(runner.hidden[1, :2], reference(model, [9, 2, 4, 4])[2:],
-                               atol=1e-5, rtol=1e-4)
+    runner.score([[], [], [8]])  # one row alone (an admission): only its states are kept
+    cap = captured(runner)
+    assert cap.first == 2 and cap.states.shape[0] == 1
+    with pytest.raises(RuntimeError, match=r"hidden position 1 .* fed it 1 tokens"):
+        cap.at([2], [1])
+    runner.capture_hidden([])  # another executor's turn (the baseline arm): nothing kept
+    runner.score([[1], [], []])
+    assert runner.hidden is None
 
 
 def test_a_layer_skip_view_keeps_nothing_and_leaves_the_target_s_states() -> None:

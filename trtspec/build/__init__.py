@@ -24,7 +24,7 @@ from trtspec.manifest import (
     build_dir,
     versions,
 )
-from trtspec.recipe import DraftModel, Recipe, RecipeError, load_recipe
+from trtspec.recipe import DraftModel, Eagle, Medusa, Recipe, RecipeError, load_recipe
 
 
 @dataclass
@@ -212,6 +212,22 @@ def _d0(recipe: Recipe) -> tuple[int | None, str | None]:
     return gpus.d0(*heads)
 
 
+def _heads_changed(manifest: Manifest, recipe: Recipe) -> str | None:
+    """The first heads method whose folder no longer holds what the build loaded (retrained in
+    place: eval would otherwise run new heads under the old manifest)."""
+    if recipe.backend.kind != "torch":
+        return None
+    from trtspec.build.torch import heads_artifact
+
+    for m in recipe.methods:
+        if isinstance(m, Medusa | Eagle) and any(a.name == m.method for a in manifest.artifacts):
+            built = manifest.artifact(m.method)
+            if "missing" not in built.flags and \
+                    heads_artifact(m).config_digest != built.config_digest:
+                return m.method
+    return None
+
+
 def _current(path: Path, recipe: Recipe) -> tuple[Manifest | None, str]:
     """(the existing manifest, "") if it covers this recipe (same build inputs, its methods
     built with the same settings) and its artifacts exist; else (None, why not)."""
@@ -227,9 +243,12 @@ def _current(path: Path, recipe: Recipe) -> tuple[Manifest | None, str]:
     missing = [a.path for a in manifest.artifacts
                if not Path(a.path).exists() and "missing" not in a.flags]
     appeared = [a.name for a in manifest.artifacts
-                if "missing" in a.flags and Path(a.path).exists()]
+                if "missing" in a.flags and (Path(a.path) / "config.json").exists()]
     if appeared:
         return None, f"left out {appeared[0]}, whose heads are there now"
+    changed = _heads_changed(manifest, recipe)
+    if changed:
+        return None, f"was built with other {changed} heads (their files changed since)"
     if missing:
         return None, f"lists artifacts that are gone ({missing[0]})"
     return manifest, ""

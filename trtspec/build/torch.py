@@ -69,9 +69,16 @@ def heads_artifact(method: Medusa | Eagle) -> Artifact:
 
     spec = method.heads if isinstance(method, Medusa) else method.model
     folder = Path(spec).expanduser()
+    train = (f"`trtspec distill <recipe> --method {method.method}` trains them (`make heads` "
+             "for the CPU recipe)")
+    why = None
     if not folder.exists():
-        why = (f"no heads at {spec}: `trtspec distill <recipe> --method {method.method}` trains "
-               "them (`make heads` for the CPU recipe)")
+        why = f"no heads at {spec}: {train}"
+    elif folder.is_dir() and not (folder / "config.json").exists() and \
+            (folder / ".distill").is_dir():
+        why = (f"{spec} holds an unfinished `trtspec distill` (no config.json yet): --resume "
+               "continues it")
+    if why is not None:
         return Artifact(name=method.method, role="heads", source=spec,
                         path=str(folder.absolute()), flags={"missing": why})
     config = read_config(folder)
@@ -83,7 +90,10 @@ def heads_artifact(method: Medusa | Eagle) -> Artifact:
 
 def load_heads(method: Medusa | Eagle, path: str | Path, model: Any) -> Any:
     """The method's heads from ``path``, checked against the target ``model`` (HeadsError, one
-    line, on a wrong or missing tensor)."""
+    line, on a wrong or missing tensor, or a target whose decoder heads cannot read)."""
+    from trtspec.propose.heads import llama_decoder
+
+    llama_decoder(model, method.method)  # HeadsError, one line, for a target heads cannot read
     if isinstance(method, Medusa):
         from trtspec.propose.medusa import load_medusa
 

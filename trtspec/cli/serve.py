@@ -245,6 +245,10 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
                                f"({decided[1][:12]}; this one is "
                                f"{str(build.manifest.build_digest)[:12]}): evaluate this build, "
                                "or serve the build that eval measured")
+    if method is None and not build.method_names:  # every method left out (heads untrained)
+        raise click.UsageError(f"the build runs none of the recipe's methods ("
+                               f"{'; '.join(build.manifest.left_out().values())}): give "
+                               "--method none for plain decoding")
     method = method or build.method_names[0]
     build.check_method(method)  # before any warm-up
     d = recipe.condition_draft_lengths(build.manifest.draft_lengths)[0] if draft_len is None \

@@ -14,7 +14,8 @@ Terms (H: hidden size, V: the target's vocabulary, Vd: the draft's, Vd ≤ V):
                 run at RoPE position t. The first draft step's h is the fused target state;
                 later steps feed the draft's own output g (not fused)
 * midlayer      x = [input_layernorm(e), hidden_norm(h)] [.., 2H]; a = h + o(attn(x)) with RoPE
-                and q/k/v over 2H inputs; g = a + mlp(post_attention_layernorm(a)) (pre-norm)
+                and q/k/v over 2H inputs; g = a + mlp(post_attention_layernorm(a)) (pre-norm).
+                RoPE is computed in float32 whatever the weights' dtype (as the target's)
 * logits        lm_head(norm(g)) over the draft vocabulary [.., Vd]; draft id i is target id
                 i + d2t[i]; :meth:`Eagle3Draft.target_logits` puts them at their target ids,
                 −inf elsewhere, so q is exactly 0 on ids the draft cannot propose
@@ -26,112 +27,29 @@ Weights (``model.safetensors`` or ``pytorch_model.bin``): ``fc.weight`` [H, 3H];
 ``midlayer.mlp.{gate,up}_proj.weight`` [I, H], ``down_proj`` [H, I]; ``norm.weight`` [H];
 ``lm_head.weight`` [Vd, H]; ``d2t`` int [Vd]; ``t2d`` bool [V]; optional ``embed_tokens.weight``
 [V, H]. ``layers.0.`` for ``midlayer.`` and a leading ``model.`` are accepted (TensorRT-LLM
-remaps them the same way).
+remaps them the same way). config.json is read and checked by :mod:`trtspec.propose.
+eagle_config`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trtspec.propose.heads import HeadsError, read_config, read_weights, take
+from trtspec.propose.eagle_config import Eagle3Config, default_aux_layers
+from trtspec.propose.heads import HeadsError, llama_decoder, read_config, read_weights, take
 
 WEIGHT_FILES = ["model.safetensors", "pytorch_model.bin"]
 MIDLAYER = ("midlayer.", "layers.0.", "model.midlayer.", "model.layers.0.")  # accepted prefixes
 TOP = ("", "model.")
-UNSUPPORTED = ("norm_before_fc", "fc_norm", "eh_proj_before_attn", "return_hidden_post_norm")
 
-
-def default_aux_layers(num_layers: int) -> list[int]:
-    """The target layers EAGLE-3 reads, [1, L/2 − 1, L − 4], clamped into 0 … L − 1."""
-    return [min(max(i, 0), num_layers - 1) for i in (1, num_layers // 2 - 1, num_layers - 4)]
-
-
-@dataclass
-class Eagle3Config:
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int  # the target's
-    draft_vocab_size: int
-    aux_layers: list[int]  # target layers fused, 0-based, low → high
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None
-    max_position_embeddings: int = 2048
-    extra: dict[str, Any] = field(default_factory=dict)  # other keys, written back as read
-
-    def to_json(self) -> dict[str, Any]:
-        out = dict(self.extra)
-        out.update(architectures=["LlamaForCausalLMEagle3"], model_type="llama",
-                   hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-                   num_attention_heads=self.num_attention_heads,
-                   num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
-                   rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
-                   rope_scaling=self.rope_scaling,
-                   max_position_embeddings=self.max_position_embeddings, num_hidden_layers=1,
-                   hidden_act="silu", vocab_size=self.vocab_size,
-                   draft_vocab_size=self.draft_vocab_size, tie_word_embeddings=False)
-        eagle = dict(out.get("eagle_config") or {})
-        eagle["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layers)
-        out["eagle_config"] = eagle
-        return out
-
-    @classmethod
-    def from_json(cls, config: dict[str, Any], where: Path, target_layers: int) -> Eagle3Config:
-        """Checked: one line naming the key when something is missing or not supported."""
-        def need(key: str) -> Any:
-            if key not in config:
-                raise HeadsError(f"{where}: no {key}")
-            return config[key]
-
-        eagle = config.get("eagle_config") or {}
-        for key in UNSUPPORTED:
-            if eagle.get(key) or config.get(key):
-                raise HeadsError(f"{where}: {key} is not supported (a plain EAGLE-3 head is)")
-        if eagle.get("use_aux_hidden_state") is False:
-            raise HeadsError(f"{where}: use_aux_hidden_state false (an EAGLE-1/2 head) is not "
-                             "supported")
-        if config.get("num_hidden_layers", 1) != 1:
-            raise HeadsError(f"{where}: num_hidden_layers {config['num_hidden_layers']}: only "
-                             "one-layer EAGLE-3 heads are supported")
-        if config.get("hidden_act", "silu") != "silu" or config.get("attention_bias"):
-            raise HeadsError(f"{where}: only SiLU MLPs without attention biases are supported")
-        hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
-        if config.get("target_hidden_size", hidden) != hidden:
-            raise HeadsError(f"{where}: target_hidden_size {config['target_hidden_size']} ≠ "
-                             f"hidden_size {hidden} is not supported")
-        vocab = int(need("vocab_size"))
-        aux = eagle.get("eagle_aux_hidden_state_layer_ids") or default_aux_layers(target_layers)
-        if len(aux) != 3 or not all(0 <= int(i) < target_layers for i in aux):
-            raise HeadsError(f"{where}: eagle_aux_hidden_state_layer_ids {aux} are not 3 layers "
-                             f"of the target's {target_layers}")
-        rope = dict(config.get("rope_parameters") or {})  # transformers ≥ 5 writes this
-        theta = config.get("rope_theta") or rope.pop("rope_theta", None) or 10000.0
-        scaling = config.get("rope_scaling") or (
-            rope if rope.get("rope_type", "default") != "default" else None)
-        known = set(cls.__dataclass_fields__) - {"extra", "aux_layers"} | {
-            "architectures", "model_type", "num_hidden_layers", "hidden_act",
-            "tie_word_embeddings", "rope_parameters", "eagle_config", "torch_dtype", "dtype"}
-        extra = {k: v for k, v in config.items() if k not in known}
-        rest = {k: v for k, v in eagle.items() if k != "eagle_aux_hidden_state_layer_ids"}
-        if rest:
-            extra["eagle_config"] = rest
-        return cls(hidden, int(need("intermediate_size")), heads,
-                   int(config.get("num_key_value_heads") or heads),
-                   int(config.get("head_dim") or hidden // heads), vocab,
-                   int(config.get("draft_vocab_size") or vocab), [int(i) for i in aux],
-                   float(config.get("rms_norm_eps", 1e-6)),
-                   float(theta), scaling, int(config.get("max_position_embeddings", 2048)),
-                   extra)
+__all__ = ["DraftCache", "Eagle3Config", "Eagle3Draft", "default_aux_layers", "load_eagle3",
+           "rope", "save_eagle3"]
 
 
 class RMSNorm(nn.Module):
@@ -210,9 +128,6 @@ class Eagle3Draft(nn.Module):
 
     def __init__(self, config: Eagle3Config, own_embeddings: bool = False) -> None:
         super().__init__()
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
         c = self.config = config
         self.fc = nn.Linear(3 * c.hidden_size, c.hidden_size, bias=False)
         self.midlayer = Midlayer(c)
@@ -223,11 +138,7 @@ class Eagle3Draft(nn.Module):
                              if c.draft_vocab_size == c.vocab_size else
                              torch.zeros(c.vocab_size, dtype=torch.bool))
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size) if own_embeddings else None
-        rope = LlamaConfig(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
-                           head_dim=c.head_dim, rope_theta=c.rope_theta,
-                           rope_scaling=c.rope_scaling,
-                           max_position_embeddings=c.max_position_embeddings)
-        self.rotary_emb = LlamaRotaryEmbedding(config=rope)  # non-persistent: not saved
+        self.rotary_emb = Rotary(c)  # float32 buffers, non-persistent: not saved
 
     @property
     def aux_layers(self) -> list[int]:
@@ -249,6 +160,17 @@ class Eagle3Draft(nn.Module):
         (g [B, T, H], draft logits [B, T, Vd]). Without ``cache``: a whole sequence per row
         (training), causal over T. With one: each pair is written at slot = position of cache
         row ``rows[b]`` and attends to that row's slots ≤ its position."""
+        g = self.layer(embeds, hidden, positions, cache, rows)
+        return g, self.draft_logits(g)
+
+    def draft_logits(self, g: torch.Tensor) -> torch.Tensor:
+        """g [.., H] → draft logits [.., Vd]."""
+        return self.lm_head(self.norm(g))
+
+    def layer(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+              cache: DraftCache | None = None, rows: torch.Tensor | None = None
+              ) -> torch.Tensor:
+        """:meth:`forward` without the logits: g [B, T, H] (a prompt's pairs need no logits)."""
         m, a = self.midlayer, self.midlayer.self_attn
         b, t, _ = hidden.shape
         x = torch.cat([m.input_layernorm(embeds), m.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
@@ -268,8 +190,7 @@ class Eagle3Draft(nn.Module):
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                              enable_gqa=a.hq != a.hkv)  # [B, Hq, T, d]
         h = hidden + a.o_proj(out.transpose(1, 2).reshape(b, t, a.hq * a.d))
-        g = h + m.mlp(m.post_attention_layernorm(h))
-        return g, self.lm_head(self.norm(g))
+        return h + m.mlp(m.post_attention_layernorm(h))
 
     def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """[.., Vd] → [.., V]: each at its target id, −inf on ids the draft lacks."""
@@ -295,7 +216,8 @@ class Eagle3Draft(nn.Module):
         sorted [default: all]; lm_head takes those rows. The target's embeddings are used."""
         from trtspec.runtime.hf import layer_indices
 
-        tc, layers = model.config, model.get_decoder().layers
+        decoder = llama_decoder(model, "eagle3")
+        tc, layers = model.config, decoder.layers
         head = model.get_output_embeddings().weight  # [V, H]
         vocab, hidden = head.shape
         keep = torch.arange(vocab) if draft_vocab is None else draft_vocab.long().cpu()
@@ -325,7 +247,7 @@ class Eagle3Draft(nn.Module):
                 getattr(m.mlp, name).weight.copy_(getattr(last.mlp, name).weight)
             m.hidden_norm.weight.copy_(last.input_layernorm.weight)
             m.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
-            draft.norm.weight.copy_(model.get_decoder().norm.weight)
+            draft.norm.weight.copy_(decoder.norm.weight)
             draft.lm_head.weight.copy_(head[keep.to(head.device)])
             draft.set_vocab(keep)
         return draft
@@ -335,6 +257,42 @@ class Eagle3Draft(nn.Module):
         keep = keep.to(self.d2t.device).long()
         self.d2t.copy_(keep - torch.arange(len(keep), device=keep.device))
         self.t2d.zero_()[keep] = True
+
+
+class Rotary(nn.Module):
+    """The target's rotary embedding (transformers' LlamaRotaryEmbedding, every rope_scaling it
+    knows), its buffers kept in float32 whatever dtype the head is cast to: a bf16 inv_freq
+    is off by up to 0.3 in cos at position 2000. ``rotary_emb(x, positions)`` → (cos, sin)
+    [B, T, d], computed in float32 and cast to x's dtype (as the target's own)."""
+
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        scaling = dict(c.rope_scaling) if c.rope_scaling else None  # LlamaConfig edits it
+        config = LlamaConfig(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
+                             head_dim=c.head_dim, rope_theta=c.rope_theta, rope_scaling=scaling,
+                             max_position_embeddings=c.max_position_embeddings)
+        self.inner = LlamaRotaryEmbedding(config=config)
+        for module in self.modules():
+            for key, buf in module._buffers.items():
+                if buf is not None and buf.is_floating_point():
+                    module._buffers[key] = buf.float()
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+               ) -> Rotary:
+        """``.to()``, ``.half()``, ``.cuda()`` …: move the buffers where ``fn`` puts them,
+        never cast them."""
+        for module in self.modules():
+            for key, buf in module._buffers.items():
+                if buf is not None:
+                    module._buffers[key] = buf.to(fn(buf).device)
+        return self
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inner(x, positions)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -352,7 +310,7 @@ def load_eagle3(folder: str | Path, target_model: nn.Module) -> Eagle3Draft:
     tc = target_model.config
     head = target_model.get_output_embeddings().weight
     config = Eagle3Config.from_json(raw, folder / "config.json",
-                                    len(target_model.get_decoder().layers))
+                                    len(llama_decoder(target_model, "eagle3").layers))
     if config.hidden_size != tc.hidden_size:
         raise HeadsError(f"{folder}: head hidden_size {config.hidden_size} ≠ the target's "
                          f"{tc.hidden_size}")
@@ -360,7 +318,12 @@ def load_eagle3(folder: str | Path, target_model: nn.Module) -> Eagle3Draft:
         raise HeadsError(f"{folder}: head vocab_size {config.vocab_size} (draft "
                          f"{config.draft_vocab_size}) does not fit the target's {head.shape[0]}")
     own = any(p + "embed_tokens.weight" in tensors for p in TOP)
-    draft = Eagle3Draft(config, own_embeddings=own)
+    try:
+        draft = Eagle3Draft(config, own_embeddings=own)
+    except (KeyError, TypeError, ValueError) as e:  # what transformers' RoPE setup rejects
+        raise HeadsError(f"{folder / 'config.json'}: rope_scaling {config.rope_scaling!r} is not "
+                         f"usable ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]})"
+                         ) from None
     state = {}
     for name, t in draft.state_dict().items():
         if name in ("d2t", "t2d") and not any(p + name in tensors for p in TOP) and \

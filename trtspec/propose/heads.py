@@ -10,7 +10,8 @@ deep inside the first request.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +79,48 @@ def take(tensors: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...],
     raise HeadsError(f"{where}: tensor {next(iter(prefixes)) + name} is missing")
 
 
-def captured(runner: Any) -> tuple[torch.Tensor, list[int]]:
-    """The hidden states the target ``runner`` kept in its last prefill/score call
-    ([B, T, k·H]) and the tokens fed per row; RuntimeError when it keeps none."""
+def llama_decoder(model: Any, heads: str) -> Any:
+    """``model``'s decoder when it has decoder layers and a final norm (what Medusa and EAGLE-3
+    heads read); HeadsError (one line) otherwise."""
+    get = getattr(model, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
+        kind = getattr(getattr(model, "config", None), "model_type", None) or \
+            type(model).__name__
+        raise HeadsError(f"{heads} heads need a Llama-family target (decoder layers + final "
+                         f"norm): {kind}")
+    return decoder
+
+
+@dataclass
+class Captured:
+    """The hidden states a target Runner kept in its last prefill/score call: only the rows it
+    scored (a contiguous range from ``first``), so one admitted prompt keeps one row's states."""
+
+    states: torch.Tensor  # [n, T, k·H]: batch rows first … first + n − 1
+    first: int
+    counts: list[int]  # tokens fed per batch row (0: not scored)
+
+    def row(self, b: int) -> torch.Tensor:
+        """[counts[b], k·H]: row b's states at the positions it was fed."""
+        return self.states[b - self.first, : self.counts[b]]
+
+    def at(self, rows: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """[len(rows), k·H]: row rows[i]'s state at positions[i] (each < its count)."""
+        for b, t in zip(rows, positions, strict=True):
+            if not 0 <= t < self.counts[b]:
+                raise RuntimeError(f"row {b}: hidden position {t} of the target's last call, "
+                                   f"which fed it {self.counts[b]} tokens")
+        device = self.states.device
+        return self.states[torch.tensor([b - self.first for b in rows], device=device),
+                           torch.tensor(list(positions), device=device)]
+
+
+def captured(runner: Any) -> Captured:
+    """The hidden states the target ``runner`` kept in its last prefill/score call;
+    RuntimeError when it keeps none."""
     hidden = getattr(runner, "hidden", None)
     if hidden is None:
         raise RuntimeError("the target runner kept no hidden states: call capture_hidden() "
                            "before its first prefill")
-    return hidden, list(runner.hidden_counts)
+    return Captured(hidden, int(runner.hidden_first), list(runner.hidden_counts))

@@ -43,7 +43,14 @@ from torch import nn
 
 from trtspec.propose import Draft
 from trtspec.propose.draft_model import fit_vocab
-from trtspec.propose.heads import HeadsError, captured, read_config, read_weights, take
+from trtspec.propose.heads import (
+    HeadsError,
+    captured,
+    llama_decoder,
+    read_config,
+    read_weights,
+    take,
+)
 from trtspec.sampling import SamplingParams, rows_to_probs, sample, uniforms
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -132,7 +139,7 @@ def load_medusa(folder: str | Path, target_model: nn.Module,
         raise HeadsError(f"{where_config}: {SHARED_KEY} must be true or false, got {shared!r}")
     for key, target in (("hidden_size", hidden), ("vocab_size", vocab)):
         if key in config and config[key] != target:
-            raise HeadsError(f"{where_config}: {key} {config[key]} does not match the target's "
+            raise HeadsError(f"{where_config}: {key} {config[key]!r} does not match the target's "
                              f"{key} {target}")
     want = have if num_heads is None else num_heads
     if not 1 <= want <= have:
@@ -194,9 +201,11 @@ class MedusaProposer:
     h, the normed hidden state of the position that gave the row's last token."""
 
     def __init__(self, target: Any, heads: MedusaHeads) -> None:
-        target.capture_hidden([-1])
+        decoder = llama_decoder(getattr(target, "model", target), "medusa")  # HeadsError else
+        self.hidden_layers = [-1]  # what the executor asks the target to keep (its last layer)
+        target.capture_hidden(self.hidden_layers)
         self.target, self.heads = target, heads.eval()
-        self.norm = target.model.get_decoder().norm
+        self.norm = decoder.norm
         self.vocab = target.vocab_size
         self._h: torch.Tensor | None = None  # [B, H] normed, in the heads' dtype
 
@@ -227,7 +236,7 @@ class MedusaProposer:
         """Nothing outlives a request here."""
 
     def observe(self, num_accepted: Sequence[int]) -> None:
-        counts = list(getattr(self.target, "hidden_counts", []))
+        counts = captured(self.target).counts
         if any(counts):
             self._keep({b: int(num_accepted[b]) for b, n in enumerate(counts) if n},
                        len(num_accepted))
@@ -235,22 +244,18 @@ class MedusaProposer:
     @torch.inference_mode()
     def _keep(self, positions: dict[int, int], batch: int) -> None:
         """h[b] = norm(hidden[b, positions[b]]) from the target's last call."""
-        hidden, counts = captured(self.target)  # [B, T, H]
-        for b, t in positions.items():
-            if not 0 <= t < counts[b]:
-                raise RuntimeError(f"row {b}: hidden position {t} of the target's last call, "
-                                   f"which fed it {counts[b]} tokens")
+        cap = captured(self.target)
+        rows = list(positions)
+        picked = cap.at(rows, list(positions.values()))  # [n, H] (checks the positions)
         size = self.heads.hidden_size
         param = next(self.heads.parameters(), None)
-        dtype = param.dtype if param is not None else hidden.dtype
+        dtype = param.dtype if param is not None else picked.dtype
         if self._h is None or len(self._h) < batch:
-            grown = torch.zeros((batch, size), dtype=dtype, device=hidden.device)
+            grown = torch.zeros((batch, size), dtype=dtype, device=picked.device)
             if self._h is not None:
                 grown[: len(self._h)] = self._h
             self._h = grown
-        rows = list(positions)
-        index = torch.tensor(rows, device=hidden.device)
-        picked = hidden[index, torch.tensor(list(positions.values()), device=hidden.device)]
+        index = torch.tensor(rows, device=picked.device)
         self._h[index] = self.norm(picked[:, -size:]).to(dtype)  # [n, H]
 
     @torch.inference_mode()

@@ -61,10 +61,12 @@ class Runner(Protocol):
     def capture_hidden(self, layers: Sequence[int]) -> None:
         """From now on every prefill/score also keeps the outputs of decoder ``layers``
         (0-based, negative from the end; before the final norm) at every position it is fed,
-        from the same forward: ``hidden`` [B, T, len(layers)·H] (T: the most tokens a row was
-        fed in that call, with ``last_only`` too; rows fed nothing are zeros) and
-        ``hidden_counts`` (tokens fed per row). Medusa and EAGLE heads read them; ValueError
-        where a runner has no layers (toy)."""
+        from the same forward: ``hidden`` [n, T, len(layers)·H] for the n contiguous batch rows
+        from ``hidden_first`` that the call scored (T: the most tokens a row was fed, with
+        ``last_only`` too; rows fed nothing and positions past a row's count are padding) and
+        ``hidden_counts`` (tokens fed per batch row). Medusa and EAGLE heads read them (see
+        trtspec.propose.heads.captured); an empty list stops keeping them; ValueError where a
+        runner has no layers (toy)."""
         ...
 
     def warm_up(self, batch: int, watch: bool = False) -> float:

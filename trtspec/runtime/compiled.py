@@ -108,8 +108,8 @@ class CompiledRunner:
         self.shapes: set[tuple[int, int]] = set()  # (Bb, Tb) run compiled so far
         self._capture: list[int] = []  # layers whose outputs each forward keeps (heads)
         self._kept: list[torch.Tensor] = []
-        self.hidden: torch.Tensor | None = None  # [B, T, k·H] of the last call
-        self.hidden_counts: list[int] = []  # tokens fed per row in that call
+        self.hidden: torch.Tensor | None = None  # [n, T, k·H] of the last call: rows from
+        self.hidden_first, self.hidden_counts = 0, []  # hidden_first; tokens fed per batch row
         if compile:
             if cache_dir is not None:
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
@@ -147,14 +147,12 @@ class CompiledRunner:
         return draft
 
     def capture_hidden(self, layers: Sequence[int]) -> None:
-        """From now on every prefill/score also keeps the outputs of decoder ``layers`` (0-based,
-        negative from the end; before the final norm) at every position fed, from the same
-        forward (references to tensors the layers return anyway: no copy, no recompile):
-        ``hidden`` [B, T, len(layers)·H] and ``hidden_counts`` (Medusa / EAGLE heads read
-        them)."""
+        """See :meth:`trtspec.runtime.Runner.capture_hidden`: the layers' outputs are kept from
+        the scoring forward itself (tensors the layer graph returns anyway: no recompile)."""
         from trtspec.runtime.hf import layer_indices
 
         self._capture = layer_indices(len(self._weights), layers)
+        self.hidden = None  # nothing kept yet under this request
 
     @property
     def shares_cache(self) -> bool:
@@ -196,9 +194,8 @@ class CompiledRunner:
         live = [b for b, n in enumerate(counts) if n]
         if self._capture:
             size = len(self._capture) * self._embed.weight.shape[1]
-            self.hidden = torch.zeros((batch, width, size), dtype=self.dtype,
-                                      device=self.device)  # [B, T, k·H]
-            self.hidden_counts = list(counts)
+            self.hidden = torch.zeros((0, 0, size), dtype=self.dtype, device=self.device)
+            self.hidden_first, self.hidden_counts = 0, list(counts)
         if not live:
             return logits
         compiled, tb = self.compiled, width
@@ -234,8 +231,8 @@ class CompiledRunner:
         if not compiled:
             x = self._layers(self._eager, x, cos, sin, mask, slots, rows, span)
         if self._capture:
-            self.hidden[rows.start: rows.stop] = torch.cat(self._kept, dim=-1)[:, :width]
-            self.hidden[[b for b in rows if not counts[b]]] = 0  # idle rows inside the range
+            self.hidden = torch.cat(self._kept, dim=-1)  # [Bb, Tb, k·H]: the rows scored only
+            self.hidden_first = rows.start
         n = torch.tensor([counts[b] for b in rows], device=self.device)  # [Bb]
         if last_only:
             x = x[torch.arange(nb, device=self.device), (n - 1).clamp(min=0)][:, None]
@@ -299,7 +296,7 @@ class CompiledRunner:
         if batch in self._warmed or not self.compiled:
             return 0.0
         live = self.keys, self.values, self._lengths, self._capacity
-        states = self.hidden, self.hidden_counts  # what a proposer has yet to read
+        states = self.hidden, self.hidden_first, self.hidden_counts  # a proposer's, unread
         self._warming, self._capacity = True, MIN_CAPACITY  # a small scratch cache
         try:
             self.prefill([[0]] * batch)
@@ -310,7 +307,7 @@ class CompiledRunner:
             self._warmed.add(batch)
         finally:
             self.keys, self.values, self._lengths, self._capacity = live
-            self.hidden, self.hidden_counts = states
+            self.hidden, self.hidden_first, self.hidden_counts = states
             self._warming = False
         return time.perf_counter() - began
 

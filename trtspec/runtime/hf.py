@@ -115,8 +115,9 @@ class HFRunner:
         self.device, self.dtype = param.device, param.dtype
         self.cache: RowCache | None = None
         self._capture: list[int] = []  # decoder layers whose outputs each forward keeps
-        self.hidden: torch.Tensor | None = None  # [B, T, k·H] of the last call (see capture_hidden)
-        self.hidden_counts: list[int] = []  # tokens fed per row in that call
+        self.hidden: torch.Tensor | None = None  # [n, T, k·H] of the last call (capture_hidden)
+        self.hidden_first = 0  # the batch row of hidden[0]
+        self.hidden_counts: list[int] = []  # tokens fed per batch row in that call
 
     @property
     def vocab_size(self) -> int:
@@ -140,7 +141,7 @@ class HFRunner:
             return logits
         rows = torch.tensor([first[tuple(p)] for p in prompts], device=self.device)
         self.cache = self.cache.select(rows)
-        if self.hidden is not None:
+        if self._capture:
             self.hidden = self.hidden.index_select(0, rows)
             self.hidden_counts = [len(p) for p in prompts]
         return logits.index_select(0, rows)
@@ -148,9 +149,11 @@ class HFRunner:
     def capture_hidden(self, layers: Sequence[int]) -> None:
         """From now on every prefill/score also keeps the outputs of decoder ``layers`` (0-based,
         negative from the end; before the final norm) at every position fed, from the same
-        forward: ``hidden`` [B, T, len(layers)·H] and ``hidden_counts`` (Medusa / EAGLE heads
-        read them)."""
+        forward: ``hidden`` [n, T, len(layers)·H] for the n contiguous rows from ``hidden_first``
+        that the call scored, and ``hidden_counts`` (Medusa / EAGLE heads read them; an empty
+        list stops keeping them)."""
         self._capture = layer_indices(self._num_layers, layers)
+        self.hidden = None  # nothing kept yet under this request
 
     @torch.inference_mode()
     def score(self, tokens: Sequence[Sequence[int]], last_only: bool = False) -> torch.Tensor:
@@ -164,9 +167,9 @@ class HFRunner:
         live = [b for b, n in enumerate(counts) if n]
         if not live:
             if self._capture:  # nothing scored: no states, but the call is still the last one
-                self.hidden = torch.zeros((batch, 0, len(self._capture) * self._hidden_size),
+                self.hidden = torch.zeros((0, 0, len(self._capture) * self._hidden_size),
                                           dtype=self.dtype, device=self.device)
-                self.hidden_counts = list(counts)
+                self.hidden_first, self.hidden_counts = 0, list(counts)
             return logits
         rows = slice(live[0], live[-1] + 1)  # a contiguous range: views, no copies
         ids = torch.tensor([list(tokens[b]) + [0] * (width - counts[b])
@@ -185,7 +188,7 @@ class HFRunner:
                                    position_ids=positions, use_cache=True,
                                    **extra).last_hidden_state  # [b, T, d]
         if self._capture:
-            self._keep(kept, rows, counts, width)
+            self._keep(kept, rows, counts)
         n = torch.tensor(counts[rows], device=self.device)  # [b]
         if last_only:
             hidden = hidden[torch.arange(len(n), device=self.device), (n - 1).clamp(min=0)][:, None]
@@ -193,14 +196,11 @@ class HFRunner:
         cache.lengths[rows] += n
         return logits
 
-    def _keep(self, kept: list[torch.Tensor], rows: slice, counts: list[int], width: int
-              ) -> None:
-        """The captured layers' states of this call, for every row of the batch."""
-        states = torch.cat(kept, dim=-1)  # [b, T, k·H]
-        self.hidden = states.new_zeros((len(counts), width, states.shape[-1]))  # [B, T, k·H]
-        self.hidden[rows] = states
-        self.hidden[[b for b in range(rows.start, rows.stop) if not counts[b]]] = 0  # idle rows
-        self.hidden_counts = list(counts)
+    def _keep(self, kept: list[torch.Tensor], rows: slice, counts: list[int]) -> None:
+        """The captured layers' states of this call, for the rows it scored (a contiguous range:
+        only those, so admitting one long prompt into a large batch keeps one row's states)."""
+        self.hidden = torch.cat(kept, dim=-1)  # [b, T, k·H]
+        self.hidden_first, self.hidden_counts = rows.start, list(counts)
 
     def rollback(self, lengths: Sequence[int]) -> None:
         cache = self._require_cache(len(lengths))

@@ -120,7 +120,8 @@ class ToyRunner:
         raise ValueError("the toy backend has no layers to skip")
 
     def capture_hidden(self, layers: Sequence[int]) -> None:
-        raise ValueError("the toy backend has no hidden states (heads need a real model)")
+        if layers:
+            raise ValueError("the toy backend has no hidden states (heads need a real model)")
 
     def warm_up(self, batch: int, watch: bool = False) -> float:
         return 0.0  # nothing is compiled
