@@ -156,7 +156,8 @@ def _num(x: object) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draft-len", type=int, default=4)
-    ap.add_argument("--per-category", type=int, default=6)
+    ap.add_argument("--per-category", type=int, default=24, help="requests per group (the "
+                    "recipe judges the 8 categories as two groups; 24: all 48 built-in requests)")
     ap.add_argument("--eval-id", default=None, help="reuse this eval folder (report only)")
     args = ap.parse_args()
     missing = [str(p) for p in HEADS.values() if not (p / "config.json").is_file()]

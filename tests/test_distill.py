@@ -12,10 +12,11 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from trtspec.distill import DistillConfig, DistillError, distill, expected_al, log_distill
+from trtspec.distill import DistillConfig, DistillError, distill, expected_al
 from trtspec.distill_data import Teacher, draft_vocab, load_prompts, training_prompts
 from trtspec.distill_heads import eagle_step2
 from trtspec.eval.workloads import builtin
+from trtspec.tracking_views import log_distill
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"
@@ -148,6 +149,14 @@ def test_training_prompts_are_not_the_eval_s() -> None:
     assert {r.category for r in train} == {r.category for r in builtin()}
     assert not {r.prompt for r in train} & {r.prompt for r in builtin()}
     assert training_prompts() == train  # seeded
+
+    def runs(text: str, n: int = 6) -> set[tuple[str, ...]]:
+        words = text.split()
+        return {tuple(words[i: i + n]) for i in range(len(words) - n + 1)}
+
+    # not near-copies either: no training prompt shares a run of 6 words with an eval prompt
+    evaluated = set().union(*(runs(r.prompt) for r in builtin()))
+    assert not [r.id for r in train if runs(r.prompt) & evaluated]
 
 
 def test_prompt_specs(tmp_path: Path) -> None:

@@ -4,12 +4,15 @@ teacher's states and next-token distributions at every position.
 Why the target's own text: heads are judged by whether the target accepts their drafts, i.e. by
 how well they predict what *this* target generates at *this* sampling temperature. Text the
 target wrote itself (self-distillation) matches that distribution; a public corpus would teach
-the heads someone else's next tokens.
+the heads someone else's next tokens. The teacher's next-token distribution itself is the
+target's raw one (temperature 1, no top-k/top-p): the heads' q passes through the request's own
+``logits_to_probs`` at run time, as the target's p does, so one set of heads serves every
+sampling setting.
 
 Why a training prompt set of its own (``train``): an eval on the built-in workload should not
 measure heads on the prompts they were trained on. :func:`training_prompts` is written from
 templates and topic lists that share no prompt with :func:`trtspec.eval.workloads.builtin`
-(a test checks it), in the same eight categories (copy-heavy and open-ended), so the heads see
+(a test checks: no shared prompt, no shared run of six words), in the same eight categories (copy-heavy and open-ended), so the heads see
 both kinds of text.
 """
 

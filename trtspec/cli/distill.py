@@ -129,7 +129,7 @@ def distill(recipe: str, method: str | None, out: str | None, prompts_spec: str,
                f"({last['al_note']}); {result.out / 'distill.json'}")
     if not no_mlflow:
         try:
-            from trtspec.distill import log_distill
+            from trtspec.tracking_views import log_distill
 
             run_id = log_distill(result, mlflow_uri)
         except Exception as e:  # the heads are on disk: a tracking failure costs nothing
