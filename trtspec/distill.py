@@ -18,8 +18,10 @@ t + 1, attending to the step-1 keys of positions ≤ t and to itself (a [T, 2T] 
 against the teacher at t + 2, with the weight of step 1. Gradients flow through g into step 1
 (as in EAGLE-3's training-time test).
 
-Held-out metrics, teacher-forced, after every epoch (and before the first, epoch 0): per step,
-the share of positions where the draft's argmax is the teacher's, conditional on the earlier
+Held-out metrics, teacher-forced, after every epoch (and before the first, epoch 0), over the
+positions drafts are made from (the target's continuations, not the prompts: a chat template
+repeated in every sequence is learnt by heart and flattered the metric 3× in a first run): per
+step, the share of positions where the draft's argmax is the teacher's, conditional on the earlier
 steps agreeing there (so α₁·α₂·… is the chance the first k drafts all match), and the expected
 acceptance length of a chain of D = 4, AL = 1 + Σ_k Π_{i≤k} α_i. Medusa measures every head;
 EAGLE measures steps 1 and 2 and uses step 2's α for steps 3 and 4 (said in ``al_note``). Under
@@ -150,6 +152,8 @@ def distill(model: nn.Module, prompts: Sequence[Sequence[int]], out: str | Path,
 
     sequences = _sequences(model, prompts, c, sampling, eos_token_id, gen_key, state_dir, say,
                            progress)
+    starts = [min(len(p), c.max_len) if c.max_new_tokens else 0 for p in prompts]
+    kept_starts = [st for s, st in zip(sequences, starts, strict=True) if len(s) >= 3]
     kept = [s for s in sequences if len(s) >= 3]
     if len(kept) < 2:
         raise DistillError(f"{len(kept)} usable sequences (of ≥ 3 tokens): give more prompts")
@@ -158,6 +162,7 @@ def distill(model: nn.Module, prompts: Sequence[Sequence[int]], out: str | Path,
     n_held = max(1, round(c.holdout * len(kept)))
     held, train = sorted(order[:n_held]), sorted(order[n_held:])
     teacher = teacher_pass(model, kept, aux, c.top_k, progress=progress)
+    teacher.starts = kept_starts  # held-out agreement: continuation positions only
     data_seconds = time.monotonic() - began
 
     flags = [p.requires_grad for p in model.parameters()]
@@ -172,6 +177,7 @@ def distill(model: nn.Module, prompts: Sequence[Sequence[int]], out: str | Path,
                           "prompts": prompts_spec, "prompt_count": len(prompts),
                           "sequences": len(kept), "train_sequences": len(train),
                           "heldout_sequences": len(held), "temperature": sampling.temperature,
+                          "heldout_positions": "continuation",
                           "data_seconds": round(data_seconds, 1), "config": asdict(c)})
     finally:
         for p, flag in zip(model.parameters(), flags, strict=True):

@@ -12,8 +12,8 @@ sampling setting.
 Why a training prompt set of its own (``train``): an eval on the built-in workload should not
 measure heads on the prompts they were trained on. :func:`training_prompts` is written from
 templates and topic lists that share no prompt with :func:`trtspec.eval.workloads.builtin`
-(a test checks: no shared prompt, no shared run of six words), in the same eight categories (copy-heavy and open-ended), so the heads see
-both kinds of text.
+(a test checks: no shared prompt, no shared run of eight words), in the same eight categories
+(copy-heavy and open-ended), so the heads see both kinds of text.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import hashlib
 import json
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -277,12 +277,22 @@ class Teacher:
     ``states[b]`` [L_b, S] (bfloat16): EAGLE: the aux layers' outputs concatenated (S = 3H);
     Medusa: the last layer's output after the final norm (S = H). ``probs[b]`` [L_b, K]
     (float16) and ``ids[b]`` [L_b, K] (int32): the target's top-K next-token distribution at
-    each position (renormalised over the K), most likely first."""
+    each position (renormalised over the K), most likely first. ``starts[b]``: where the
+    target's own continuation begins (0: all of it is text to draft from, as with
+    ``max_new_tokens`` 0): held-out agreement counts only positions a draft is made from."""
 
     tokens: list[torch.Tensor]  # [L_b] long
     states: list[torch.Tensor]
     probs: list[torch.Tensor]
     ids: list[torch.Tensor]
+    starts: list[int] = field(default_factory=list)
+
+    def drafted(self, b: int, positions: torch.Tensor) -> torch.Tensor:
+        """Which ``positions`` of sequence b drafts are made from at run time: the state at t
+        drafts once the token at t + 1 is the target's own (t ≥ start − 1); a prompt's
+        positions (a chat template repeated in every sequence) would flatter the metric."""
+        start = self.starts[b] if self.starts else 0
+        return positions >= start - 1
 
     @property
     def num_tokens(self) -> int:

@@ -101,6 +101,8 @@ class MedusaTrainer(Trainer):
         self.states = torch.cat(teacher.states)  # [N, H] normed last-layer states
         self.probs, self.ids = torch.cat(teacher.probs), torch.cat(teacher.ids).long()
         self.left = torch.cat([n - 1 - torch.arange(n) for n in lengths.tolist()])  # tokens after
+        self.drafted = torch.cat([teacher.drafted(b, torch.arange(n))
+                                  for b, n in enumerate(lengths.tolist())])  # [N] bool
         self.n = max(1, min(c.batch_tokens, MAX_LOGITS // (c.num_heads * head.weight.shape[0])))
 
     def _flat(self, rows: Sequence[int]) -> torch.Tensor:
@@ -142,9 +144,10 @@ class MedusaTrainer(Trainer):
         valid: list[list[torch.Tensor]] = [[] for _ in range(self.c.num_heads)]
         for index in self._flat(rows).split(self.n):
             logits, targets = self._heads(index)
+            drafted = self.drafted[index]
             for k, (_, ids, ok) in enumerate(targets):
                 agree[k].append((logits[:, k].argmax(-1) == ids[:, 0]).cpu())
-                valid[k].append(ok.cpu())
+                valid[k].append(ok.cpu() & drafted)
         return chain([torch.cat(a) for a in agree], [torch.cat(v) for v in valid])
 
     def save(self, out: Path, target: str) -> None:
@@ -250,10 +253,12 @@ class EagleTrainer(Trainer):
                 continue
             a1 = (r["logits1"].argmax(-1) == r["ids1"]) & (r["ids1"] >= 0)  # [B, T]
             a2 = (r["logits2"].argmax(-1) == r["ids2"]) & (r["ids2"] >= 0)  # [B, T − 1]
+            t = torch.arange(a2.shape[1])
+            drafted = torch.stack([self.teacher.drafted(b, t) for b in batch])  # [B, T − 1]
             agree[0].append(a1[:, :-1].flatten().cpu())  # step 1 at t, then step 2 at t
-            valid[0].append(r["ok1"][:, :-1].flatten().cpu())
+            valid[0].append((r["ok1"][:, :-1].cpu() & drafted).flatten())
             agree[1].append(a2.flatten().cpu())
-            valid[1].append(r["ok2"].flatten().cpu())
+            valid[1].append((r["ok2"].cpu() & drafted).flatten())
         return chain([torch.cat(a) for a in agree], [torch.cat(v) for v in valid])
 
     def save(self, out: Path, target: str) -> None:
