@@ -12,11 +12,12 @@ from broken_verifiers import naive_resample_verify
 
 import trtspec.executor
 from trtspec.executor import SpecExecutor
-from trtspec.metrics import SpecStats, chi_square_gof
+from trtspec.metrics import SpecStats
 from trtspec.propose import Draft
 from trtspec.propose.draft_model import DraftModelProposer
 from trtspec.runtime.toy import MarkovLM, ToyRunner
 from trtspec.sampling import SamplingParams
+from trtspec.stats import chi_square_gof
 
 ALPHA = 1e-3
 PROMPT = [1, 2]

@@ -12,7 +12,6 @@ from conftest import tiny_llama
 
 import trtspec.executor
 from trtspec.executor import SpecExecutor
-from trtspec.metrics import chi_square_gof
 from trtspec.models import encode
 from trtspec.propose.draft_model import DraftModelProposer
 from trtspec.propose.layer_skip import LayerSkipProposer
@@ -20,6 +19,7 @@ from trtspec.propose.ngram import NgramProposer
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner, layer_skip_view
 from trtspec.sampling import SamplingParams, logits_to_probs
+from trtspec.stats import chi_square_gof
 
 PROMPTS = [
     "Repeat this sentence twice: the cat sat on the mat and looked at the door.",

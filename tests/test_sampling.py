@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtspec.metrics import chi_square_gof
 from trtspec.sampling import (
     SAMPLE_BLOCK,
     SamplingParams,
@@ -16,6 +15,7 @@ from trtspec.sampling import (
     sample,
     uniforms,
 )
+from trtspec.stats import chi_square_gof
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
 

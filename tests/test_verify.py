@@ -9,8 +9,8 @@ import pytest
 import torch
 from broken_verifiers import accept_if_p_ge_q_verify, naive_resample_verify
 
-from trtspec.metrics import chi_square_gof
 from trtspec.sampling import SamplingParams, logits_to_probs
+from trtspec.stats import chi_square_gof
 from trtspec.verify import verify
 
 ALPHA = 1e-3

@@ -31,7 +31,7 @@ Terms, for one prompt:
               sequence x₀ … x₃ is a cell; each kept prefix also has a *rest* cell: the
               sequences that start with it but leave the kept tree after it (the root's rest
               is every sequence whose x₀ is not kept). Cells whose expected count is
-              < ``MIN_EXPECTED`` are pooled into one tail (:func:`~trtspec.metrics.
+              < ``MIN_EXPECTED`` are pooled into one tail (:func:`~trtspec.stats.
               chi_square_gof`); the cells are fixed by the exact P before counting
 * test        Pearson's chi-square of the counts per cell against N·P (dof = cells − 1); a
               sample whose token had probability 0 after a kept prefix is impossible: p = 0
@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtspec.executor import Delta, SpecExecutor
-from trtspec.metrics import chi_square_gof
 from trtspec.runtime import Runner
 from trtspec.sampling import SamplingParams, rows_to_probs
 from trtspec.scheduler import Scheduler, Ticket
+from trtspec.stats import chi_square_gof
 
 TOKENS = 4  # x₀ … x₃
 MIN_EXPECTED = 5.0

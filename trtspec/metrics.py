@@ -312,43 +312,6 @@ def latency_summary(timings: Sequence[RequestTiming]) -> dict[str, float]:
     return out
 
 
-def chi_square_gof(counts: Sequence[float], probs: Sequence[float], min_expected: float = 5.0
-                   ) -> tuple[float, int, float]:
-    """Chi-square goodness of fit of observed counts against exact probabilities.
-
-    Bins whose expected count is below ``min_expected`` are pooled into one tail bin (and joined
-    to the smallest regular bin if the tail alone is still too small). A count in a bin of
-    probability 0 is an impossible outcome: the p-value is 0. Returns (statistic, dof, p-value).
-    """
-    from scipy.stats import chi2
-
-    obs = np.asarray(counts, dtype=float)
-    p = np.asarray(probs, dtype=float)
-    if obs.shape != p.shape:
-        raise ValueError("counts and probs must have the same shape")
-    if np.any(obs[p <= 0] > 0):
-        return float("inf"), 0, 0.0
-    n = obs.sum()
-    exp = p / p.sum() * n
-    big = exp >= min_expected
-    o, e = list(obs[big]), list(exp[big])
-    tail_o, tail_e = obs[~big & (p > 0)].sum(), exp[~big & (p > 0)].sum()
-    if tail_e > 0:
-        if tail_e < min_expected and e:
-            i = int(np.argmin(e))
-            o[i] += tail_o
-            e[i] += tail_e
-        else:
-            o.append(tail_o)
-            e.append(tail_e)
-    o_arr, e_arr = np.array(o), np.array(e)
-    dof = len(o_arr) - 1
-    if dof < 1:
-        return 0.0, 0, 1.0
-    stat = float(((o_arr - e_arr) ** 2 / e_arr).sum())
-    return stat, dof, float(chi2.sf(stat, dof))
-
-
 def _ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 

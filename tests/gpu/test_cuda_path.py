@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from trtspec.executor import SpecExecutor
-from trtspec.metrics import chi_square_gof
 from trtspec.propose.draft_model import DraftModelProposer
 from trtspec.propose.ngram import NgramProposer
 from trtspec.runtime.hf import HFRunner, layer_skip_view
 from trtspec.sampling import SamplingParams, logits_to_probs
+from trtspec.stats import chi_square_gof
 from trtspec.verify import verify
 
 pytestmark = pytest.mark.gpu

@@ -19,7 +19,6 @@ from test_executor_torch import exact_two_token_probs
 import trtspec.executor
 import trtspec.propose.eagle
 from trtspec.executor import SpecExecutor
-from trtspec.metrics import chi_square_gof
 from trtspec.propose.eagle import (
     Eagle3Config,
     Eagle3Draft,
@@ -34,6 +33,7 @@ from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner
 from trtspec.sampling import SamplingParams, rows_to_probs
 from trtspec.scheduler import DraftPolicy, Scheduler
+from trtspec.stats import chi_square_gof
 
 PROMPT = [3, 1, 4, 1, 5]
 AUX = [1, 3, 4]  # distinct layers of the 6-layer target (the default would be [1, 2, 2])

@@ -17,13 +17,13 @@ from test_executor_torch import exact_two_token_probs
 
 import trtspec.executor
 from trtspec.executor import SpecExecutor
-from trtspec.metrics import chi_square_gof
 from trtspec.propose.heads import HeadsError
 from trtspec.propose.medusa import MedusaHeads, MedusaProposer, load_medusa, save_medusa
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner
 from trtspec.sampling import SamplingParams
 from trtspec.scheduler import Scheduler
+from trtspec.stats import chi_square_gof
 
 PROMPT = [3, 1, 4, 1, 5]
 SAMPLINGS = [SamplingParams(), SamplingParams(temperature=0.7, top_k=12, top_p=0.9)]

@@ -14,11 +14,11 @@ from transformers import PreTrainedTokenizerFast
 
 import trtspec.executor
 from trtspec.executor import SpecExecutor
-from trtspec.metrics import chi_square_gof
 from trtspec.propose.draft_model import DraftModelProposer, check_vocab
 from trtspec.runtime.hf import HFRunner
 from trtspec.runtime.toy import MarkovLM, ToyRunner
 from trtspec.sampling import SamplingParams, make_generator, rows_to_probs
+from trtspec.stats import chi_square_gof
 
 
 def tokenizer(words: list[str], name: str) -> PreTrainedTokenizerFast:

@@ -3,7 +3,7 @@
 Why: eager transformers spends a CPU decode step in module calls and unfused small ops, and runs
 its projections as ``x @ Wᵀ``, which BLAS serves slowly for the few rows of a decode or verify
 step. This decoder fuses q|k|v and gate|up (copies: the model is left as it was), computes every
-projection as ``W · xᵀ`` over rows padded to what BLAS runs fastest (see _project), and inductor
+projection as ``W · xᵀ`` over rows padded to what BLAS runs fastest (see project), and inductor
 fuses norm, rotary, SiLU·mul and the cache write.
 
 One decoder layer is compiled, not the whole model: every layer has the same shapes, so its
@@ -12,7 +12,7 @@ model). Its dimensions are dynamic — the contiguous range of rows that take pa
 tokens per row (Tb) and the key/value slots attended (W) — so a growing context or another draft
 length never recompiles: about ten graphs per batch size, as size-1 dimensions specialise
 (Bb = 1 or more, Tb = 1 or more), several rows are either the whole batch or part of it (the
-cache view's strides differ; see warm_up) and _project switches form past PROJECT_ROWS rows.
+cache view's strides differ; see warm_up) and project switches form past PROJECT_ROWS rows.
 On a GPU this means inductor's kernels without CUDA graphs (a replay would copy every layer's
 weights, inputs here, into its static buffers). Ragged rows are padded to Tb. Padding is
 harmless by construction (the RowCache rule): a padded query writes its key at a slot ≥ the
@@ -30,11 +30,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from trtspec.runtime.decoder_layer import PROJECT_ROWS, layer_fn, layer_weights, project
+
 SPAN_STEP = 32
-PROJECT_ROWS = 128  # up to this many rows, _project computes w · hᵀ
 MIN_CAPACITY = 512
 
 
@@ -88,7 +88,7 @@ class CompiledRunner:
         self._hkv = getattr(config, "num_key_value_heads", None) or self._hq
         self._d = getattr(config, "head_dim", None) or config.hidden_size // self._hq
         self._eps = float(config.rms_norm_eps)
-        self._weights = [_layer_weights(layer) for layer in decoder.layers]
+        self._weights = [layer_weights(layer) for layer in decoder.layers]
         self._vocab = vocab_size or self._head.weight.shape[0]
         eos = config.eos_token_id if eos_token_id is None else eos_token_id
         self._eos = eos[0] if isinstance(eos, list) else eos
@@ -103,11 +103,10 @@ class CompiledRunner:
         self.late_compiles = 0  # graphs compiled after a warm-up: each made a request wait
         self._warming = self._watch = False
         self.compiled, self.warn, self.cache_dir = compile, warn, cache_dir
-        self._eager = _layer_fn(self._hq, self._hkv, self._d, self._eps)
+        self._eager = layer_fn(self._hq, self._hkv, self._d, self._eps)
         self._graph: Callable[..., torch.Tensor] = self._eager
         self.shapes: set[tuple[int, int]] = set()  # (Bb, Tb) run compiled so far
         self._capture: list[int] = []  # layers whose outputs each forward keeps (heads)
-        self._kept: list[torch.Tensor] = []
         self.hidden: torch.Tensor | None = None  # [n, T, k·H] of the last call: rows from
         self.hidden_first, self.hidden_counts = 0, []  # hidden_first; tokens fed per batch row
         if compile:
@@ -216,7 +215,7 @@ class CompiledRunner:
         if compiled:
             graphs = _graphs_compiled()
             try:
-                x = self._layers(self._graph, x, cos, sin, mask, slots, rows, span)
+                x, kept = self._layers(self._graph, x, cos, sin, mask, slots, rows, span)
                 self.shapes.add((nb, tb))
                 if self._owner._warmed and not self._owner._warming and \
                         _graphs_compiled() > graphs:
@@ -229,16 +228,16 @@ class CompiledRunner:
                 compiled = False
                 x = self._embed(ids.to(self.device))  # writes went to uncommitted slots only
         if not compiled:
-            x = self._layers(self._eager, x, cos, sin, mask, slots, rows, span)
+            x, kept = self._layers(self._eager, x, cos, sin, mask, slots, rows, span)
         if self._capture:
-            self.hidden = torch.cat(self._kept, dim=-1)  # [Bb, Tb, k·H]: the rows scored only
+            self.hidden = torch.cat(kept, dim=-1)  # [Bb, Tb, k·H]: the rows scored only
             self.hidden_first = rows.start
         n = torch.tensor([counts[b] for b in rows], device=self.device)  # [Bb]
         if last_only:
             x = x[torch.arange(nb, device=self.device), (n - 1).clamp(min=0)][:, None]
         else:
             x = x[:, :width]
-        logits[rows.start: rows.stop] = _project(self._norm(x), self._head.weight
+        logits[rows.start: rows.stop] = project(self._norm(x), self._head.weight
                                                  ).float()[..., : self._vocab]
         for b in live:
             self._lengths[b] += counts[b]
@@ -246,7 +245,9 @@ class CompiledRunner:
 
     def _layers(self, layer: Callable[..., torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, rows: range,
-                span: int) -> torch.Tensor:
+                span: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Every decoder layer over x; returns the last one's output and the outputs of the
+        layers asked by capture_hidden, in their order."""
         sl = slice(rows.start, rows.stop)
         dynamic = layer is not self._eager
         keys, values = self._caches()
@@ -262,8 +263,7 @@ class CompiledRunner:
             x = layer(x, cos, sin, mask, slots, k, v, *w)
             if i in self._capture:
                 kept[i] = x
-        self._kept = [kept[i] for i in self._capture]
-        return x
+        return x, [kept[i] for i in self._capture]
 
     def _give_up(self, error: Exception) -> None:
         first = (str(error).strip().splitlines() or [""])[0][:160]
@@ -284,7 +284,7 @@ class CompiledRunner:
                 watch: bool = False) -> float:
         """Compile (or load from inductor's cache) every graph a batch of ``batch`` rows can
         need; returns seconds. Widths 1, 2 and one past PROJECT_ROWS cover every width
-        (_project switches there); one row, two rows and the whole batch cover every row range
+        (project switches there); one row, two rows and the whole batch cover every row range
         (part of the batch has strides the whole batch lacks, and a one-row view's strides are
         those of this batch size). It runs on scratch rows: a live KV cache is put back as it
         was. A batch size already warmed up returns at once; a view warms up its owner. With
@@ -339,74 +339,3 @@ class CompiledRunner:
 def _graphs_compiled() -> int:
     """Graphs dynamo has compiled in this process (its own counter)."""
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
-
-
-def _project(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """h [B, T, in] · wᵀ for w [out, in]: [B, T, out]. For up to PROJECT_ROWS rows on a CPU,
-    computed as w · hᵀ, a tall-skinny GEMM: measured with MKL, with the weights streaming from
-    memory, 2–8 rows run 2–4× faster than h · wᵀ (F.linear) and one row padded to two 1.5×
-    faster than any GEMV of it. Past ~128 rows (a prefill) F.linear is as fast or faster (10–35 %
-    at 512), and on a GPU cuBLAS runs skinny GEMMs well as they are."""
-    b, t, k = h.shape
-    m = b * t
-    if h.is_cuda or m > PROJECT_ROWS:
-        return F.linear(h, w)
-    rows = h.reshape(m, k)
-    if m == 1:
-        rows = F.pad(rows, (0, 0, 0, 1))  # [2, in]
-    out = torch.mm(w, rows.t())[:, :m].t()  # w·hᵀ [out, M′] → [M, out], made row-major below:
-    return out.contiguous().reshape(b, t, w.shape[0])  # a changed input stride would recompile
-
-
-def _layer_weights(layer: nn.Module) -> tuple[torch.Tensor | None, ...]:
-    """The layer's weights as the compiled layer takes them, [out, in] (see _project), with
-    q|k|v fused and gate|up fused: one GEMM each. The fused ones are copies: the model itself is
-    left as it was, for the eager runner and for transformers."""
-    a, m = layer.self_attn, layer.mlp
-    qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-    biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
-    bias = None if biases[0] is None else torch.cat(biases)
-    gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
-    return (layer.input_layernorm.weight, qkv, bias, a.o_proj.weight,
-            layer.post_attention_layernorm.weight, gate_up, m.down_proj.weight)
-
-
-def _layer_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., torch.Tensor]:
-    """One decoder layer as a pure function of its inputs (shapes next to tensors)."""
-
-    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
-
-    def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
-
-    def layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-              slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-              w_in: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
-              w_o: torch.Tensor, w_post: torch.Tensor, w_gate_up: torch.Tensor,
-              w_down: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape  # x [B, T, hidden]; cos/sin [B, T, d]; mask [B, 1, T, W]
-        qkv = _project(norm(x, w_in), w_qkv)  # [B, T, (Hq + 2 Hkv) d]
-        if b_qkv is not None:
-            qkv = qkv + b_qkv
-        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-        q = q.reshape(b, t, hq, d).transpose(1, 2)  # [B, Hq, T, d]
-        k = k.reshape(b, t, hkv, d).transpose(1, 2)  # [B, Hkv, T, d]
-        v = v.reshape(b, t, hkv, d).transpose(1, 2)
-        q, k = rope(q, cos[:, None], sin[:, None]), rope(k, cos[:, None], sin[:, None])
-        # k_cache/v_cache [W, B, Hkv, d], slot-major so that growing the capacity never
-        # changes a view's strides (no recompile); row b's token t goes to slot slots[b, t]
-        rows = torch.arange(b, device=slots.device)[:, None].expand(b, t)  # [B, T]
-        k_cache.index_put_((slots, rows), k.transpose(1, 2))  # k [B, Hkv, T, d]
-        v_cache.index_put_((slots, rows), v.transpose(1, 2))
-        out = F.scaled_dot_product_attention(
-            q, k_cache.permute(1, 2, 0, 3), v_cache.permute(1, 2, 0, 3), attn_mask=mask,
-            enable_gqa=hq != hkv)  # [B, Hq, T, d]
-        x = x + _project(out.transpose(1, 2).reshape(b, t, hq * d), w_o)
-        gate, up = _project(norm(x, w_post), w_gate_up).chunk(2, dim=-1)  # [B, T, I] each
-        return x + _project(F.silu(gate) * up, w_down)
-
-    return layer

@@ -1,0 +1,88 @@
+"""One Llama-family decoder layer as a pure function, for CompiledRunner to compile once and run
+for every layer (its weights are graph inputs), and the projection it computes every GEMM with.
+
+Why a function of its own: the same math serves the compiled graph and the eager fallback (a
+compiler failure must change nothing but speed), and a layer-skip draft of the same model reuses
+the one graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PROJECT_ROWS = 128  # up to this many rows, project computes w · hᵀ
+
+
+def project(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """h [B, T, in] · wᵀ for w [out, in]: [B, T, out]. For up to PROJECT_ROWS rows on a CPU,
+    computed as w · hᵀ, a tall-skinny GEMM: measured with MKL, with the weights streaming from
+    memory, 2–8 rows run 2–4× faster than h · wᵀ (F.linear) and one row padded to two 1.5×
+    faster than any GEMV of it. Past ~128 rows (a prefill) F.linear is as fast or faster (10–35 %
+    at 512), and on a GPU cuBLAS runs skinny GEMMs well as they are."""
+    b, t, k = h.shape
+    m = b * t
+    if h.is_cuda or m > PROJECT_ROWS:
+        return F.linear(h, w)
+    rows = h.reshape(m, k)
+    if m == 1:
+        rows = F.pad(rows, (0, 0, 0, 1))  # [2, in]
+    out = torch.mm(w, rows.t())[:, :m].t()  # w·hᵀ [out, M′] → [M, out], made row-major below:
+    return out.contiguous().reshape(b, t, w.shape[0])  # a changed input stride would recompile
+
+
+def layer_weights(layer: nn.Module) -> tuple[torch.Tensor | None, ...]:
+    """The layer's weights as the compiled layer takes them, [out, in] (see project), with
+    q|k|v fused and gate|up fused: one GEMM each. The fused ones are copies: the model itself is
+    left as it was, for the eager runner and for transformers."""
+    a, m = layer.self_attn, layer.mlp
+    qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+    biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+    bias = None if biases[0] is None else torch.cat(biases)
+    gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+    return (layer.input_layernorm.weight, qkv, bias, a.o_proj.weight,
+            layer.post_attention_layernorm.weight, gate_up, m.down_proj.weight)
+
+
+def layer_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., torch.Tensor]:
+    """One decoder layer as a pure function of its inputs (shapes next to tensors)."""
+
+    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+    def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+              slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              w_in: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
+              w_o: torch.Tensor, w_post: torch.Tensor, w_gate_up: torch.Tensor,
+              w_down: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape  # x [B, T, hidden]; cos/sin [B, T, d]; mask [B, 1, T, W]
+        qkv = project(norm(x, w_in), w_qkv)  # [B, T, (Hq + 2 Hkv) d]
+        if b_qkv is not None:
+            qkv = qkv + b_qkv
+        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+        q = q.reshape(b, t, hq, d).transpose(1, 2)  # [B, Hq, T, d]
+        k = k.reshape(b, t, hkv, d).transpose(1, 2)  # [B, Hkv, T, d]
+        v = v.reshape(b, t, hkv, d).transpose(1, 2)
+        q, k = rope(q, cos[:, None], sin[:, None]), rope(k, cos[:, None], sin[:, None])
+        # k_cache/v_cache [W, B, Hkv, d], slot-major so that growing the capacity never
+        # changes a view's strides (no recompile); row b's token t goes to slot slots[b, t]
+        rows = torch.arange(b, device=slots.device)[:, None].expand(b, t)  # [B, T]
+        k_cache.index_put_((slots, rows), k.transpose(1, 2))  # k [B, Hkv, T, d]
+        v_cache.index_put_((slots, rows), v.transpose(1, 2))
+        out = F.scaled_dot_product_attention(
+            q, k_cache.permute(1, 2, 0, 3), v_cache.permute(1, 2, 0, 3), attn_mask=mask,
+            enable_gqa=hq != hkv)  # [B, Hq, T, d]
+        x = x + project(out.transpose(1, 2).reshape(b, t, hq * d), w_o)
+        gate, up = project(norm(x, w_post), w_gate_up).chunk(2, dim=-1)  # [B, T, I] each
+        return x + project(F.silu(gate) * up, w_down)
+
+    return layer
