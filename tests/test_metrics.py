@@ -1,4 +1,4 @@
-"""SpecStats arithmetic and the chi-square helper."""
+"""SpecStats arithmetic and the latency definitions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import math
 import pytest
 
 from trtspec.metrics import SpecStats
-from trtspec.stats import chi_square_gof
 
 
 def test_record_round_and_derived_rates() -> None:
@@ -45,16 +44,6 @@ def test_empty_stats_are_nan_not_errors() -> None:
     s.close_request()
     assert math.isnan(s.acceptance_rate) and math.isnan(s.al_pooled)
     assert math.isnan(s.al_request_mean) and s.request_al == []
-
-
-def test_chi_square_pools_small_bins_and_flags_impossible_outcomes() -> None:
-    _, dof, p = chi_square_gof([500, 300, 195, 4, 1], [0.5, 0.3, 0.197, 0.002, 0.001])
-    assert dof == 2 and p > 0.5  # tail (3 expected) joins the smallest regular bin
-    assert chi_square_gof([500, 300, 191, 5, 4], [0.5, 0.3, 0.191, 0.005, 0.004])[1] == 3
-    assert chi_square_gof([10, 1], [1.0, 0.0])[2] == 0.0
-    assert chi_square_gof([600, 400], [0.5, 0.5])[2] < 1e-9
-    with pytest.raises(ValueError):
-        chi_square_gof([1, 2], [1.0])
 
 
 def test_latency_definitions_on_hand_built_timings() -> None:

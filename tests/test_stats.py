@@ -1,11 +1,19 @@
-"""stats: the cluster bootstrap's coverage under shared shocks, Holm and alpha spending by hand."""
+"""stats: the cluster bootstrap's coverage under shared shocks, Holm and alpha spending by hand,
+and the chi-square goodness of fit's pooling."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from trtspec.stats import holm, holm_threshold, look_alphas, speedup_interval, spent
+from trtspec.stats import (
+    chi_square_gof,
+    holm,
+    holm_threshold,
+    look_alphas,
+    speedup_interval,
+    spent,
+)
 
 
 def shocked(seed: int, turns: int = 24, size: int = 8, speedup: float = 1.2
@@ -59,3 +67,13 @@ def test_alpha_spending_by_hand() -> None:
     assert sum(looks) == pytest.approx(0.025)
     assert looks[0] == pytest.approx(0.025 * 0.947734 / 6.38906, rel=1e-5)  # e^{2/3} = 1.947734
     assert 0 < looks[0] < looks[1] < looks[2]  # most of α is spent late
+
+
+def test_chi_square_pools_small_bins_and_flags_impossible_outcomes() -> None:
+    _, dof, p = chi_square_gof([500, 300, 195, 4, 1], [0.5, 0.3, 0.197, 0.002, 0.001])
+    assert dof == 2 and p > 0.5  # tail (3 expected) joins the smallest regular bin
+    assert chi_square_gof([500, 300, 191, 5, 4], [0.5, 0.3, 0.191, 0.005, 0.004])[1] == 3
+    assert chi_square_gof([10, 1], [1.0, 0.0])[2] == 0.0
+    assert chi_square_gof([600, 400], [0.5, 0.5])[2] < 1e-9
+    with pytest.raises(ValueError):
+        chi_square_gof([1, 2], [1.0])

@@ -31,8 +31,9 @@ Terms, for one prompt:
               sequence x₀ … x₃ is a cell; each kept prefix also has a *rest* cell: the
               sequences that start with it but leave the kept tree after it (the root's rest
               is every sequence whose x₀ is not kept). Cells whose expected count is
-              < ``MIN_EXPECTED`` are pooled into one tail (:func:`~trtspec.stats.
-              chi_square_gof`); the cells are fixed by the exact P before counting
+              < ``MIN_EXPECTED`` are pooled into one tail
+              (:func:`~trtspec.stats.chi_square_gof`); the cells are fixed by the exact P
+              before counting
 * test        Pearson's chi-square of the counts per cell against N·P (dof = cells − 1); a
               sample whose token had probability 0 after a kept prefix is impossible: p = 0
 """

@@ -80,3 +80,28 @@ def test_layer_numbers_out_of_range_and_toy_runners_say_so() -> None:
     toy = ToyRunner.__new__(ToyRunner)
     with pytest.raises(ValueError, match="no hidden states"):
         toy.capture_hidden([0])
+
+
+def test_a_compiler_failure_mid_forward_keeps_the_eager_rerun_s_states(monkeypatch) -> None:
+    """The compiled graph fails on the second layer of a call: the eager re-run's states are the
+    ones kept (none of the failed attempt's), at the same positions."""
+    def flaky(fn, **kw):
+        calls = [0]
+
+        def call(*a, **k):
+            calls[0] += 1
+            if calls[0] == 2:
+                raise RuntimeError("the compiler gave up")
+            return fn(*a, **k)
+        return call
+
+    monkeypatch.setattr(torch, "compile", flaky)
+    model = tiny_llama(vocab=32, layers=3, seed=2)
+    lines: list[str] = []
+    runner = CompiledRunner(model, warn=lines.append)
+    runner.capture_hidden(LAYERS)
+    prompt = [3, 1, 4, 1, 5]
+    runner.prefill([prompt])
+    assert not runner.compiled and len(lines) == 1 and runner.lengths() == [5]
+    torch.testing.assert_close(captured(runner).row(0), reference(model, prompt),
+                               atol=1e-5, rtol=1e-4)

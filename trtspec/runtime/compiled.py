@@ -3,21 +3,21 @@
 Why: eager transformers spends a CPU decode step in module calls and unfused small ops, and runs
 its projections as ``x @ Wᵀ``, which BLAS serves slowly for the few rows of a decode or verify
 step. This decoder fuses q|k|v and gate|up (copies: the model is left as it was), computes every
-projection as ``W · xᵀ`` over rows padded to what BLAS runs fastest (see project), and inductor
-fuses norm, rotary, SiLU·mul and the cache write.
+projection as ``W · xᵀ`` over rows padded to what BLAS runs fastest (``decoder_layer.project``),
+and inductor fuses norm, rotary, SiLU·mul and the cache write.
 
-One decoder layer is compiled, not the whole model: every layer has the same shapes, so its
-weights are graph *inputs* and one graph serves all layers (and a layer-skip draft of the same
-model). Its dimensions are dynamic — the contiguous range of rows that take part (Bb), the new
-tokens per row (Tb) and the key/value slots attended (W) — so a growing context or another draft
-length never recompiles: about ten graphs per batch size, as size-1 dimensions specialise
-(Bb = 1 or more, Tb = 1 or more), several rows are either the whole batch or part of it (the
-cache view's strides differ; see warm_up) and project switches form past PROJECT_ROWS rows.
+One decoder layer (``decoder_layer.layer_fn``) is compiled, not the whole model: every layer has the
+same shapes, so its weights are graph *inputs* and one graph serves all layers (and a layer-skip
+draft of the same model). Its dimensions are dynamic — the contiguous range of rows that take part
+(Bb), the new tokens per row (Tb) and the key/value slots attended (W) — so a growing context or
+another draft length never recompiles: about ten graphs per batch size, as size-1 dimensions
+specialise (Bb = 1 or more, Tb = 1 or more), several rows are either the whole batch or part of it
+(the cache view's strides differ; see warm_up) and ``project`` switches form past PROJECT_ROWS rows.
 On a GPU this means inductor's kernels without CUDA graphs (a replay would copy every layer's
-weights, inputs here, into its static buffers). Ragged rows are padded to Tb. Padding is
-harmless by construction (the RowCache rule): a padded query writes its key at a slot ≥ the
-row's committed length, which the mask hides and the next real write overwrites. Inductor's
-on-disk cache lives under the build folder, so a second process reuses the kernels.
+weights, inputs here, into its static buffers). Ragged rows are padded to Tb. Padding is harmless by
+construction (the RowCache rule): a padded query writes its key at a slot ≥ the row's committed
+length, which the mask hides and the next real write overwrites. Inductor's on-disk cache lives
+under the build folder, so a second process reuses the kernels.
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ class CompiledRunner:
 
     def _allocate(self, batch: int, tokens: int) -> None:
         self._capacity = max(self._capacity, pow2(tokens, MIN_CAPACITY))
-        shape = (self._capacity, batch, self._hkv, self._d)  # slot-major: see _layer_fn
+        shape = (self._capacity, batch, self._hkv, self._d)  # slot-major: see layer_fn
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device)
                      for _ in self._weights]
         self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device)
