@@ -126,15 +126,20 @@ def test_a_spec_arm_that_never_meets_the_slo_is_shown_below() -> None:
     assert v.verdict == NO_GO and v.speedup == 0 and v.ci == (0.0, 0.0)
 
 
-def test_a_resumed_turn_is_timed_by_the_time_its_requests_ran() -> None:
-    """A c = 2 turn resumed an hour later: request a ran at 10.0–10.45, b at 3610.0–3610.65.
-    The span is the union of the intervals, 0.45 + 0.65 = 1.1 s, not 3600.65 s; overlapping
-    requests count their overlap once (10.0–10.45 and 10.2–10.85 → 0.85 s)."""
+def test_open_loop_goodput_is_attainment_at_the_offered_rate_not_busy_time() -> None:
+    """Open-loop arrivals at 0.5 req/s, 8 requests a turn at the same offsets in both arms
+    (sent at 0, 2, … 14 s), every request within the SLO: baseline E2E 0.4 s, spec 0.2 s. Both
+    arms serve the offered 0.5 req/s at 100 %: the goodput ratio is 1.0 (windows 14.4 s and
+    14.2 s: 8/14.2 ÷ 8/14.4 = 1.014). Busy time (the union of request intervals: 3.2 s vs
+    1.6 s) would have said 2.0."""
     from trtspec.goodput import turn_spans
 
-    apart = [record("spec", "a", 0.05, 0.04, start=10.0, block="t"),
-             record("spec", "b", 0.05, 0.06, start=3610.0, block="t")]
-    assert turn_spans(apart)["t"] == (pytest.approx(1.1), 2)
-    overlap = [record("spec", "a", 0.05, 0.04, start=10.0, block="t"),
-               record("spec", "b", 0.05, 0.06, start=10.2, block="t")]
-    assert turn_spans(overlap)["t"] == (pytest.approx(0.85), 2)
+    slo = Slo(ttft_ms=1000)
+    recs = []
+    for i in range(8):
+        recs += [record("baseline", f"r{i}", 0.4, 0.0, n=1, start=2.0 * i, block="t0"),
+                 record("spec", f"r{i}", 0.2, 0.0, n=1, start=100 + 2.0 * i, block="t0")]
+    shares = np.array(signed_shares(pairs(recs, "ngram/D4/c1"), slo))
+    ratio = float(goodput_ratio(shares[:, 0], shares[:, 1]))
+    assert ratio == pytest.approx(14.4 / 14.2) and f"{ratio:.1f}" == "1.0"
+    assert turn_spans([r for r in recs if r["arm"] == "spec"])["t0"] == (pytest.approx(14.2), 8)

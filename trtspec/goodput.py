@@ -6,17 +6,23 @@ Terms:
   (:class:`trtspec.recipe_decide.Slo`; a limit left out is not checked, a one-token output has
   no TPOT and meets that part). TTFT and TPOT by the one definition,
   :class:`trtspec.metrics.RequestTiming`.
-* **turn span** — the wall time one arm spent on one turn (``block``: the requests that ran
-  together): the length of the union of the turn's request intervals [send, end] in that arm.
-  The arms alternate turn by turn, so an arm's measured wall time is the sum of its turns'
-  spans. At c = 1 a turn is one request and its span is its E2E; with c closed-loop clients
-  the union runs from the first send to the last end. A union, not last end − first send: a
-  turn resumed after an interruption has records from two runs, hours apart, and the gap
-  between them is not time the arm spent.
-* **goodput** of an arm — requests that met the SLO / the sum of its turns' spans (requests
-  per second). With c closed-loop clients a faster arm finishes its turn sooner, so goodput
-  counts both speed and the SLO; with open-loop arrivals the turn's arrivals are the same in
-  both arms and goodput mostly counts the requests that met the SLO.
+* **turn window** — the arrival window of one arm's turn (``block``: the requests that ran
+  together): from its first send to its last end. The arms alternate turn by turn, so an
+  arm's measured time is the sum of its turns' windows. At c = 1 a turn is one request and
+  its window is its E2E. A turn cut by an interruption is measured again whole, in both arms
+  (:func:`trtspec.eval.run.cut_turns`), so a window never spans two runs.
+* **goodput** of an arm — requests that met the SLO / the sum of its turns' windows (requests
+  per second). What it measures depends on how requests arrive:
+
+  - *closed loop* (c clients, each sending its next request when the last one ends): a
+    faster arm ends its turn sooner, so goodput is the **capacity** the arm serves within
+    the SLO;
+  - *open loop* (``--request-rate``: arrivals at the same seeded offsets in both arms): the
+    window is the arrivals' own span plus the last request's latency, nearly the same in
+    both arms, so goodput is the **attainment** at the offered rate (the requests per second
+    that met the SLO out of those offered), not how fast the arm idles between arrivals. A
+    busy-time denominator (the union of the request intervals) would call an arm that
+    answers each request in half the time twice the goodput at the same offered load.
 * **goodput speedup** — spec goodput / baseline goodput (> 1: speculation serves more requests
   within the SLO). Its CI is the same cluster bootstrap as every speedup
   (:mod:`trtspec.stats`): turns are resampled whole, so each carries its own span.
@@ -29,7 +35,6 @@ when it met the SLO, negative when it missed. A resampled set of whole turns the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,21 +56,14 @@ def meets_slo(r: dict[str, Any], slo: Slo) -> bool:
 
 
 def turn_spans(records: Sequence[dict[str, Any]]) -> dict[Any, tuple[float, int]]:
-    """unit → (span in seconds, requests) of one arm's records, by :func:`unit_of`: the length
-    of the union of the turn's request intervals (module docstring)."""
+    """turn → (window in seconds, requests) of one arm's records, by :func:`unit_of`: from
+    the turn's first send to its last end (module docstring)."""
     intervals: dict[Any, list[tuple[float, float]]] = {}
     for r in records:
         t = RequestTiming.from_record(r)
         intervals.setdefault(unit_of(r), []).append((t.start, t.end))
-    spans = {}
-    for u, pieces in intervals.items():
-        covered, reach = 0.0, -math.inf
-        for start, end in sorted(pieces):
-            if end > reach:
-                covered += end - max(start, reach)
-                reach = end
-        spans[u] = (covered, len(pieces))
-    return spans
+    return {u: (max(e for _, e in pieces) - min(s for s, _ in pieces), len(pieces))
+            for u, pieces in intervals.items()}
 
 
 def signed_shares(matched: Sequence[Pair], slo: Slo) -> list[tuple[float, float]]:
@@ -122,8 +120,9 @@ def markdown_lines(table: dict[str, dict[str, float]] | None, slo: Slo | None) -
                           (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms)) if value is not None)
     lines = ["## Goodput at the SLO", "",
              f"Requests per second meeting {limits}, over the paired requests; an arm's time is "
-             "the sum of its turns' spans (the time its requests ran: the union of their "
-             "send-to-end intervals).", "",
+             "the sum of its turns' arrival windows (first send to last end). Closed-loop "
+             "clients: the capacity each arm serves within the SLO; open-loop arrivals: the "
+             "attainment at the offered rate.", "",
              "| condition | pairs | baseline met | spec met | baseline req/s | spec req/s | "
              "spec / baseline |", "|---|---:|---:|---:|---:|---:|---:|"]
     for condition, t in table.items():
