@@ -146,9 +146,10 @@ def test_arms_alternate_strictly_and_peak_rss_is_a_peak() -> None:
     assert peak_rss_mb() >= before + 150  # the peak remembers what the current RSS forgot
 
 
-def test_a_batch_cut_short_is_measured_again_whole(tmp_path: Path) -> None:
-    """Resume runs a partly recorded turn with all its requests (a c = 2 request is measured
-    beside the others, as the first run measured it) and records only the missing."""
+def test_a_batch_cut_short_is_measured_again_whole_in_both_arms(tmp_path: Path) -> None:
+    """Resume runs a partly recorded turn again whole, in both arms (a c = 2 request is
+    measured beside the others, and its baseline beside its spec run, not hours before it):
+    the turn's old records are replaced, every other record is kept as it was."""
     inputs = toy_inputs(n_requests=4)
     run_eval(tmp_path, inputs)
     path = tmp_path / "records.jsonl"
@@ -171,9 +172,13 @@ def test_a_batch_cut_short_is_measured_again_whole(tmp_path: Path) -> None:
         again = read_records(run_eval(tmp_path, inputs, resume=True))
     finally:
         trtspec.scheduler.Scheduler.submit = submit
-    assert len(sent) == 4  # the whole turn (4 requests at c = 2) again, not r1 alone
+    assert len(sent) == 2 * 4  # the whole turn (4 requests at c = 2) again, in both arms
     keys = Counter((r["condition"], r["arm"], r["request_id"]) for r in again)
     assert len(again) == len(records) and set(keys.values()) == {1}
+    turn = [r for r in again if r["condition"] == "draft_model/D2/c2"]
+    assert {r["wall_clock"] for r in turn} & {r["wall_clock"] for r in records} == set()
+    kept = [r for r in again if r["condition"] != "draft_model/D2/c2"]
+    assert kept == [r for r in records if r["condition"] != "draft_model/D2/c2"]
 
 
 def test_an_eval_with_an_adaptive_condition_end_to_end(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 from trtspec.eval.clients import cuda_in_use, peak_rss_mb, reset_peak_rss
 from trtspec.eval.workloads import WorkloadRequest
 from trtspec.executor import SpecExecutor
+from trtspec.files import write_atomic
 from trtspec.metrics import failed, on_eval_clock, unanswered
 from trtspec.sampling import SamplingParams
 
@@ -124,6 +125,12 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
         raise FileExistsError(f"{path} exists: pass --resume to continue that eval, or choose "
                               "another --eval-id")
     done = done_keys(path)
+    cut = cut_turns(inputs, done)
+    if cut:  # measured again whole, in both arms: a pair's two halves run minutes apart,
+        write_atomic(path, "".join(  # not one now and one from before the interruption
+            json.dumps(r) + "\n" for r in read_jsonl(path)
+            if (r["condition"], r["request_id"]) not in cut))
+        done = done_keys(path)
     total = len(inputs.conditions) * len(ARMS) * len(inputs.requests)
     finished = sum((c.key, arm, r.id) in done for c in inputs.conditions for arm in ARMS
                    for r in inputs.requests)  # of this call's: a round counts its own
@@ -176,6 +183,21 @@ def turn_size(concurrency: int, rate: float | None, total: int) -> int:
 def turns(requests: Sequence[WorkloadRequest], size: int) -> Iterator[list[WorkloadRequest]]:
     for i in range(0, len(requests), size):
         yield list(requests[i: i + size])
+
+
+def cut_turns(inputs: EvalInputs, done: set[tuple[str, str, str]]) -> set[tuple[str, str]]:
+    """(condition, request id) of every request of a turn that an interruption left measured
+    in part (some of its requests or one of its arms recorded, not all): a resumed eval drops
+    what that turn recorded and measures it again in both arms, so each pair's baseline and
+    spec ran side by side, not hours apart on a machine that may have changed."""
+    cut = set()
+    for condition in inputs.conditions:
+        size = turn_size(condition.concurrency, inputs.request_rate, len(inputs.requests))
+        for batch in turns(inputs.requests, size):
+            keys = {(condition.key, arm, r.id) for arm in ARMS for r in batch}
+            if keys & done and not keys <= done:
+                cut |= {(condition.key, r.id) for r in batch}
+    return cut
 
 
 def alternate(arms: tuple[str, ...], batch_index: int) -> tuple[str, ...]:
