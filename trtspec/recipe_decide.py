@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trtspec.recipe_methods import Strict
 
@@ -28,11 +28,12 @@ class Slo(Strict):
 class Decide(Strict):
     """Filled in by the decide step; validated now."""
 
-    primary_metric: Literal["tpot", "tpot_p50", "e2e_p50", "throughput", "goodput"] = Field(
+    primary_metric: Literal["tpot", "tpot_p50", "e2e_p50", "e2e_per_token_p50", "goodput"] = Field(
         "tpot_p50", description="tpot: geometric mean over requests of each one's baseline / "
-        "spec TPOT (paired, the most decisive); tpot_p50, e2e_p50, throughput: baseline / spec "
-        "median of TPOT, E2E, or E2E per output token; goodput: spec / baseline requests per "
-        "second that meet `slo`")
+        "spec TPOT (paired, the most decisive); tpot_p50, e2e_p50, e2e_per_token_p50: baseline "
+        "/ spec median of TPOT, E2E, or E2E per output token (a per-request latency: "
+        "`throughput` in older recipes, which is read as this); goodput: spec / baseline "
+        "requests per second that meet `slo`")
     min_speedup: float = Field(1.05, gt=0, description="GO needs the speedup shown above this "
                                "(one-sided, Holm over the report's cells); NO-GO when shown "
                                "below")
@@ -56,6 +57,13 @@ class Decide(Strict):
     slo: Slo | None = Field(None, description="the latency a request must meet to count in "
                             "goodput (TTFT and TPOT, each optional); needed by "
                             "primary_metric: goodput")
+
+    @field_validator("primary_metric", mode="before")
+    @classmethod
+    def _throughput_is_a_latency(cls, value: object) -> object:
+        """``throughput`` was the median E2E per output token of single requests, not tokens
+        per second of the arm: named for what it is, the old name still read."""
+        return "e2e_per_token_p50" if value == "throughput" else value
 
     @model_validator(mode="after")
     def _goodput_needs_slo(self) -> Decide:
