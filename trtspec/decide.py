@@ -7,7 +7,7 @@ category within it:
 * **speedup** of the recipe's ``decide.primary_metric``: ``tpot``, the geometric mean over
   requests of each request's baseline TPOT / spec TPOT (paired: a request's own length and
   context cancel, so a workload of unlike requests needs far fewer of them); ``tpot_p50``,
-  ``e2e_p50`` and ``throughput``, baseline / spec median of TPOT, E2E or E2E per output token
+  ``e2e_p50`` and ``e2e_per_token_p50``, baseline / spec median of TPOT, E2E or E2E per output token
   (two benchmark runs' medians compared); ``goodput``, spec / baseline requests per second
   that meet ``decide.slo`` (:mod:`trtspec.goodput`). With a 95 % CI from a *paired* bootstrap that
   resamples the independent unit (:mod:`trtspec.stats`): the request at c = 1, where the arms
@@ -56,19 +56,22 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.gates import greedy_gate, latency_gates, memory_gate, unit_of
+from trtspec.gates import greedy_gate, independent_units, latency_gates, memory_gate
 from trtspec.goodput import goodput_ratio, signed_shares
 from trtspec.metrics import RequestTiming, failed, unanswered
 from trtspec.recipe import Decide
 from trtspec.stats import (
     ALPHA,
     MIN_UNITS,
+    RESAMPLES,
     Interval,
     geomean_of_ratios,
     holm,
     holm_threshold,
     ratio_of_medians,
+    resamples_for,
     speedup_interval,
+    units_at_level,
     units_to_resolve,
 )
 
@@ -83,7 +86,7 @@ def statistic_for(metric: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray]
 SPEEDUP_MEANS = {"tpot": "the geometric mean over requests of each one's baseline / spec TPOT",
                  "tpot_p50": "baseline / spec median TPOT",
                  "e2e_p50": "baseline / spec median E2E",
-                 "throughput": "baseline / spec median E2E per output token",
+                 "e2e_per_token_p50": "baseline / spec median E2E per output token",
                  "goodput": "spec / baseline requests per second that meet decide.slo"}
 
 
@@ -123,10 +126,10 @@ def tpot(r: dict[str, Any]) -> float | None:
 
 def _metric(r: dict[str, Any], name: str) -> float | None:
     """Per-request seconds (lower is better) the speedup compares: TPOT, E2E, or E2E per
-    output token for ``throughput`` (prefill included)."""
+    output token for ``e2e_per_token_p50`` (prefill included)."""
     if name == "e2e_p50":  # tpot and tpot_p50: TPOT (below)
         return r["e2e_s"]
-    if name == "throughput":
+    if name == "e2e_per_token_p50":
         return r["e2e_s"] / r["output_tokens"] if r["output_tokens"] else None
     return tpot(r)
 
@@ -155,12 +158,6 @@ def pairs(records: Sequence[dict[str, Any]], condition: str, category: str | Non
             arms[r["arm"]][r["request_id"]] = r
     return [(arms["baseline"][k], arms["spec"][k]) for k in sorted(arms["spec"])
             if k in arms["baseline"]]
-
-
-def _units(matched: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[list[Any], str]:
-    """Unit ids per pair and the unit's name: "turn" when a turn holds several requests."""
-    units = [unit_of(b) for b, _ in matched]
-    return units, "turn" if len(set(units)) < len(units) else "request"
 
 
 def paired_speedup(base: np.ndarray, spec: np.ndarray, resamples: int = 2000, seed: int = 0,
@@ -206,10 +203,12 @@ def judge(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
 
 def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
             greedy: bool, category: str | None, seed: int, audit: dict[str, Any] | None,
-            needs_audit: bool, divergences: dict[tuple[str, str], dict[str, Any]]) -> _Cell:
+            needs_audit: bool, divergences: dict[tuple[str, str], dict[str, Any]],
+            resamples: int = RESAMPLES, interim: bool = False) -> _Cell:
     """Everything but the speedup test. ``audit`` is audit.json (None: not run);
     ``needs_audit``: no GO without it; ``divergences``: (condition, request id) → the eval's
-    divergences.jsonl entry.
+    divergences.jsonl entry; ``interim``: a look of an ``--until-decided`` eval, which leaves
+    the latency gates to the verdict taken at its end (tested once).
 
     Three kinds of finding: ``fails`` (a demonstrated problem: NO-GO), ``holds`` (not shown
     either way: INCONCLUSIVE at best) and ``caveats`` (the verdict stands; say it)."""
@@ -226,7 +225,7 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
         return _Cell(Verdict(condition, label, INCONCLUSIVE, nan, (nan, nan), len(kept)),
                      None, [], [f"{len(kept)} paired requests < min_requests "
                                 f"{criteria.min_requests}", *holds], 1.0)
-    units, unit = _units([(b, s) for b, s, *_ in kept])
+    units, unit = independent_units([b for b, *_ in kept])
     base = np.array([k[2] for k in kept])
     spec = np.array([k[3] for k in kept])
     count = len(set(units))
@@ -244,9 +243,10 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
                         "decide.slo or compare another metric)")
         point = float("nan")
     interval = speedup_interval(base, spec, units, criteria.min_speedup, unit, seed=seed,
-                                statistic=statistic) if count >= MIN_UNITS and point == point \
-        else None
-    fails, gate_holds, gate_caveats = latency_gates(matched, criteria, seed)
+                                statistic=statistic, resamples=resamples) \
+        if count >= MIN_UNITS and point == point else None
+    fails, gate_holds, gate_caveats = ([], [], []) if interim else \
+        latency_gates(matched, criteria, seed)
     holds += gate_holds
     caveats += gate_caveats
     fails += memory_gate(matched, criteria)
@@ -318,13 +318,20 @@ def _settle(cells: list[_Cell], criteria: Decide, alpha: float, least: int = 0
         if go[i]:
             shown.add(id(c))
             continue
-        needed = units_to_resolve(iv.units, iv.point, iv.ci, m)
-        more = (f"about {int(np.ceil(needed * c.per_unit))} paired requests in all would "
-                "narrow the 95 % CI past it" if needed else "the estimate sits on the threshold")
+        if v.level < iv.p_floor:  # resolution, not evidence: say so rather than "measure more"
+            c.holds.insert(0, f"speedup {span}: p = {v.p:.2g} cannot go below {iv.p_floor:.2g} "
+                              f"({iv.method}) and the level is {v.level:.2g}{holm_note}: "
+                              "judge it with more resamples")
+            continue
+        needed = units_at_level(iv, m, v.level) if iv.se == iv.se else \
+            units_to_resolve(iv.units, iv.point, iv.ci, m)
+        more = (f"about {int(np.ceil(needed * c.per_unit))} paired requests in all would show "
+                f"it at p ≤ {v.level:.2g}, the level it is judged at, if the spread stays as "
+                "measured" if needed else "the estimate sits on the threshold")
         if iv.ci[0] > m or iv.ci[1] < m:  # the 95 % CI clears it, the family's level does not
             c.holds.insert(0, f"speedup {span} is {'below' if below else 'above'} {m:.2f}× but "
                               f"not at the family-wise level: p = {v.p:.2g} > {v.level:.2g}"
-                              f"{holm_note}; measure more requests")
+                              f"{holm_note}; {more}")
         else:
             c.holds.insert(0, f"speedup {span} straddles {m:.2f}×: measure more requests "
                               f"({more})")
@@ -339,7 +346,7 @@ def decide(records: Sequence[dict[str, Any]], criteria: Decide, greedy: bool, se
            audit: dict[str, Any] | None = None, needs_audit: bool = False,
            divergences: Sequence[dict[str, Any]] = (),
            alphas: dict[str, float] | None = None,
-           families: dict[str, int] | None = None) -> list[Verdict]:
+           families: dict[str, int] | None = None, interim: bool = False) -> list[Verdict]:
     """A verdict per condition (category 'all') and per category within it.
 
     The speedup tests of every cell a report judges form one family: Holm keeps the chance of
@@ -347,14 +354,20 @@ def decide(records: Sequence[dict[str, Any]], criteria: Decide, greedy: bool, se
     that looked at its data more than once (``--until-decided``): each condition is judged at
     the α its last look spent, and the cells of one look form a family, counted at least as
     large as ``families`` (condition → the family size it was tested in at that look: Holm
-    over a family that later looks shrank would be too lenient)."""
+    over a family that later looks shrank would be too lenient). ``interim``: a look of an
+    ``--until-decided`` eval (the latency gates wait for the verdict at its end).
+
+    Bootstrap resamples are as many as the smallest level a cell can be judged at needs
+    (:func:`trtspec.stats.resamples_for`), so a p-value's resolution never holds a verdict."""
     by_pair = {(d["condition"], d["request_id"]): d for d in divergences}
-    cells = []
-    for condition in sorted({r["condition"] for r in records}):
-        for category in [None, *sorted({r["category"] for r in records
-                                        if r["condition"] == condition})]:
-            cells.append(_assess(records, condition, criteria, greedy, category, seed, audit,
-                                 needs_audit, by_pair))
+    keys = [(condition, category) for condition in sorted({r["condition"] for r in records})
+            for category in [None, *sorted({r["category"] for r in records
+                                            if r["condition"] == condition})]]
+    smallest = min([*(alphas or {}).values(), ALPHA]) / max(
+        [len(keys), *(families or {}).values()])
+    cells = [_assess(records, condition, criteria, greedy, category, seed, audit, needs_audit,
+                     by_pair, resamples_for(smallest), interim)
+             for condition, category in keys]
     by_alpha: dict[float, list[_Cell]] = {}
     for c in cells:
         by_alpha.setdefault((alphas or {}).get(c.verdict.condition, ALPHA), []).append(c)

@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 
 from trtspec.recipe import Decide
-from trtspec.stats import MIN_UNITS, cluster_replicates, units_to_resolve
+from trtspec.stats import MIN_UNITS, units_to_resolve
 
-P99_MIN, P90_MIN = 100, 20  # paired requests a gate needs before it may use p99 / p90
 Pair = tuple[dict[str, Any], dict[str, Any]]
 
 
@@ -33,62 +32,126 @@ def unit_of(r: dict[str, Any]) -> Any:
     return r["block"] if r.get("block") is not None else ("request", r["request_id"])
 
 
+def prompt_of(request_id: str) -> str:
+    """The prompt a request measured: ``--repeat`` copies ``id#2``, ``id#3`` … are the prompt
+    ``id`` measured again."""
+    head, _, tail = request_id.rpartition("#")
+    return head if head and tail.isdigit() and int(tail) >= 2 else request_id
+
+
+def independent_units(records: Sequence[dict[str, Any]]) -> tuple[list[Any], str]:
+    """Per record, the independent unit it belongs to, and the unit's name.
+
+    Requests of one turn share its shocks (:func:`unit_of`), and copies of one prompt
+    (``--repeat``) share what makes the prompt fast or slow (its acceptance, its length): a
+    unit is a connected group of turns that share prompts, so neither is counted as
+    independent evidence twice. Named "request" (each its own), "turn", "prompt" (each
+    prompt's copies, one request a turn) or "turn group" (turns joined by shared prompts)."""
+    parent: dict[Any, Any] = {}
+
+    def root(x: Any) -> Any:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    turns = [("turn", unit_of(r)) for r in records]
+    for r, t in zip(records, turns, strict=True):
+        a, b = root(t), root(("prompt", prompt_of(r["request_id"])))
+        if a != b:
+            parent[a] = b
+    units = [root(t) for t in turns]
+    if len(set(units)) == len(set(turns)):
+        return units, "turn" if len(set(turns)) < len(turns) else "request"
+    return units, "turn group" if len(set(turns)) < len(turns) else "prompt"
+
+
+GATE_LEVEL = 0.95  # two-sided coverage of a latency gate's interval
+_MISS = (1 - GATE_LEVEL) / 4  # each of the four order-statistic bounds behind it
+# independent observations a gate needs to bound p99 / p90 from above (1 − q^n ≥ 1 − miss)
+P99_MIN, P90_MIN = (math.ceil(math.log(_MISS) / math.log(q)) for q in (0.99, 0.90))
+
+
+def order_bounds(values: np.ndarray, q: float, miss: float, effective: int | None = None
+                 ) -> tuple[float, float]:
+    """Distribution-free bounds on the q-quantile of what ``values`` were drawn from: order
+    statistics X₍ₖ₎ ≤ Q_q ≤ X₍ⱼ₎, each missing with probability ≤ ``miss``: P(X₍ₖ₎ > Q_q) =
+    P(Bin(n, q) < k) and P(X₍ⱼ₎ < Q_q) = P(Bin(n, q) ≥ j). A side no order statistic reaches
+    is 0 or ∞. ``effective``: the number of independent units behind the values (turns whose
+    requests share shocks count as fewer observations): the ranks come from Bin(effective, q),
+    scaled to the sample."""
+    from scipy.stats import binom
+
+    x = np.sort(np.asarray(values, dtype=float))
+    n = len(x)
+    m = effective or n
+    k = int(binom.ppf(miss, m, q))  # the largest k with P(Bin < k) ≤ miss
+    k -= binom.cdf(k - 1, m, q) > miss
+    j = int(binom.ppf(1 - miss, m, q)) + 1  # the smallest j with P(Bin ≥ j) ≤ miss
+    low = x[max(int(np.floor(k * n / m)) - 1, 0)] if k >= 1 else 0.0
+    high = x[min(int(np.ceil(j * n / m)), n) - 1] if j <= m else math.inf
+    return float(low), float(high)
+
+
 def gate_percentile(n: int) -> int:
-    """The percentile a latency gate can estimate from n paired requests."""
+    """The percentile a latency gate can bound from n independent observations: the highest
+    of p99 (from ``P99_MIN``), p90 (from ``P90_MIN``) and the median whose upper
+    order-statistic bound exists."""
     return 99 if n >= P99_MIN else 90 if n >= P90_MIN else 50
 
 
-def paired_regression(base: np.ndarray, spec: np.ndarray, q: float, resamples: int = 2000,
-                      seed: int = 0, units: Sequence[Any] | None = None
-                      ) -> tuple[float, tuple[float, float]]:
-    """percentile_q(spec) / percentile_q(base) − 1 and its 95 % paired-bootstrap CI,
-    resampling ``units`` (default: each request its own)."""
-    def stat(b: np.ndarray, s: np.ndarray) -> np.ndarray:
-        return np.percentile(s, q, axis=-1) / np.percentile(b, q, axis=-1) - 1
-
-    units = list(range(len(base))) if units is None else units
-    point = float(stat(base, spec))
-    reps = cluster_replicates(base, spec, units, stat, resamples, seed)
-    g = len(set(units))
-    if g > 1:  # as for the speedup: a bootstrap of g units sees (g − 1)/g of their variance
-        reps = point + (reps - point) * math.sqrt(g / (g - 1))
-    low, high = np.percentile(reps, [2.5, 97.5])
-    return point, (float(low), float(high))
+def quantile_regression(base: np.ndarray, spec: np.ndarray, q: float,
+                        effective: int | None = None) -> tuple[float, tuple[float, float]]:
+    """percentile_q(spec) / percentile_q(base) − 1 and an interval that covers the true one
+    with probability ≥ ``GATE_LEVEL``: each side from order-statistic bounds of the two arms'
+    quantiles (:func:`order_bounds`), each bound missing with probability ≤ (1 − level)/4
+    (Bonferroni over the two arms and the two sides). No resampling, no normal tail: a p99
+    of n values is a statement about ~n/100 of them, which a bootstrap cannot widen."""
+    point = float(np.percentile(spec, q) / np.percentile(base, q) - 1)
+    s_low, s_high = order_bounds(spec, q / 100, _MISS, effective)
+    b_low, b_high = order_bounds(base, q / 100, _MISS, effective)
+    low = s_low / b_high - 1 if b_high > 0 else -1.0
+    high = s_high / b_low - 1 if b_low > 0 else math.inf
+    return point, (low, high)
 
 
 def latency_gates(matched: list[Pair], criteria: Decide,
                    seed: int) -> tuple[list[str], list[str], list[str]]:
     """TTFT and E2E regression gates: (fails, holds, caveats). A CI above the limit fails; a
     CI that straddles it holds the verdict at INCONCLUSIVE when the estimate itself is over the
-    limit, and is a caveat when the estimate is within it."""
+    limit, and is a caveat when the estimate is within it. Tested once, on the records there
+    are when the verdict is taken (an ``--until-decided`` eval's looks leave them out: a gate
+    tested at every look would spend its α again each time)."""
     fails, holds, caveats = [], [], []
     for name, limit in (("ttft_s", criteria.max_ttft_p99_regression),
                         ("e2e_s", criteria.max_e2e_p99_regression)):
-        both = [(b[name], s[name], unit_of(b)) for b, s in matched
+        both = [(b[name], s[name], b) for b, s in matched
                 if b.get(name) is not None and s.get(name) is not None and b[name] > 0]
         if len(both) < 2:
             continue
-        q = gate_percentile(len(both))
+        units = independent_units([x[2] for x in both])[0]
+        count = len(set(units))
+        q = gate_percentile(count)
         stat = f"{name.removesuffix('_s').upper()} {'median' if q == 50 else f'p{q}'}"
         base, spec = np.array([x[0] for x in both]), np.array([x[1] for x in both])
-        point, (low, high) = paired_regression(base, spec, q, seed=seed,
-                                               units=[x[2] for x in both])
-        span = f"95 % CI {100 * low:+.0f} … {100 * high:+.0f} %, limit {100 * limit:.0f} %"
-        count = len({x[2] for x in both})
-        if count < MIN_UNITS:  # a bootstrap of a few turns has no spread: nothing is shown
+        point, (low, high) = quantile_regression(base, spec, q, count)
+        shown_high = "∞" if high == math.inf else f"{100 * high:+.0f}"
+        span = (f"{100 * GATE_LEVEL:.0f} % order-statistic CI {100 * low:+.0f} … {shown_high} "
+                f"%, limit {100 * limit:.0f} %")
+        if count < MIN_UNITS:  # too few to bound anything: nothing is shown
             if point > limit:
                 holds.append(f"{stat} regression of {100 * point:+.0f} % measured on {count} "
-                             f"independent turn(s) (< {MIN_UNITS}): not judged; measure more "
-                             "turns")
+                             f"independent unit(s) (< {MIN_UNITS}): not judged; measure more")
             continue
         if low > limit:
             fails.append(f"{stat} regressed {100 * point:.0f} % ({span}, {len(both)} requests)")
             continue
         if high <= limit:
             continue
-        n = units_to_resolve(len(both), point, (low, high), limit)
+        n = None if high == math.inf else units_to_resolve(len(both), point, (low, high), limit)
         more = f"about {n} paired requests would resolve it" if n else \
-            "the estimate sits on the limit"
+            "the estimate sits on the limit" if abs(point - limit) < 0.01 else \
+            "more requests would bound the tail"
         if point > limit:
             holds.append(f"{stat} regression of {100 * point:+.0f} % measured but not "
                          f"demonstrated ({span}); {more}")

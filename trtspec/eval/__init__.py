@@ -161,7 +161,7 @@ def _until_decided(out: Path, recipe: Recipe, recipe_path: str | Path, selection
         verdicts = decide(read_records(out / RECORDS), recipe.decide,
                           recipe.sampling.temperature == 0, recipe.sampling.seed,
                           divergences=read_jsonl(out / DIVERGENCES), alphas=alphas,
-                          families=families)
+                          families=families, interim=True)  # gates: once, by decide at the end
         return {v.condition: (v.verdict, v.family) for v in verdicts if v.category == "all"}
 
     until_decided(out, plan, pool, budget, list(by_key), measure, judge,
