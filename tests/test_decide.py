@@ -437,3 +437,15 @@ def test_the_looks_of_an_eval_leave_the_latency_gates_to_its_end() -> None:
     final = decide(slow_first, CRITERIA, greedy=False)[0]
     assert interim.verdict == GO and not any("TTFT" in r for r in interim.reasons)
     assert final.verdict == NO_GO and final.reasons[0].startswith("TTFT median regressed")
+
+
+def test_a_level_the_units_cannot_reach_is_said_with_the_units_that_would() -> None:
+    """8 units: a bootstrap-t p never goes below 8·8⁻⁸ = 4.8e-7 (a resample of one unit 8 times
+    has no spread), so a cell judged at 1e-7 cannot be GO however clear: it says so, and that
+    9 units would reach it (9·9⁻⁹ = 2.6e-8), instead of "measure more" sized by a CI."""
+    criteria = CRITERIA.model_copy(update={"primary_metric": "tpot", "min_requests": 8})
+    v = judge(paired("ngram/D4/c1", 0.05, 0.025, n=8), "ngram/D4/c1", criteria, greedy=False,
+              alpha=1e-7)
+    assert v.verdict == INCONCLUSIVE and v.units == 8
+    assert "cannot go below" in v.reasons[0] and "the level is 1e-07" in v.reasons[0]
+    assert v.reasons[0].endswith("about 9 independent requests would reach it")

@@ -40,12 +40,12 @@ category within it:
   units, no audit where one is required). When the arms do not differ, noise moves a verdict
   between GO and INCONCLUSIVE, not to NO-GO.
 
-The cost model (:mod:`trtspec.cost_model`) estimates α, the per-token acceptance probability of
-Leviathan et al. (accepted / (accepted + rejected rounds), the i.i.d. maximum-likelihood
-estimate; not the acceptance *rate* accepted / proposed), and c, the cost of one drafted token
-in target steps from round times, and predicts the speedup from the drafts as proposed (=
-(1 − α^(D+1)) / ((1 − α)(D·c + 1)) when every round drafts D) next to the measured one and its
-CI.
+The cost model (:mod:`trtspec.cost_model`) estimates a, the per-token acceptance probability of
+Leviathan et al. (their α; a here, so it is not confused with the tests' significance level α):
+accepted / (accepted + rejected rounds), the i.i.d. maximum-likelihood estimate, not the
+acceptance *rate* accepted / proposed; and c, the cost of one drafted token in target steps
+from round times; and predicts the speedup from the drafts as proposed (= (1 − a^(D+1)) /
+((1 − a)(D·c + 1)) when every round drafts D) next to the measured one.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ from trtspec.stats import (
     MIN_UNITS,
     RESAMPLES,
     Interval,
+    bootstrap_floor,
     geomean_of_ratios,
     holm,
     holm_threshold,
@@ -72,6 +73,7 @@ from trtspec.stats import (
     resamples_for,
     speedup_interval,
     units_at_level,
+    units_for_floor,
     units_to_resolve,
 )
 
@@ -114,9 +116,43 @@ class Verdict:
     def speedup_text(self) -> str:
         return "—" if self.speedup != self.speedup else f"{self.speedup:.2f}×"  # NaN: no pairs
 
-    @property
-    def ci_text(self) -> str:
-        return "—" if self.ci[0] != self.ci[0] else f"{self.ci[0]:.2f}–{self.ci[1]:.2f}×"
+
+
+def ci_text(v: Verdict | dict[str, Any], criteria: Decide | None = None) -> str:
+    """A cell's 95 % CI, or "none: " and why it has none (a report never prints nan–nan).
+    ``v``: a Verdict or its decision.json form."""
+    low, high = v["ci"] if isinstance(v, dict) else v.ci
+    if low == low and high == high:
+        return f"{low:.2f}–{high:.2f}×"
+    return f"none: {no_interval_why(v, criteria)}"
+
+
+def ci_phrase(v: Verdict, criteria: Decide | None = None, name: str = "95 % CI") -> str:
+    """"95 % CI 1.20–1.40×", or "no 95 % CI: " and why, for a sentence."""
+    text = ci_text(v, criteria)
+    return f"no {name}: {text.removeprefix('none: ')}" if text.startswith("none: ") else \
+        f"{name} {text}"
+
+
+def no_interval_why(v: Verdict | dict[str, Any], criteria: Decide | None = None) -> str:
+    """Why a cell has no CI, from what decide found: no pairs, fewer than min_requests, no
+    speedup to bound (goodput with a baseline that met the SLO nowhere), or fewer independent
+    units than an interval needs."""
+    get = v.get if isinstance(v, dict) else lambda name: getattr(v, name)
+    n, speedup, units, unit = get("requests"), get("speedup"), get("units") or 0, get("unit")
+    least = criteria.min_requests if criteria else None
+    if not n:
+        return "no paired requests"
+    if least and n < least:
+        return f"{n} paired requests < min_requests {least}"
+    if speedup != speedup or speedup is None:
+        return ("the baseline met the SLO in no request, so there is no ratio to bound"
+                if criteria and criteria.primary_metric == "goodput" else
+                "no speedup to bound" if least else
+                "no speedup to bound (too few paired requests, or no ratio)")
+    if units < MIN_UNITS:
+        return f"{units} independent {unit or 'unit'}s < {MIN_UNITS}"
+    return "the interval could not be computed"
 
 
 def tpot(r: dict[str, Any]) -> float | None:
@@ -198,7 +234,8 @@ def judge(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
           alpha: float = ALPHA) -> Verdict:
     """One cell judged alone (a family of one): see :func:`decide`."""
     return _settle([_assess(records, condition, criteria, greedy, category, seed, audit,
-                            needs_audit, divergences or {})], criteria, alpha)[0]
+                            needs_audit, divergences or {}, resamples_for(alpha))],
+                   criteria, alpha)[0]
 
 
 def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
@@ -319,9 +356,12 @@ def _settle(cells: list[_Cell], criteria: Decide, alpha: float, least: int = 0
             shown.add(id(c))
             continue
         if v.level < iv.p_floor:  # resolution, not evidence: say so rather than "measure more"
-            c.holds.insert(0, f"speedup {span}: p = {v.p:.2g} cannot go below {iv.p_floor:.2g} "
-                              f"({iv.method}) and the level is {v.level:.2g}{holm_note}: "
-                              "judge it with more resamples")
+            short = bootstrap_floor(iv.units) > v.level
+            fix = (f"about {units_for_floor(v.level)} independent {iv.unit}s would reach it"
+                   if short else "judge it with more resamples")
+            c.holds.insert(0, f"speedup {span}: with {iv.units} {iv.unit}s its p = {v.p:.2g} "
+                              f"cannot go below {iv.p_floor:.2g} ({iv.method}) and the level "
+                              f"is {v.level:.2g}{holm_note}: {fix}")
             continue
         needed = units_at_level(iv, m, v.level) if iv.se == iv.se else \
             units_to_resolve(iv.units, iv.point, iv.ci, m)

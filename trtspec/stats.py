@@ -41,8 +41,10 @@ Terms:
     cluster-bootstrap standard error (widened by √(G/(G − 1)): a bootstrap of G units sees
     (G − 1)/G of their variance). A statistic of 0 or a replicate of 0 (a spec arm that met
     an SLO nowhere) has no log: the percentile bootstrap then.
-* **floor** — a bootstrap-t p cannot go below 1/(R + 1) for R resamples; ``trtspec decide``
-  draws as many as the smallest level it can compare with asks (:func:`resamples_for`).
+* **floor** — a bootstrap-t p cannot go below 1/(R + 1) for R resamples, nor below g·g⁻ᵍ with
+  g units (:func:`bootstrap_floor`: 5·10⁻⁷ at 8 units, 1.6·10⁻² at 4); ``trtspec decide`` draws
+  as many resamples as the smallest level it can compare with asks (:func:`resamples_for`),
+  and a cell whose units cannot reach its level says how many would.
 * **Holm** — over the m cells of a report (conditions × categories), the family-wise error
   (the chance that any GO, or any NO-GO, is wrong) stays ≤ α: sort p ascending and reject while
   p₍ᵢ₎ ≤ α / (m − i + 1).
@@ -65,6 +67,7 @@ import numpy as np
 
 ALPHA = 0.025  # one-sided, per direction: a 95 % two-sided CI
 RESAMPLES = 20000  # at least: p resolves to 5e-5 (more where a level asks, resamples_for)
+MAX_RESAMPLES = 1_000_000  # a million draws of a cell's units: seconds, not minutes
 MIN_UNITS = 8  # fewer independent units: no interval (a bootstrap of 3 turns is not one)
 
 
@@ -218,7 +221,7 @@ def speedup_interval(base: np.ndarray, spec: np.ndarray, units: Sequence[Hashabl
 
     g = len(set(units))
     point = float(statistic(base, spec))
-    floor = 1 / (1 + resamples)
+    floor = max(1 / (1 + resamples), bootstrap_floor(g))
     if statistic is geomean_of_ratios and g > 1:
         y, n = unit_sums(np.log(base) - np.log(spec), units)
         theta, (lo, hi), se, p_go, p_no = mean_log_interval(y, n, threshold, level,
@@ -345,10 +348,25 @@ def units_at_level(iv: Interval, limit: float, level: float) -> int | None:
     return max(high, iv.units + 1)
 
 
+def bootstrap_floor(g: int) -> float:
+    """The least a bootstrap-t p can be with g units, however many resamples: a resample that
+    draws one unit g times (probability g·g⁻ᵍ) has no spread and counts on both sides."""
+    return math.exp((1 - g) * math.log(g)) if g > 1 else 1.0
+
+
+def units_for_floor(level: float) -> int:
+    """The fewest units whose bootstrap-t floor (:func:`bootstrap_floor`) is below ``level``."""
+    g = 2
+    while bootstrap_floor(g) > level:
+        g += 1
+    return g
+
+
 def resamples_for(level: float) -> int:
-    """Bootstrap resamples whose resolution 1/(R + 1) is a twentieth of ``level`` or finer,
-    so a p-value's floor never stands between a cell and the level it is judged at."""
-    return max(RESAMPLES, math.ceil(20 / max(level, 1e-9)))
+    """Bootstrap resamples whose resolution 1/(R + 1) is a twentieth of ``level`` or finer, so
+    a p-value's floor never stands between a cell and the level it is judged at (at most
+    ``MAX_RESAMPLES``: a level below 2·10⁻⁵ is said to be out of reach instead)."""
+    return min(MAX_RESAMPLES, max(RESAMPLES, math.ceil(20 / max(level, 1e-12))))
 
 
 def chi_square_gof(counts: Sequence[float], probs: Sequence[float], min_expected: float = 5.0
