@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -51,9 +53,9 @@ def test_summary_says_where_it_is_go_and_what_would_change_it(tmp_path: Path) ->
     per_category = text.split("## Per category")[1].split("##")[0]
     assert "| ngram/D4/c1 | chat | **GO** |" in per_category
     assert "No verdict for" not in per_category  # every category had ≥ 6 pairs somewhere
-    cost = text.split("## Cost model")[1].split("##")[0]  # α 0.46, c 1.19: no D pays
+    cost = text.split("## Cost model")[1].split("##")[0]  # a 0.46, c 1.19: no D pays
     assert "| layer_skip/D2/c1 |" in cost and cost.split("| layer_skip/D2/c1 |")[1].split(
-        "\n")[0].rstrip().endswith("| 0 (do not speculate) |")
+        "\n")[0].rstrip().endswith("| 0 (do not speculate); no guide: the model misses |")
 
 
 @pytest.mark.skipif(BROWSER is None, reason="needs chromium for the headless render check")
@@ -85,8 +87,12 @@ def test_summary_names_the_categories_that_break_ranks() -> None:
                 Verdict("eagle/D3/c8", "all", INCONCLUSIVE, 1.1, (0.95, 1.3), 60),
                 Verdict("eagle/D3/c8", "code", GO, 1.4, (1.2, 1.6), 30)]
     lines = summary_lines(verdicts, {"cost_model": {}}, 1.05)
-    assert lines[1] == ("- **ngram: GO** for ngram/D4/c1 (1.60×, CI 1.30–1.90×) but NO-GO for "
-                        "chat.")
+    assert lines[1] == ("- **ngram: GO** for ngram/D4/c1 (1.60×, CI 1.30–1.90×). Within "
+                        "ngram/D4/c1, chat NO-GO (shown below 1.05×). `trtspec serve` picks D "
+                        "by the number of running requests, not by category: a policy that "
+                        "serves ngram/D4/c1 runs ngram at D = 4 on all traffic, so chat "
+                        "requests are speculated too, with no gain shown for them (send them "
+                        "to a plain-decoding server where that matters).")
     assert lines[0].startswith("- **eagle: not GO overall.** Best measured: eagle/D3/c8, 1.10×")
     assert lines[0].endswith(" Within eagle/D3/c8 it is GO for code.")
 
@@ -128,3 +134,174 @@ def test_a_sequential_eval_is_judged_at_its_looks_alpha_and_family_size(tmp_path
     verdicts, _ = make_decision(out, recipe, records)
     assert not any(v.verdict == "GO" for v in verdicts)
     assert any("cut short" in " ".join(v.reasons) for v in verdicts)
+
+
+def categorised_folder(tmp_path: Path, eval_json: dict | None = None) -> tuple[Path, list[dict]]:
+    """ngram/D4/c1 is GO over all its traffic, but only chat (30 requests, 2× faster) shows it:
+    code (12 requests, noisy, about 1.05×) is INCONCLUSIVE and story (3) too few to judge.
+    draft_model/D2/c1 has 5 pairs (< min_requests 6: no speedup), layer_skip/D2/c1 has 7 (a
+    speedup, but 7 units < 8: no interval)."""
+    out = tmp_path / "e"
+    out.mkdir()
+    shutil.copyfile(ROOT / "recipes" / "cpu-smollm2.yaml", out / "recipe.yaml")
+    parts = {"chat": paired("ngram/D4/c1", 0.050, 0.025, n=30, rounds=20, proposed=80,
+                            accepted=60),
+             "code": paired("ngram/D4/c1", 0.050, 0.048, n=12, noise=0.15, seed=3, rounds=20,
+                            proposed=80, accepted=10),
+             "story": paired("ngram/D4/c1", 0.050, 0.025, n=3, seed=4, rounds=20, proposed=80,
+                             accepted=60)}
+    rows = []
+    for category, part in parts.items():
+        rows += [r | {"category": category, "request_id": f"{category}-{r['request_id']}"}
+                 for r in part]
+    rows += (paired("draft_model/D2/c1", 0.05, 0.03, n=5, rounds=20, proposed=40, accepted=20)
+             + paired("layer_skip/D2/c1", 0.05, 0.03, n=7, rounds=20, proposed=40, accepted=20))
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if eval_json is not None:
+        (out / "eval.json").write_text(json.dumps(eval_json))
+    return out, rows
+
+
+def header(text: str) -> dict[str, str]:
+    """The report's header table, row → value."""
+    table = text.split("\n\n")[1]
+    return {line.split(" | ")[0].strip("| "): line.split(" | ", 1)[1].rstrip(" |")
+            for line in table.splitlines()[2:]}
+
+
+def test_the_header_table_says_what_ran_by_whom_and_the_criteria(tmp_path: Path) -> None:
+    """Hardware, model, precision, sampling, versions, git sha, overrides and the decide
+    criteria, one row each, from what eval.json recorded; an older folder says "not
+    recorded" where it has nothing."""
+    from trtspec.eval.folder import Selection
+
+    selection = Selection(overrides=("draft_lengths=[2, 4]", "target.dtype=auto"),
+                          max_tokens=32)
+    meta = {"recipe": "cpu-smollm2", "overrides": selection.all_overrides(),
+            "workloads": ["builtin"], "selection": asdict(selection), "requests": 52,
+            "provenance": {"versions": {"python": "3.11.7", "trtspec": "0.1.0",
+                                        "torch": "2.5.1", "tensorrt_llm": None},
+                           "git_sha": "ab" * 20, "git_dirty": True,
+                           "hardware": {"device": "cuda:0", "name": "NVIDIA H200",
+                                        "count": 1}}}
+    out, records = categorised_folder(tmp_path, meta)
+    recipe = load_recipe(out / "recipe.yaml", ["sampling.temperature=0.7",
+                                               *selection.all_overrides()])
+    make_decision(out, recipe, records)
+    text = (out / "report.md").read_text()
+    rows = header(text)
+    assert rows["hardware"] == "1 × NVIDIA H200 (cuda:0)"
+    assert rows["target model"] == "smollm2-135m-instruct"
+    assert rows["draft (methods)"] == ("draft_model (not in the recipe); layer_skip (layers=24); "
+                                       "ngram; not measured: eagle")
+    assert rows["conditions measured"] == ("draft_model: D 2; layer_skip: D 2; ngram: D 4 — at "
+                                           "concurrency 1")
+    assert rows["precision"] == "target bfloat16 (auto)"  # auto, resolved on the GPU it ran on
+    assert rows["sampling"] == ("temperature 0.7, top-p 1 (off), top-k 0 (off), max_tokens 32, "
+                                "seed 0")
+    assert rows["overrides"] == ("`--max-tokens 32`, `--set draft_lengths=[2, 4]`, "
+                                 "`--set target.dtype=auto`")
+    assert rows["trtspec version"].startswith("eval 0.1.0 · this report ")
+    assert "torch 2.5.1" in rows["trtspec version"]
+    assert rows["git sha"] == f"`{'ab' * 20}` with uncommitted changes"
+    assert rows["primary metric"].startswith("tpot: the geometric mean")
+    assert rows["min_speedup"].startswith("1.05×")
+    assert rows["min_requests"].startswith("6 paired requests per cell")
+    assert rows["significance level α"].startswith("2.5 % one-sided per direction, "
+                                                   "family-wise over")
+    prose = text.split("\n\n")[2]  # the paragraph under the table explains, the table says
+    assert prose.startswith("GO when the speedup") and "1.05×" not in prose
+    assert "<th>what</th><th>value</th>" in (out / "report.html").read_text()
+
+    old = tmp_path / "old"
+    old.mkdir()
+    out, records = categorised_folder(old)  # no eval.json: an eval from an older trtspec
+    make_decision(out, load_recipe(out / "recipe.yaml"), records)
+    rows = header((out / "report.md").read_text())
+    assert rows["git sha"].startswith("not recorded")
+    assert rows["overrides"] == "not recorded (no eval.json)"
+    assert rows["trtspec version"].startswith("eval: not recorded · this report ")
+    assert rows["hardware"] == "CPU (its model was not recorded)"  # the recipe's backend.device
+
+
+def test_a_cell_without_an_interval_says_why_instead_of_nan(tmp_path: Path) -> None:
+    from trtspec.decide import INCONCLUSIVE, Verdict, ci_text
+    from trtspec.recipe import Decide
+
+    out, records = categorised_folder(tmp_path)
+    recipe = load_recipe(out / "recipe.yaml", ["sampling.temperature=0.7"])
+    make_decision(out, recipe, records)
+    text = (out / "report.md").read_text()
+    assert not re.search(r"\bnan\b", text + (out / "report.html").read_text())
+    verdicts = text.split("## Verdict per condition")[1].split("##")[0]
+    assert "| draft_model/D2/c1 | INCONCLUSIVE | — | none: 5 paired requests < min_requests 6 |" \
+        in verdicts
+    assert "| none: 7 independent requests < 8 |" in verdicts.split("| layer_skip/D2/c1 |")[1]
+    summary = text.split("## Summary")[1].split("##")[0]
+    assert "(no 95 % CI: 7 independent requests < 8)" in summary
+    goodput = Decide(primary_metric="goodput", min_requests=6, slo={"tpot_ms": 50})
+    nan = float("nan")
+    no_ratio = Verdict("ngram/D4/c4", "all", INCONCLUSIVE, nan, (nan, nan), 40, units=10)
+    assert ci_text(no_ratio, goodput) == ("none: the baseline met the SLO in no request, so "
+                                          "there is no ratio to bound")
+    assert ci_text({"ci": [nan, nan], "requests": 0, "speedup": nan, "units": 0,
+                    "unit": "request"}) == "none: no paired requests"
+
+
+def test_a_go_with_categories_not_go_says_what_serving_it_does_to_them(tmp_path: Path) -> None:
+    """serve picks D by running requests, not by category: the report says that the GO
+    condition's INCONCLUSIVE categories run speculation too, with no gain shown."""
+    out, records = categorised_folder(tmp_path)
+    verdicts, decision = make_decision(out, load_recipe(out / "recipe.yaml",
+                                                        ["sampling.temperature=0.7"]), records)
+    cells = {v.category: v.verdict for v in verdicts if v.condition == "ngram/D4/c1"}
+    assert cells == {"all": "GO", "chat": "GO", "code": "INCONCLUSIVE", "story": "INCONCLUSIVE"}
+    assert decision["policy"]["method"] == "ngram"
+    summary = (out / "report.md").read_text().split("## Summary")[1].split("##")[0]
+    assert ("Within ngram/D4/c1, code INCONCLUSIVE (not shown above 1.05×), story "
+            "INCONCLUSIVE (too few requests to judge). `trtspec serve` picks D by the number "
+            "of running requests, not by category: the written policy runs ngram at D = 4 on "
+            "all traffic, so code and story requests are speculated too, with no gain shown "
+            "for them (send them to a plain-decoding server where that matters).") in summary
+
+
+def test_the_cost_model_shows_one_interval_per_figure(tmp_path: Path) -> None:
+    """Where the verdicts judge TPOT, the cost model's measured speedup is the verdict's
+    figure, its CI only in the verdict table; "explains the measurement?" says what that means
+    for planning D. Where they judge another metric, the TPOT figure is the cost model's own
+    and shows its CI, once."""
+    out = eval_folder(tmp_path)
+    records = [json.loads(x) for x in (out / "records.jsonl").open()]
+    verdicts, decision = make_decision(out, load_recipe(out / "recipe.yaml",
+                                                        ["sampling.temperature=0.7"]), records)
+    text = (out / "report.md").read_text()
+    cost = text.split("## Cost model")[1].split("\n## ")[0]
+    table = [line for line in cost.splitlines() if line.startswith("| ") and "/" in line]
+    assert len(table) == 3 and not any(re.search(r"\d–\d", line) for line in table)
+    assert "its 95 % CI is in that table" in cost
+    overall = {v.condition: v for v in verdicts if v.category == "all"}
+    for line in table:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[5] == overall[cells[0]].speedup_text  # the verdict's figure
+        model = decision["cost_model"][cells[0]]
+        assert model["measured_from"] == "verdict"
+        assert model["measured_ci"] == list(overall[cells[0]].ci)
+        assert cells[6] == {True: "yes: plan other D with its a and c",
+                            False: "no: do not extrapolate from it"}[
+            model["prediction_within_ci"]]
+        assert cells[7].endswith("; no guide: the model misses") == \
+            (model["prediction_within_ci"] is False)
+    assert "do not extrapolate from it: its recommended D is no guide" in cost
+    assert " α" not in cost.replace("Leviathan et al.'s α", "").replace(
+        "significance level α", "")  # acceptance is a; α is the tests' significance level
+
+    other = tmp_path / "e2e"
+    other.mkdir()
+    out = eval_folder(other)
+    make_decision(out, load_recipe(out / "recipe.yaml", ["sampling.temperature=0.7",
+                                                         "decide.primary_metric=e2e_p50"]),
+                  records)
+    cost = (out / "report.md").read_text().split("## Cost model")[1].split("\n## ")[0]
+    table = [line for line in cost.splitlines() if line.startswith("| ") and "/" in line]
+    assert all(len(re.findall(r"\(95 % CI \d\.\d\d–\d\.\d\d×\)", line)) == 1 for line in table)
+    assert "this TPOT figure and its CI appear only here" in cost

@@ -126,8 +126,9 @@ def markdown_lines(table: dict[str, dict[str, float]] | None, slo: Slo | None) -
              "| condition | pairs | baseline met | spec met | baseline req/s | spec req/s | "
              "spec / baseline |", "|---|---:|---:|---:|---:|---:|---:|"]
     for condition, t in table.items():
-        ratio = t["spec_rps"] / t["baseline_rps"] if t["baseline_rps"] else float("nan")
+        ratio = f"{t['spec_rps'] / t['baseline_rps']:.2f}×" if t["baseline_rps"] else \
+            "none: the baseline met the SLO in no request"
         lines.append(f"| {condition} | {t['requests']} | {t['baseline_met']:.0%} | "
                      f"{t['spec_met']:.0%} | {t['baseline_rps']:.2f} | {t['spec_rps']:.2f} | "
-                     f"{ratio:.2f}× |")
+                     f"{ratio} |")
     return lines

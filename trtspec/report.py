@@ -16,7 +16,10 @@ from trtspec.decide import (
     NO_GO,
     SPEEDUP_MEANS,
     Verdict,
+    ci_phrase,
+    ci_text,
     decide,
+    no_interval_why,
     pairs,
     requests_to_resolve,
     statistic_for,
@@ -26,10 +29,12 @@ from trtspec.eval.sequential import looks_lines
 from trtspec.gates import P90_MIN, P99_MIN
 from trtspec.goodput import goodput_table
 from trtspec.goodput import markdown_lines as goodput_lines
-from trtspec.metrics import arm_throughput, chosen_draft_lengths, drop_unpaired
+from trtspec.metrics import arm_throughput, chosen_draft_lengths, condition_parts, drop_unpaired
 from trtspec.policy import apply_where
-from trtspec.recipe import Recipe
+from trtspec.recipe import Decide, Recipe
+from trtspec.report_header import header_rows
 from trtspec.schedules import deployment, deployment_lines
+from trtspec.stats import MIN_UNITS
 
 
 def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, Any]]
@@ -69,13 +74,20 @@ def make_decision(out_dir: str | Path, recipe: Recipe, records: list[dict[str, A
             v.reasons.append(f"the eval is incomplete ({measured} of {expected} records "
                              "measured): resume it")
     metric = recipe.decide.primary_metric  # the cost model predicts TPOT: goodput's is not
+    # where the verdicts judge TPOT, the cost model tests its prediction against their figure
+    # and CI, so the report shows one interval per figure
+    figures = {v.condition: (v.speedup, v.ci) for v in verdicts if v.category == "all"
+               and v.speedup == v.speedup} if metric in ("tpot", "tpot_p50") else None
     models = cost_models(records, recipe.sampling.seed,
-                         statistic_for("tpot" if metric == "goodput" else metric))
-    decision = {"criteria": recipe.decide.model_dump(), "greedy": greedy,
+                         statistic_for("tpot" if metric == "goodput" else metric), figures)
+    decision = {"header": header_rows(out, recipe, records, verdicts, sequential),
+                "criteria": recipe.decide.model_dump(), "greedy": greedy,
                 "throughput": arm_throughput(records),
                 "draft_lengths": chosen_draft_lengths(records),
                 "verdicts": [asdict(v) for v in verdicts], "apply_where": apply_where(verdicts),
-                "sequential": sequential, "confirmation": side_by_side(out, verdicts),
+                "sequential": sequential,
+                "confirmation": side_by_side(out, verdicts,
+                                             lambda v: ci_text(v, recipe.decide)),
                 "workload_sources": sorted({str(r.get("source")) for r in records}),
                 "cost_model": models, "audit": audit,
                 "audit_applies": audit_applies, "endpoint_eval": endpoint,
@@ -98,20 +110,17 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
     c = recipe.decide
     lines = [
         f"# Speculative decoding: go / no-go — {recipe.name} ({eval_id})", "",
-        f"Criteria: primary metric **{c.primary_metric}** ({SPEEDUP_MEANS[c.primary_metric]}), "
-        f"GO when the speedup is shown above "
-        f"**{c.min_speedup:.2f}×** and no gate fails. " + _error_text(verdicts, decision)
-        + " Gates (TTFT tail "
-        f"regression ≤ {100 * c.max_ttft_p99_regression:.0f} %, E2E tail regression ≤ "
-        f"{100 * c.max_e2e_p99_regression:.0f} %, each failing only when its paired-bootstrap "
-        f"95 % CI lies above the limit; the tail is p99 from {P99_MIN} paired requests, p90 "
-        f"from {P90_MIN}, else the median; ≥ {c.min_requests} paired requests"
-        + (", greedy identity 100 % except numerical ties (target logit margin at the first "
-           "difference ≤ " + (f"{c.greedy_tie_margin:g}" if c.greedy_tie_margin is not None
-                              else "0.01 in float32, 0.1 in float16, 0.5 in bfloat16") + ")"
-           if decision["greedy"] else "")
-        + (", exactness audit passed" if c.require_audit and decision.get("audit_applies")
-           else "") + f", GPU memory headroom ≥ {100 * c.min_gpu_memory_headroom:.0f} %).",
+        *(["| what | value |", "|---|---|",
+            *(f"| {name} | {value} |" for name, value in decision["header"]), ""]
+          if decision.get("header") else []),
+        "GO when the speedup is shown above min_speedup and no gate fails. "
+        + _error_text(verdicts, decision) + " Each latency gate fails only when its 95 % "
+        "interval lies above its limit: distribution-free order-statistic bounds on each arm's "
+        f"tail (p99 from {P99_MIN} independent units, p90 from {P90_MIN}, else the median), "
+        "tested once, on every record the verdict uses."
+        + (" Greedy identity: every spec output equals its baseline except numerical ties "
+           "(target logit margin at the first difference within the tie margin)."
+           if decision["greedy"] else ""),
         "",
         "## Summary", "", *summary_lines(verdicts, decision, c.min_speedup), "",
         *([unpaired_note(decision["unpaired_records"]), ""]
@@ -122,7 +131,7 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
         "caveats |", "|---|---|---:|---|---:|---|---|---|"]
     for v in verdicts:
         if v.category == "all":
-            lines.append(_row(v))
+            lines.append(_row(v, c))
     if decision["greedy"]:
         lines += ["", "Greedy identity per condition (spec output = baseline output): "
                   + "; ".join(f"{v.condition}: {g['identical']} identical, {g['ties']} "
@@ -135,7 +144,7 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
     if decided:
         lines += ["| condition | category | verdict | speedup | 95 % CI | requests (units) | "
                   "p vs level | why | caveats |", "|---|---|---|---:|---|---:|---|---|---|",
-                  *(_row(v, True) for v in decided), ""]
+                  *(_row(v, c, True) for v in decided), ""]
     undecided = sorted({v.category for v in verdicts if v.category != "all"} -
                        {v.category for v in decided})
     if undecided:
@@ -150,27 +159,7 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
                          for c, (d, s, low) in entry["best_d"].items())
         lines.append(f"- **{method}**: GO for {', '.join(entry['go']) or 'no condition'}"
                      + (f"; best D per concurrency: {best}" if best else ""))
-    if decision["cost_model"]:
-        lines += ["", "## Cost model (Leviathan et al.)", "",
-                  "α = per-token acceptance probability, accepted / (accepted + rejected "
-                  "rounds) (the i.i.d. maximum-likelihood estimate; not accepted / proposed); "
-                  "c = cost of one drafted token in target steps, from round times (a round "
-                  "with n drafts lasts 1 + n·c steps); D̄ = drafts per round as proposed; "
-                  "predicted TPOT speedup = (1 + Σᵢ P(draft at i)·α^(i+1)) / (1 + D̄·c), which "
-                  "is (1 − α^(D+1)) / ((1 − α)(D·c + 1)) when every round drafts D; measured = "
-                  "baseline / spec TPOT median with its 95 % paired-bootstrap CI. The model "
-                  "holds where the prediction falls inside that CI; recommended D maximises "
-                  "Leviathan's formula at this α and c.", "",
-                  "| condition | α | c | D̄ | predicted | measured | 95 % CI | within CI | "
-                  "recommended D |", "|---|---:|---:|---:|---:|---:|---|---|---:|"]
-        for key, m in decision["cost_model"].items():
-            low, high = m.get("measured_ci", (float("nan"),) * 2)
-            best = m["recommended_d"] or "0 (do not speculate)"
-            lines.append(f"| {key} | {m['alpha']:.2f} | {m['c']:.2f} | "
-                         f"{m.get('mean_drafts', m['draft_len']):.2f} | "
-                         f"{m['predicted_speedup']:.2f}× | {m['measured_speedup']:.2f}× | "
-                         f"{low:.2f}–{high:.2f}× | "
-                         f"{'yes' if m.get('prediction_within_ci') else 'no'} | {best} |")
+    lines += cost_model_lines(decision["cost_model"], verdicts, c)
     if decision.get("draft_lengths"):
         lines += ["", "## Adaptive draft length", "",
                   "D chosen per round from the running requests' acceptance estimates and the "
@@ -222,10 +211,12 @@ def incomplete_note(decision: dict[str, Any]) -> str:
 
 def summary_lines(verdicts: list[Verdict], decision: dict[str, Any], threshold: float
                   ) -> list[str]:
-    """Per method, in words: where it is GO, else its best condition, why, and what would
-    change the verdict (more requests for a straddling CI; the draft cost the cost model says
-    would break even)."""
+    """Per method, in words: where it is GO (and what serving it does to the categories that
+    are not), else its best condition, why, and what would change the verdict (more requests
+    for a straddling CI; the draft cost the cost model says would break even)."""
     lines = []
+    criteria = Decide.model_validate(decision["criteria"]) if decision.get("criteria") \
+        else None
     overall = [v for v in verdicts if v.category == "all"]
     by_category: dict[str, list[Verdict]] = {}
     for v in verdicts:
@@ -235,17 +226,18 @@ def summary_lines(verdicts: list[Verdict], decision: dict[str, Any], threshold: 
         mine = [v for v in overall if v.condition.startswith(method + "/")]
         go = [v for v in mine if v.verdict == GO]
         if go:
-            where = "; ".join(f"{v.condition} ({v.speedup:.2f}×, CI {v.ci[0]:.2f}–"
-                              f"{v.ci[1]:.2f}×)"
-                              + _categories(by_category, v, NO_GO, " but NO-GO for {}")
+            where = "; ".join(f"{v.condition} ({v.speedup:.2f}×, {ci_phrase(v, criteria, 'CI')})"
                               for v in go)
             notes = [f"{v.condition}: {c}" for v in go for c in v.caveats]
             lines.append(f"- **{method}: GO** for {where}."
-                         + (f" Caveats: {'; '.join(notes)}." if notes else ""))
+                         + (f" Caveats: {'; '.join(notes)}." if notes else "")
+                         + "".join(served_anyway(by_category.get(v.condition, []), v,
+                                                 decision.get("policy"), threshold)
+                                   for v in go))
             continue
         best = max(mine, key=lambda v: v.speedup if v.speedup == v.speedup else -1.0)
         text = f"- **{method}: not GO overall.** Best measured: {best.condition}, "
-        text += (f"{best.speedup:.2f}× (95 % CI {best.ci[0]:.2f}–{best.ci[1]:.2f}×), "
+        text += (f"{best.speedup:.2f}× ({ci_phrase(best, criteria)}), "
                  if best.speedup == best.speedup else "")
         text += f"{best.verdict}: {'; '.join(best.reasons) or '—'}."
         text += _what_would_change(best, decision["cost_model"].get(best.condition), threshold)
@@ -253,6 +245,42 @@ def summary_lines(verdicts: list[Verdict], decision: dict[str, Any], threshold: 
                         for v in mine)
         lines.append(text)
     return lines or ["- No conditions were measured."]
+
+
+def served_anyway(cells: list[Verdict], v: Verdict, policy: dict[str, Any] | None,
+                  threshold: float) -> str:
+    """What serving GO condition ``v`` does with the traffic of its categories that are not GO
+    (``cells``: its per-category verdicts), or ''. `trtspec serve` picks the method and D by
+    the number of running requests, never by category, so that traffic is speculated too: a
+    reviewer must know the GO covers requests where no gain was shown."""
+    off = [c for c in cells if c.verdict != GO]
+    if not off:
+        return ""
+    method, d, _ = condition_parts(v.condition)
+    served = bool(policy) and policy.get("method") == method and any(
+        x == d for _, x in policy.get("schedule", []))
+    who = f"the written policy runs {method} at D = {d}" if served else \
+        f"a policy that serves {v.condition} runs {method} at D = {d}"
+    verdicts = ", ".join(f"{c.category} {c.verdict} ({_not_go_why(c, threshold)})"
+                         for c in off)
+    names = " and ".join(c.category for c in off)
+    held = any(c.verdict != NO_GO and c.ci[0] > threshold for c in off)  # a gain, held back
+    return (f" Within {v.condition}, {verdicts}. `trtspec serve` picks D by the number of "
+            f"running requests, not by category: {who} on all traffic, so {names} requests "
+            "are speculated too, " + ("without a GO of their own" if held else
+                                      "with no gain shown for them")
+            + " (send them to a plain-decoding server where that matters).")
+
+
+def _not_go_why(c: Verdict, threshold: float) -> str:
+    """A category's verdict other than GO, in a few words."""
+    if c.verdict == NO_GO:
+        return f"shown below {threshold:.2f}×" if c.ci[1] < threshold else "a gate failed"
+    if c.speedup != c.speedup:
+        return "too few requests to judge"
+    if c.ci[0] > threshold:
+        return "speedup shown, but a check holds it"
+    return f"not shown above {threshold:.2f}×"
 
 
 def _categories(by_category: dict[str, list[Verdict]], v: Verdict, verdict: str, form: str
@@ -269,33 +297,106 @@ def _what_would_change(v: Verdict, model: dict[str, Any] | None, threshold: floa
             return f" About {needed} paired requests would resolve it (the CI narrows as 1/√n)."
         return " The speedup sits at the threshold: more requests will not make it a clear GO."
     if model and v.speedup == v.speedup and v.speedup < threshold:
-        d, alpha = model["draft_len"], model["alpha"]
+        d, a = model["draft_len"], model["alpha"]  # a: per-token acceptance
         if not isinstance(d, int):  # adaptive: the D its rounds drafted on average
             d = max(1, round(model.get("mean_drafts") or 1))
-        c_max = (leviathan(alpha, d, 0.0) / threshold - 1) / d if d else 0.0
+        rough = " (a rough guide: the cost model does not explain this condition's " \
+            "measurement)" if model.get("prediction_within_ci") is False else ""
+        c_max = (leviathan(a, d, 0.0) / threshold - 1) / d if d else 0.0
         if c_max <= 0:
-            return (f" At acceptance α = {alpha:.2f} even a free draft cannot reach "
-                    f"{threshold:.2f}× with D = {d}: acceptance must rise.")
-        return (f" To reach {threshold:.2f}× at α = {alpha:.2f}, D = {d}, a draft step must cost "
-                f"≤ {c_max:.2f} target steps (measured c = {model['c']:.2f}).")
+            return (f" At per-token acceptance a = {a:.2f} even a free draft cannot reach "
+                    f"{threshold:.2f}× with D = {d}: acceptance must rise{rough}.")
+        return (f" To reach {threshold:.2f}× at per-token acceptance a = {a:.2f}, D = {d}, a "
+                f"draft step must cost ≤ {c_max:.2f} target steps (measured c = "
+                f"{model['c']:.2f}){rough}.")
     return ""
 
 
-def _row(v: Verdict, with_category: bool = False) -> str:
+def _row(v: Verdict, criteria: Decide, with_category: bool = False) -> str:
     mark = f"**{v.verdict}**" if v.verdict == GO else v.verdict  # plain words: fonts vary
     cat = f" {v.category} |" if with_category else ""
     units = f" ({v.units} {v.unit}s)" if v.unit == "turn" and v.units else ""
     test = "—" if v.p != v.p or v.level != v.level else f"p = {v.p:.2g} vs {v.level:.2g}"
-    return (f"| {v.condition} |{cat} {mark} | {v.speedup_text} | {v.ci_text} | {v.requests}"
+    return (f"| {v.condition} |{cat} {mark} | {v.speedup_text} | {ci_text(v, criteria)} | "
+            f"{v.requests}"
             f"{units} | {test} | {'; '.join(v.reasons) or '—'} | {'; '.join(v.caveats) or '—'} |")
+
+
+def cost_model_lines(models: dict[str, dict[str, Any]], verdicts: list[Verdict],
+                     criteria: Decide) -> list[str]:
+    """The cost model's section: per condition a, c, D̄, the prediction beside the measured
+    speedup, and what the comparison means for planning D. The measured figure is the
+    verdict's where the verdicts judge TPOT, and then its CI is left to the verdict table: one
+    interval per figure."""
+    if not models:
+        return []
+    overall = {v.condition: v for v in verdicts if v.category == "all"}
+    own = [m for m in models.values() if m.get("measured_from", "tpot") != "verdict"]
+    means = SPEEDUP_MEANS["tpot" if criteria.primary_metric in ("tpot", "goodput")
+                          else "tpot_p50"]
+    verdict_s = ("measured = the verdict table's speedup of the same condition (its 95 % CI "
+                 "is in that table)")
+    if not own:
+        measured = verdict_s
+    elif criteria.primary_metric not in ("tpot", "tpot_p50"):
+        measured = (f"measured = {means}, with its 95 % paired CI (the verdicts judge "
+                    f"{criteria.primary_metric}: this TPOT figure and its CI appear only here)")
+    else:  # the verdict had no speedup for some: the cost model measured its own
+        measured = f"{verdict_s}, or where the verdict has none, {means} with its 95 % CI here"
+    lines = ["", "## Cost model (Leviathan et al.)", "",
+             "a = per-token acceptance probability (Leviathan et al.'s α, called a here so it "
+             "is not confused with the tests' significance level α), accepted / (accepted + "
+             "rejected rounds) (the i.i.d. maximum-likelihood estimate; not accepted / "
+             "proposed); c = cost of one drafted token in target steps, from round times (a "
+             "round with n drafts lasts 1 + n·c steps); D̄ = drafts per round as proposed; "
+             "predicted TPOT speedup = (1 + Σᵢ P(draft at i)·a^(i+1)) / (1 + D̄·c), which is "
+             "(1 − a^(D+1)) / ((1 − a)(D·c + 1)) when every round drafts D; " + measured + ".",
+             "",
+             "**Explains the measurement?** Yes when the prediction falls inside the measured "
+             "speedup's 95 % CI: a and c account for the speedup, so they can plan other D, "
+             "and the recommended D (the one that maximises the prediction) is worth "
+             "measuring. No when it falls outside: something the model leaves out (acceptance "
+             "that varies by position or request, overhead beyond 1 + D·c) moves the speedup, "
+             "so do not extrapolate from it: its recommended D is no guide; measure D instead.",
+             "", "| condition | a | c | D̄ | predicted | measured | explains the measurement? "
+             "| recommended D |", "|---|---:|---:|---:|---:|---:|---|---|"]
+    for key, m in models.items():
+        best = str(m["recommended_d"] or "0 (do not speculate)")
+        low, high = m.get("measured_ci") or (float("nan"),) * 2
+        value = f"{m['measured_speedup']:.2f}×"
+        if m.get("measured_from", "tpot") != "verdict":  # a figure of its own: its CI, once
+            if low == low and high == high:
+                value += f" (95 % CI {low:.2f}–{high:.2f}×)"
+            why = f"{m.get('measured_units', 0)} independent units < {MIN_UNITS}"
+        else:
+            why = no_interval_why(overall[key], criteria) if key in overall else "no verdict"
+        within = m.get("prediction_within_ci")
+        if within:
+            verdict = "yes: plan other D with its a and c"
+        elif within is None:
+            verdict = f"untested: no 95 % CI ({why})"
+            best += "; untested"
+        else:
+            verdict = "no: do not extrapolate from it"
+            best += "; no guide: the model misses"
+        lines.append(f"| {key} | {m['alpha']:.2f} | {m['c']:.2f} | "
+                     f"{m.get('mean_drafts', m['draft_len']):.2f} | "
+                     f"{m['predicted_speedup']:.2f}× | {value} | {verdict} | {best} |")
+    return lines
 
 
 def _error_text(verdicts: list[Verdict], decision: dict[str, Any]) -> str:
     """How the speedup tests' error is controlled, in words."""
     families = sorted({(v.alpha, v.family) for v in verdicts if v.family}, reverse=True)
-    text = ("Each cell's speedup (condition × category) has a one-sided p-value from a paired "
-            "bootstrap that resamples the independent unit: the request at c = 1, the turn "
-            "(requests that ran together) at c > 1 or with a request rate. ")
+    units = sorted({v.unit for v in verdicts if v.units})
+    text = ("Each cell's speedup (condition × category) has a one-sided p-value over its "
+            "independent units (here: " + (", ".join(f"{u}s" for u in units) or "none") + "; "
+            "the request at c = 1, the turn of requests that ran together at c > 1 or with a "
+            "request rate, and a prompt's `--repeat` copies together as one): for the geometric "
+            "mean of per-request ratios, the larger of Student's t (G − 1 degrees of freedom) "
+            "and the bootstrap-t's, calibrated at the small levels below "
+            "(`benchmarks/bench_calibration.py`); for a ratio of medians or goodput, Student's "
+            "t on a cluster-bootstrap standard error. ")
     if not families:
         return text
     if looks := decision.get("sequential"):
@@ -306,7 +407,8 @@ def _error_text(verdicts: list[Verdict], decision: dict[str, Any]) -> str:
     return text + (f"Holm's step-down keeps the chance of any wrong GO, and of any wrong "
                    f"speedup NO-GO, ≤ the family-wise error per direction ({spent}); 'p vs "
                    "level' is the one-sided p on the side of the estimate and what it was "
-                   "compared with. The gates are tested per cell at 2.5 %, outside that family.")
+                   "compared with. The latency gates are tested per cell at 2.5 % per side, "
+                   "outside that family, once: an eval's looks leave them out.")
 
 
 def _more_requests_text(decision: dict[str, Any]) -> str:

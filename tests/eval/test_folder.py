@@ -312,3 +312,23 @@ def test_repeat_measures_each_request_again_as_a_request_of_its_own(tmp_path: Pa
     out.mkdir()
     (out / "eval.json").write_text(json.dumps({"selection": {"repeat": 3}}))
     assert stored_selection(out).repeat == 3
+
+
+def test_a_new_eval_records_who_measured_it_and_its_command_line(tmp_path: Path) -> None:
+    """eval.json keeps what the report's header shows a reviewer: trtspec's version, the git
+    commit of the source that ran (this checkout's HEAD), the hardware, and the flags."""
+    from importlib.metadata import version
+
+    jsonl = str(_workload(tmp_path / "w.jsonl"))
+    selection = Selection.make([jsonl], max_tokens=16, ignore_eos=True,
+                               overrides=["draft_lengths=[2]"])
+    out, *_ = _start(tmp_path, selection)
+    seen = json.loads((out / "eval.json").read_text())["provenance"]
+    assert seen["versions"]["trtspec"] == version("trtspec")
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=False).stdout.strip()
+    assert seen["git_sha"] == (head or None) and isinstance(seen["git_dirty"], bool)
+    assert seen["hardware"]["device"] == "cpu" and seen["hardware"]["count"] >= 1
+    assert selection.flags() == [f"--workload {jsonl}", "--max-tokens 16", "--ignore-eos",
+                                 "--set draft_lengths=[2]"]
+    assert Selection().flags() == []

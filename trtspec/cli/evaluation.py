@@ -271,7 +271,8 @@ def print_summary(out: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     table = Table(title=f"eval {out.name}")
     for column in ("condition", "requests", "TPOT p50 base→spec ms", "speedup TPOT p50",
-                   "AL pooled", "AL per-request", "acceptance rate", "α", "mean D", "failed"):
+                   "AL pooled", "AL per-request", "acceptance rate", "a per token", "mean D",
+                   "failed"):  # a: acceptance probability (α is the tests' significance)
         table.add_column(column, justify="left" if column == "condition" else "right")
     unpaired = 0
     for key, entry in summary.items():

@@ -296,6 +296,7 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool, gpu: str | No
     """Go / no-go per condition for an eval; writes report.html, report.md and decision.json
     next to the records and logs them to the eval's MLflow run. Exit 0 when every condition is
     GO, 1 otherwise (NO-GO or INCONCLUSIVE), 2 on error: usable as a CI gate."""
+    from trtspec.decide import ci_text
     from trtspec.eval import eval_recipe, require_files
     from trtspec.eval.run import read_records
     from trtspec.recipe import RecipeError
@@ -320,8 +321,8 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool, gpu: str | No
     for v in verdicts:
         if v.category == "all":
             why = v.reasons + [f"caveat: {c}" for c in v.caveats]
-            table.add_row(v.condition, v.verdict, v.speedup_text, v.ci_text,
-                          "; ".join(why) or "—")
+            table.add_row(v.condition, v.verdict, v.speedup_text,
+                          ci_text(v, recipe.decide), "; ".join(why) or "—")
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     for note in (decision["unpaired_records"] and unpaired_note(decision["unpaired_records"]),
                  incomplete_note(decision)):

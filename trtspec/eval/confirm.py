@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,12 @@ def confirm_plan(original: Path, recipe_path: str | Path, seed: int
     return selection, recipe, keys, fresh
 
 
-def side_by_side(confirm_dir: Path, verdicts: list[Any]) -> list[str]:
-    """Report lines: each confirmed condition's verdict in the original eval and here."""
+def side_by_side(confirm_dir: Path, verdicts: list[Any],
+                 interval: Callable[[Any], str] | None = None) -> list[str]:
+    """Report lines: each confirmed condition's verdict in the original eval and here.
+    ``interval``: a cell's 95 % CI in words, given a Verdict or its decision.json form (the
+    report's says why a cell has none); by default the CI, or "no interval"."""
+    interval = interval or _interval
     from trtspec.eval.folder import meta_if_any
 
     original = meta_if_any(confirm_dir).get(CONFIRMS)
@@ -92,8 +97,13 @@ def side_by_side(confirm_dir: Path, verdicts: list[Any]) -> list[str]:
         if v.category != "all":
             continue
         b = before.get(v.condition, {})
-        there = (f"{b['speedup']:.2f}× ({b['ci'][0]:.2f}–{b['ci'][1]:.2f}×)"
-                 if b.get("speedup") == b.get("speedup") and b else "—")
+        there = (f"{b['speedup']:.2f}× ({interval(b)})"
+                 if b and b.get("speedup") == b.get("speedup") else "—")
         lines.append(f"| {v.condition} | {Path(original).name} | {b.get('verdict', '—')} | "
-                     f"{there} | {v.verdict} | {v.speedup_text} ({v.ci_text}) |")
+                     f"{there} | {v.verdict} | {v.speedup_text} ({interval(v)}) |")
     return lines
+
+
+def _interval(v: Any) -> str:
+    low, high = v["ci"] if isinstance(v, dict) else v.ci
+    return f"{low:.2f}–{high:.2f}×" if low == low and high == high else "no interval"

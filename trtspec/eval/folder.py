@@ -79,6 +79,22 @@ class Selection:
     def all_overrides(self) -> list[str]:
         return [*self.overrides, *self.knob_overrides()]
 
+    def flags(self) -> list[str]:
+        """The command-line flags that chose this selection, as a user would type them (empty:
+        the recipe as written): what a report shows a reviewer under "overrides"."""
+        out = []
+        for name, flag in _FLAGS.items():
+            value = getattr(self, name)
+            if value in (None, (), False) or (name == "repeat" and value == 1):
+                continue
+            if value is True:  # a switch: --ignore-eos
+                out.append(flag)
+            elif name in ("overrides", "workloads"):  # one flag per item
+                out += [f"{flag} {v}" for v in value]
+            else:
+                out.append(f"{flag} {_show(name, value)}")
+        return out
+
 
 _FLAGS = {"workloads": "--workload", "per_category": "--per-category",
           "num_prompts": "--num-prompts", "repeat": "--repeat", "max_tokens": "--max-tokens",
@@ -329,8 +345,78 @@ def start(recipe_path: str | Path, selection: Selection, eval_id: str | None,
                               "--eval-id") from None
     shutil.copyfile(recipe_path, out / "recipe.yaml")
     meta["folder_id"] = uuid.uuid4().hex  # tells this folder's MLflow runs from another's
+    meta["provenance"] = provenance(recipe, endpoint="endpoint" in meta)
     write_atomic(out / EVAL_META, json.dumps(meta, indent=2) + "\n")
     return out, recipe, requests, selection, True
+
+
+def provenance(recipe: Recipe, endpoint: bool) -> dict[str, Any]:
+    """What a reviewer needs to trace an eval's numbers to the code and machine that made them:
+    the versions (trtspec, python, torch, transformers, tensorrt_llm), the git commit of the
+    trtspec source that ran and whether its tracked files differed from it (None: not run from
+    a git checkout), and the hardware the models ran on (None for an endpoint eval: the
+    server's hardware is not visible to its client). Folders from before this was stored have
+    none; the report says "not recorded" rather than guess."""
+    from trtspec.manifest import versions
+
+    sha, dirty = source_revision()
+    return {"versions": versions(), "git_sha": sha, "git_dirty": dirty,
+            "hardware": None if endpoint else hardware(recipe)}
+
+
+def source_revision() -> tuple[str | None, bool]:
+    """(the commit of the git checkout trtspec runs from, whether its tracked files have
+    uncommitted changes); (None, False) when trtspec is not tracked by git where it is
+    installed (a wheel, or a virtualenv inside some other repository)."""
+    import subprocess
+
+    package = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(package), *args], capture_output=True,
+                              text=True, timeout=10, check=False)
+
+    try:
+        if git("ls-files", "--error-unmatch", "__init__.py").returncode != 0:
+            return None, False
+        sha = git("rev-parse", "HEAD").stdout.strip()
+        changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    except (OSError, subprocess.SubprocessError):  # no git, or it hung
+        return None, False
+    return sha or None, bool(sha and changed)
+
+
+def hardware(recipe: Recipe) -> dict[str, Any]:
+    """The device an in-process eval's models run on: ``device`` (cpu, cuda:0, …), ``name``
+    (the GPU as its driver names it, or the CPU model), ``count`` (GPUs the target spans, or
+    CPU cores)."""
+    import platform
+
+    device = recipe.backend.device if recipe.backend.kind == "torch" else "cuda"
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        from trtspec.gpu import detect
+
+        index = int(device.partition(":")[2] or 0)
+        gpus = detect()
+        name = gpus[index].name if index < len(gpus) else "GPU not detected"
+        return {"device": device, "name": name, "count": recipe.gpu.count}
+    if device == "cpu":
+        model = next((line.split(":", 1)[1].strip() for line in _cpuinfo()
+                      if line.startswith("model name")), platform.processor() or
+                     platform.machine())
+        return {"device": "cpu", "name": model, "count": os.cpu_count() or 1}
+    return {"device": device, "name": platform.machine(), "count": 1}  # mps
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:  # not Linux
+        return []
 
 
 def _ids_digest(requests: Sequence[Any]) -> str:
