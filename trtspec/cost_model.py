@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.decide import paired_speedup, pairs, tpot
-from trtspec.gates import unit_of
+from trtspec.gates import independent_units
 from trtspec.metrics import condition_parts, failed
 from trtspec.stats import MIN_UNITS, ratio_of_medians
 
@@ -118,7 +118,7 @@ def cost_model(records: Sequence[dict[str, Any]], condition: str, seed: int = 0,
     round_time = float(np.median([(s["e2e_s"] - s["token_times_s"][0]) / s["verification_rounds"]
                                   for _, s, _, _ in both]))
     c = max(0.0, (round_time / step - 1) / mean_drafts) if mean_drafts else 0.0
-    units = [unit_of(b) for b, *_ in both]
+    units = independent_units([b for b, *_ in both])[0]
     base, sped = np.array([tb for *_, tb, _ in both]), np.array([ts for *_, ts in both])
     if measured is not None:
         point, ci = measured

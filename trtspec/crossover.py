@@ -234,7 +234,7 @@ def bucket_speedups(records: Sequence[dict[str, Any]], criteria: Any, seed: int 
     (only buckets with ≥ ``criteria.min_requests`` pairs; nothing when every request falls in
     one bucket)."""
     from trtspec.decide import metric_values, paired_speedup, pairs, statistic_for
-    from trtspec.gates import unit_of
+    from trtspec.gates import independent_units
     from trtspec.stats import MIN_UNITS
 
     if len({bucket_of(r.get("context_tokens")) for r in records} - {None}) < 2:
@@ -247,11 +247,11 @@ def bucket_speedups(records: Sequence[dict[str, Any]], criteria: Any, seed: int 
                 groups.setdefault(name, []).append((b, s))
         for name, matched in sorted(groups.items()):
             rows = metric_values(matched, criteria)
-            if len(rows) >= criteria.min_requests and \
-                    len({unit_of(r[0]) for r in rows}) >= MIN_UNITS:  # as decide asks
+            units = independent_units([r[0] for r in rows])[0]
+            if len(rows) >= criteria.min_requests and len(set(units)) >= MIN_UNITS:  # as decide
                 point, ci = paired_speedup(np.array([r[2] for r in rows]),
                                            np.array([r[3] for r in rows]), seed=seed,
-                                           units=[unit_of(r[0]) for r in rows],
+                                           units=units,
                                            statistic=statistic_for(criteria.primary_metric))
                 out.setdefault(condition, []).append((name, ci, point))
     if len({name for cells in out.values() for name, _, _ in cells}) < 2:
