@@ -420,8 +420,9 @@ def test_repeat_copies_of_a_prompt_are_one_unit() -> None:
 def test_turns_that_share_prompts_are_one_unit() -> None:
     from trtspec.gates import independent_units, prompt_of
 
-    assert [prompt_of(x) for x in ("a", "a#2", "a#12", "b#1", "#3", "x#y")] == \
-        ["a", "a", "a", "b#1", "#3", "x#y"]
+    assert [prompt_of({"request_id": x}) for x in ("a", "a#2", "a#12", "b#1", "#3", "x#y")] \
+        == ["a", "a", "a", "b#1", "#3", "x#y"]  # records from before prompt_id
+    assert prompt_of({"request_id": "doc#2", "prompt_id": "doc#2"}) == "doc#2"  # not a copy
     rows = [{"request_id": rid, "block": block} for rid, block in
             (("a", "t0"), ("b", "t0"), ("c", "t1"), ("a#2", "t2"), ("d", "t2"), ("e", "t3"))]
     units, name = independent_units(rows)

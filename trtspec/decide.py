@@ -111,11 +111,11 @@ class Verdict:
     level: float = float("nan")  # what p was compared with: α / (m − rank), Holm
     alpha: float = float("nan")  # the family-wise error per direction of its family
     family: int = 0  # cells judged together (Holm)
+    requests_needed: int | None = None  # paired requests that would show it at ``level``
 
     @property
     def speedup_text(self) -> str:
         return "—" if self.speedup != self.speedup else f"{self.speedup:.2f}×"  # NaN: no pairs
-
 
 
 def ci_text(v: Verdict | dict[str, Any], criteria: Decide | None = None) -> str:
@@ -206,14 +206,6 @@ def paired_speedup(base: np.ndarray, spec: np.ndarray, resamples: int = 2000, se
     iv = speedup_interval(base, spec, units, 1.0, resamples=resamples, seed=seed,
                           statistic=statistic)
     return iv.point, iv.ci
-
-
-def requests_to_resolve(n: int, point: float, ci: tuple[float, float], limit: float
-                        ) -> int | None:
-    """Paired requests that would narrow a CI straddling ``limit`` until it excludes it,
-    assuming the CI's side that crosses the limit shrinks as 1/√n; None when the estimate
-    sits on the limit."""
-    return units_to_resolve(n, point, ci, limit)
 
 
 @dataclass
@@ -355,17 +347,18 @@ def _settle(cells: list[_Cell], criteria: Decide, alpha: float, least: int = 0
         if go[i]:
             shown.add(id(c))
             continue
-        if v.level < iv.p_floor:  # resolution, not evidence: say so rather than "measure more"
-            short = bootstrap_floor(iv.units) > v.level
+        short = bootstrap_floor(iv.units) > v.level  # no number of resamples reaches it
+        if short or (v.level < iv.p_floor and v.p <= 2 * iv.p_floor):  # not the evidence
             fix = (f"about {units_for_floor(v.level)} independent {iv.unit}s would reach it"
-                   if short else "judge it with more resamples")
+                   if short else "judge fewer cells at once (narrow the methods or D)")
             c.holds.insert(0, f"speedup {span}: with {iv.units} {iv.unit}s its p = {v.p:.2g} "
                               f"cannot go below {iv.p_floor:.2g} ({iv.method}) and the level "
                               f"is {v.level:.2g}{holm_note}: {fix}")
             continue
-        needed = units_at_level(iv, m, v.level) if iv.se == iv.se else \
+        needed = units_at_level(iv, m, v.level, v.p) if iv.se == iv.se else \
             units_to_resolve(iv.units, iv.point, iv.ci, m)
-        more = (f"about {int(np.ceil(needed * c.per_unit))} paired requests in all would show "
+        v.requests_needed = int(np.ceil(needed * c.per_unit)) if needed else None
+        more = (f"about {v.requests_needed} paired requests in all would show "
                 f"it at p ≤ {v.level:.2g}, the level it is judged at, if the spread stays as "
                 "measured" if needed else "the estimate sits on the threshold")
         if iv.ci[0] > m or iv.ci[1] < m:  # the 95 % CI clears it, the family's level does not

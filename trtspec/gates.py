@@ -2,11 +2,16 @@
 memory headroom and greedy identity. Each returns (fails, holds, caveats) lists of reasons
 in words; :mod:`trtspec.decide` turns them into verdicts.
 
-* A latency gate's statistic is percentile_q(spec) / percentile_q(base) − 1 with a paired-
-  bootstrap 95 % CI that resamples the independent unit (request or turn, see
-  :mod:`trtspec.stats`). The percentile follows the sample: p99 from ``P99_MIN`` paired
-  requests, p90 from ``P90_MIN``, the median below that (a p99 of 8 requests is their
-  maximum). It fails only when the CI's lower bound exceeds the limit.
+* A latency gate's statistic is percentile_q(spec) / percentile_q(base) − 1 with a 95 %
+  interval from order-statistic bounds on each arm's percentile (:func:`quantile_regression`):
+  distribution-free for independent requests (c = 1); for turns whose requests share shocks
+  the ranks come from a binomial over the number of units, scaled to the sample, which
+  treats a turn as one observation (conservative when its requests are less alike than
+  that, an approximation when turns differ in size). The percentile is the highest the
+  sample can bound from above: p99 from ``P99_MIN`` independent units, p90 from ``P90_MIN``,
+  else the median (so a recipe's ``max_*_p99_regression`` judges the tail the data can show,
+  and the reason names it). It fails only when the interval's lower bound exceeds the limit,
+  and is tested once per verdict: the looks of ``--until-decided`` leave it out.
 * Greedy identity: a spec output that differs from its baseline is a numerical tie when the
   target's logit margin between the two tokens at the first difference is within the tie
   margin, a divergence otherwise.
@@ -32,11 +37,14 @@ def unit_of(r: dict[str, Any]) -> Any:
     return r["block"] if r.get("block") is not None else ("request", r["request_id"])
 
 
-def prompt_of(request_id: str) -> str:
-    """The prompt a request measured: ``--repeat`` copies ``id#2``, ``id#3`` … are the prompt
-    ``id`` measured again."""
-    head, _, tail = request_id.rpartition("#")
-    return head if head and tail.isdigit() and int(tail) >= 2 else request_id
+def prompt_of(record: dict[str, Any]) -> str:
+    """The prompt a record measured: its ``prompt_id`` (``--repeat`` copies name the request
+    they copy), or for records written before it, the copies' id convention ``id#2``,
+    ``id#3`` … (an older eval's custom ids that look like it are read as copies too)."""
+    if record.get("prompt_id"):
+        return record["prompt_id"]
+    head, _, tail = record["request_id"].rpartition("#")
+    return head if head and tail.isdigit() and int(tail) >= 2 else record["request_id"]
 
 
 def independent_units(records: Sequence[dict[str, Any]]) -> tuple[list[Any], str]:
@@ -57,7 +65,7 @@ def independent_units(records: Sequence[dict[str, Any]]) -> tuple[list[Any], str
 
     turns = [("turn", unit_of(r)) for r in records]
     for r, t in zip(records, turns, strict=True):
-        a, b = root(t), root(("prompt", prompt_of(r["request_id"])))
+        a, b = root(t), root(("prompt", prompt_of(r)))
         if a != b:
             parent[a] = b
     units = [root(t) for t in turns]
@@ -85,8 +93,7 @@ def order_bounds(values: np.ndarray, q: float, miss: float, effective: int | Non
     x = np.sort(np.asarray(values, dtype=float))
     n = len(x)
     m = effective or n
-    k = int(binom.ppf(miss, m, q))  # the largest k with P(Bin < k) ≤ miss
-    k -= binom.cdf(k - 1, m, q) > miss
+    k = int(binom.ppf(miss, m, q))  # the smallest k with P(Bin ≤ k) ≥ miss: P(Bin < k) < miss
     j = int(binom.ppf(1 - miss, m, q)) + 1  # the smallest j with P(Bin ≥ j) ≤ miss
     low = x[max(int(np.floor(k * n / m)) - 1, 0)] if k >= 1 else 0.0
     high = x[min(int(np.ceil(j * n / m)), n) - 1] if j <= m else math.inf

@@ -21,7 +21,6 @@ from trtspec.decide import (
     decide,
     no_interval_why,
     pairs,
-    requests_to_resolve,
     statistic_for,
 )
 from trtspec.eval.confirm import side_by_side
@@ -115,9 +114,10 @@ def markdown(eval_id: str, recipe: Recipe, verdicts: list[Verdict], decision: di
           if decision.get("header") else []),
         "GO when the speedup is shown above min_speedup and no gate fails. "
         + _error_text(verdicts, decision) + " Each latency gate fails only when its 95 % "
-        "interval lies above its limit: distribution-free order-statistic bounds on each arm's "
-        f"tail (p99 from {P99_MIN} independent units, p90 from {P90_MIN}, else the median), "
-        "tested once, on every record the verdict uses."
+        "interval lies above its limit: order-statistic bounds on each arm's tail "
+        "(distribution-free for independent requests; turns count as one observation each), "
+        f"at the highest percentile the units can bound (p99 from {P99_MIN}, p90 from "
+        f"{P90_MIN}, else the median), tested once, on every record the verdict uses."
         + (" Greedy identity: every spec output equals its baseline except numerical ties "
            "(target logit margin at the first difference within the tie margin)."
            if decision["greedy"] else ""),
@@ -292,9 +292,9 @@ def _categories(by_category: dict[str, list[Verdict]], v: Verdict, verdict: str,
 
 def _what_would_change(v: Verdict, model: dict[str, Any] | None, threshold: float) -> str:
     if v.verdict == INCONCLUSIVE and v.ci[0] < threshold <= v.ci[1]:
-        needed = requests_to_resolve(v.requests, v.speedup, v.ci, threshold)
-        if needed:
-            return f" About {needed} paired requests would resolve it (the CI narrows as 1/√n)."
+        if v.requests_needed:
+            return (f" About {v.requests_needed} paired requests in all would show it at p ≤ "
+                    f"{v.level:.2g}, the level it is judged at, if the spread stays as measured.")
         return " The speedup sits at the threshold: more requests will not make it a clear GO."
     if model and v.speedup == v.speedup and v.speedup < threshold:
         d, a = model["draft_len"], model["alpha"]  # a: per-token acceptance

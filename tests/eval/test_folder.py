@@ -306,6 +306,7 @@ def test_repeat_measures_each_request_again_as_a_request_of_its_own(tmp_path: Pa
     first = once[0]
     copies = [r for r in thrice if r.id.split("#")[0] == first.id]
     assert [r.id for r in copies] == [first.id, f"{first.id}#2", f"{first.id}#3"]
+    assert [r.copy_of for r in copies] == [None, first.id, first.id]  # one prompt: one unit
     assert {r.prompt for r in copies} == {first.prompt} and len({request_seed(0, r.id)
                                                                for r in copies}) == 3
     out = tmp_path / "e"

@@ -231,6 +231,7 @@ def test_an_eval_with_an_adaptive_condition_end_to_end(tmp_path: Path) -> None:
             step = (0.010 if r["arm"] == "spec" else 0.020) * (1 + 0.01 * i)
             times = [0.05 + k * step for k in range(32)]
             timed.append(dict(r, request_id=f"{r['request_id']}-{i}", block=f"{i}.{r['block']}",
+                              prompt_id=f"{r['request_id']}-{i}",  # 4× the prompts, not copies
                               token_times_s=times, ttft_s=times[0], e2e_s=times[-1],
                               output_tokens=32))
     records = timed
@@ -263,3 +264,18 @@ def test_an_eval_with_an_adaptive_condition_end_to_end(tmp_path: Path) -> None:
     (out / "decision.json").write_text(json.dumps(decision))
     shutil.rmtree(out / "schedules")  # the edited decision.json, not the policy file decide wrote
     assert policy_from_eval(out, None, []) == ("draft_model", DraftPolicy.parse("1:adaptive"))
+
+
+def test_a_turn_with_a_failed_request_is_whole_and_only_a_missing_record_cuts_it() -> None:
+    """An endpoint error is a record (failed): the turn was measured whole and is not cut, so
+    a request that always fails never makes a resume drop its turn's good records. A turn
+    with no record for some request or arm was interrupted: every request of it is cut."""
+    from trtspec.eval.run import cut_turns
+
+    inputs = toy_inputs(n_requests=4)
+    keys = {(c.key, arm, r.id) for c in inputs.conditions for arm in ("baseline", "spec")
+            for r in inputs.requests}
+    assert cut_turns(inputs, keys) == set()  # failed or not, every request has a record
+    c2 = next(c.key for c in inputs.conditions if c.key.endswith("/c2"))
+    partial = keys - {(c2, "spec", "r1")}
+    assert cut_turns(inputs, partial) == {(c2, r.id) for r in inputs.requests}  # 1 turn of 4

@@ -230,7 +230,8 @@ def load_requests(recipe: Recipe, selection: Selection, recipe_path: str | Path,
         say(f"--num-prompts {selection.num_prompts}: "
             + ", ".join(f"{c} {k}" for c, k in sorted(counts.items())))
     if selection.repeat > 1:  # copies as new requests: ids r#2, r#3 … (and so their seeds)
-        requests = [r if k == 0 else r.model_copy(update={"id": f"{r.id}#{k + 1}"})
+        requests = [r if k == 0 else r.model_copy(update={"id": f"{r.id}#{k + 1}",
+                                                          "copy_of": r.id})
                     for k in range(selection.repeat) for r in requests]
         say(f"--repeat {selection.repeat}: {len(requests)} requests")
     if selection.max_tokens is not None:  # the knob fixes every request's limit

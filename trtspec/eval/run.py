@@ -124,13 +124,15 @@ def run_eval(out_dir: str | Path, inputs: EvalInputs, resume: bool = False,
     if path.exists() and not resume:
         raise FileExistsError(f"{path} exists: pass --resume to continue that eval, or choose "
                               "another --eval-id")
-    done = done_keys(path)
-    cut = cut_turns(inputs, done)
+    cut = cut_turns(inputs, {(r["condition"], r["arm"], r["request_id"])
+                             for r in read_jsonl(path)})
     if cut:  # measured again whole, in both arms: a pair's two halves run minutes apart,
-        write_atomic(path, "".join(  # not one now and one from before the interruption
-            json.dumps(r) + "\n" for r in read_jsonl(path)
-            if (r["condition"], r["request_id"]) not in cut))
-        done = done_keys(path)
+        for name in (RECORDS, DIVERGENCES):  # not one now and one before the interruption
+            if (out / name).is_file():
+                write_atomic(out / name, "".join(
+                    json.dumps(r) + "\n" for r in read_jsonl(out / name)
+                    if (r["condition"], r["request_id"]) not in cut))
+    done = done_keys(path)
     total = len(inputs.conditions) * len(ARMS) * len(inputs.requests)
     finished = sum((c.key, arm, r.id) in done for c in inputs.conditions for arm in ARMS
                    for r in inputs.requests)  # of this call's: a round counts its own
@@ -185,17 +187,20 @@ def turns(requests: Sequence[WorkloadRequest], size: int) -> Iterator[list[Workl
         yield list(requests[i: i + size])
 
 
-def cut_turns(inputs: EvalInputs, done: set[tuple[str, str, str]]) -> set[tuple[str, str]]:
-    """(condition, request id) of every request of a turn that an interruption left measured
-    in part (some of its requests or one of its arms recorded, not all): a resumed eval drops
-    what that turn recorded and measures it again in both arms, so each pair's baseline and
-    spec ran side by side, not hours apart on a machine that may have changed."""
+def cut_turns(inputs: EvalInputs, recorded: set[tuple[str, str, str]]) -> set[tuple[str, str]]:
+    """(condition, request id) of every request of a turn that an interruption left recorded
+    in part (``recorded``: (condition, arm, request id) with a record, failed or not; some of
+    the turn's requests or one of its arms have none): a resumed eval drops what that turn
+    recorded and measures it again in both arms, so each pair's baseline and spec ran side by
+    side, not hours apart on a machine that may have changed. A turn whose every request has
+    a record is whole: a request that failed at an endpoint is measured again in its arm
+    alone, as an error is not an interruption."""
     cut = set()
     for condition in inputs.conditions:
         size = turn_size(condition.concurrency, inputs.request_rate, len(inputs.requests))
         for batch in turns(inputs.requests, size):
             keys = {(condition.key, arm, r.id) for arm in ARMS for r in batch}
-            if keys & done and not keys <= done:
+            if keys & recorded and not keys <= recorded:
                 cut |= {(condition.key, r.id) for r in batch}
     return cut
 
@@ -264,7 +269,7 @@ def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalI
         queue = (s.admitted - s.sent) if s.admitted is not None else None
         records.append({
             "condition": condition.key, **asdict(condition), "arm": arm, "request_id": r.id,
-            "block": block,
+            "prompt_id": r.copy_of or r.id, "block": block,
             "category": r.category, "source": r.source, "context_tokens": len(prompt),
             "output_tokens": len(tokens), "finish_reason": s.ticket.finish_reason,
             "output_digest": _digest(tokens), "output_token_ids": tokens,

@@ -185,7 +185,10 @@ def looks_lines(looks: dict[str, Any] | None) -> list[str]:
         return []
     lines = ["## Looks (`--until-decided`)", "",
              f"Budget {looks['budget']} paired requests per condition; {looks['method']}.", "",
-             "| look | requests per condition | α this look | conditions judged | verdicts |",
+             "The looks judge the speedup alone; the latency gates are tested once, by the "
+             "verdicts above, so a look's GO can end INCONCLUSIVE or NO-GO there.", "",
+             "| look | requests per condition | α this look | conditions judged | "
+             "verdicts (speedup only) |",
              "|---:|---:|---:|---|---|"]
     for k, look in enumerate(looks["looks"], 1):
         verdicts = ", ".join(f"{c}: {v}" for c, v in look.get("verdicts", {}).items()) or "—"

@@ -40,6 +40,7 @@ class WorkloadRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     followups: tuple[str, ...] = ()  # later user turns of a multi-turn request
     source: str = "custom"
+    copy_of: str | None = None  # --repeat: the id of the request this one measures again
 
     @model_validator(mode="after")
     def _one_prompt(self) -> WorkloadRequest:
