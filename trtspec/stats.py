@@ -67,6 +67,7 @@ import numpy as np
 
 ALPHA = 0.025  # one-sided, per direction: a 95 % two-sided CI
 RESAMPLES = 20000  # at least: p resolves to 5e-5 (more where a level asks, resamples_for)
+SE_RESAMPLES = 5000  # a cluster-bootstrap standard error's
 MAX_RESAMPLES = 1_000_000  # a million draws of a cell's units: seconds, not minutes
 MIN_UNITS = 8  # fewer independent units: no interval (a bootstrap of 3 turns is not one)
 
@@ -236,9 +237,9 @@ def speedup_interval(base: np.ndarray, spec: np.ndarray, units: Sequence[Hashabl
             floor = max(1 / (1 + first), bootstrap_floor(g))
         return Interval(math.exp(theta), (math.exp(lo), math.exp(hi)), g, unit, float(p_go),
                         float(p_no), float(se), "t ∧ bootstrap-t", floor)
-    # a standard error needs far fewer resamples than a tail count: the resolution that
-    # resamples_for asks of the bootstrap-t does not apply here
-    reps = cluster_replicates(base, spec, units, statistic, min(resamples, RESAMPLES), seed)
+    # a standard error needs far fewer resamples than a tail count (its Monte Carlo error is
+    # 1/√(2R): 1 % at SE_RESAMPLES); only the percentile fallback counts a tail
+    reps = cluster_replicates(base, spec, units, statistic, SE_RESAMPLES, seed)
     if g > 1 and 0 < point < math.inf and np.all(reps > 0) and np.all(np.isfinite(reps)):
         logs = np.log(reps)
         se = float(np.std(logs, ddof=1) * math.sqrt(g / (g - 1)))
@@ -251,6 +252,7 @@ def speedup_interval(base: np.ndarray, spec: np.ndarray, units: Sequence[Hashabl
             p_go, p_no = float(student.sf(t_obs, g - 1)), float(student.cdf(t_obs, g - 1))
         return Interval(point, (math.exp(lp - q * se), math.exp(lp + q * se)), g, unit,
                         p_go, p_no, se, "t on a bootstrap standard error", 0.0)
+    reps = cluster_replicates(base, spec, units, statistic, min(resamples, RESAMPLES), seed)
     return percentile_interval(point, reps, g, unit, threshold, level)
 
 
