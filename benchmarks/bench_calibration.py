@@ -21,7 +21,8 @@ counts evals with any wrong GO over their 6 cells. ``--compare-with DIR`` runs t
 with another checkout's trtspec (e.g. a worktree of an earlier commit) for the table's other
 column.
 
-Writes reports/bench-calibration.md. ``--quick``: a few hundred evals a cell (a smoke test).
+Writes reports/bench-calibration.md. ``--quick``: a few hundred evals a cell, 8 and 12 units
+(a smoke test).
 """
 
 from __future__ import annotations
@@ -217,8 +218,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("reports/bench-calibration.md"))
     args = parser.parse_args()
-    if args.quick:
-        args.evals, args.power_evals, args.decide_evals = 400, 200, 4
+    units = UNITS
+    if args.quick:  # a smoke test of every part: G = 8 and 12, a few hundred evals a cell
+        args.evals, args.power_evals, args.decide_evals, units = 300, 100, 2, UNITS[:2]
     if args.decide_only:  # a child run with another checkout's trtspec on sys.path
         print(json.dumps(decide_part(args.decide_evals, args.seed)))
         return
@@ -241,7 +243,7 @@ def main() -> None:
     power = ["| units G | noise | method | " + " | ".join(f"{x:g}" for x in LEVELS) + " |",
              "|---:|---|---|" + "---:|" * len(LEVELS)]
     worst = 0.0
-    for g in UNITS:
+    for g in units:
         for j, noise in enumerate(NOISES):
             t0 = time.time()
             counts = cell(noise, g, args.evals, NULL, args.seed + 1000 * g + j)

@@ -20,6 +20,20 @@ def test_bench_verify_quick(tmp_path: Path) -> None:
     assert "× copy GB/s" in text and "| 8 | 1000 | sampled (q) |" in text
 
 
+def test_bench_calibration_quick(tmp_path: Path) -> None:
+    """Every part runs, including the batched p-value's check against the product's scalar
+    functions and the sequential evals through decide."""
+    out = tmp_path / "bench-calibration.md"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_calibration.py"),
+                          "--quick", "--out", str(out)], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr
+    text = out.read_text()
+    for needle in ("## False GO at the boundary null: trtspec", "| 12 | skewed left |",
+                   "## Power at a true 1.3×", "| this checkout | 2 |"):
+        assert needle in text, needle
+
+
 @pytest.mark.parametrize("bench,needles", [
     ("bench_cpu", ("| copy-heavy | trtspec ngram D=4 |", "| repeated pattern | trtspec suffix "
                    "adaptive |", "| open-ended chat | HF static cache + torch.compile |",
