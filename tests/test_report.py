@@ -48,7 +48,7 @@ def test_summary_says_where_it_is_go_and_what_would_change_it(tmp_path: Path) ->
     summary = text.split("## Summary")[1].split("##")[0]
     assert "**ngram: GO** for ngram/D4/c1 (1.9" in summary
     assert "**draft_model: not GO overall.**" in summary and "INCONCLUSIVE" in summary
-    assert "paired requests would resolve it" in summary
+    assert "paired requests in all would show it at p ≤" in summary
     assert "**layer_skip: not GO overall.**" in summary and "a draft step must cost ≤" in summary
     per_category = text.split("## Per category")[1].split("##")[0]
     assert "| ngram/D4/c1 | chat | **GO** |" in per_category
