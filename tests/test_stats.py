@@ -8,9 +8,12 @@ import pytest
 
 from trtspec.stats import (
     chi_square_gof,
+    chi_square_power,
     cluster_replicates,
+    gof_bins,
     holm,
     holm_threshold,
+    least_favourable,
     look_alphas,
     percentile_interval,
     speedup_interval,
@@ -79,6 +82,30 @@ def test_chi_square_pools_small_bins_and_flags_impossible_outcomes() -> None:
     assert chi_square_gof([600, 400], [0.5, 0.5])[2] < 1e-9
     with pytest.raises(ValueError):
         chi_square_gof([1, 2], [1.0])
+
+
+def test_bins_are_packed_under_the_cap_and_fixed_by_the_expected_counts() -> None:
+    expected = [40, 10, 30, 6, 20, 2, 0]
+    assert gof_bins(expected).tolist() == [0, 3, 1, 4, 2, 4, -1]  # 2 joins the smallest bin
+    # at most 3 bins: the most probable keeps one (half the bins, rounded down), the others
+    # are packed most probable first into the bin holding least (ties: the first):
+    # 40 | 30 + 6 (36) | 20 + 10 + 2 (32): no mass is left in a tail
+    assert gof_bins(expected, max_bins=3).tolist() == [0, 2, 1, 1, 2, 2, -1]
+    stat, dof, _ = chi_square_gof([45, 9, 25, 7, 19, 3, 0], [e / 108 for e in expected],
+                                  max_bins=3)
+    assert dof == 2 and stat == pytest.approx(5**2 / 40 + 4**2 / 36 + 1**2 / 32)
+    assert gof_bins([3, 3, 3], max_bins=20).tolist() == [0, 0, 0]  # 9 expected: one bin
+
+
+def test_least_favourable_difference_and_power_by_hand() -> None:
+    # the split nearest ½: {0.5} gives 4; {0.3, 0.2} vs {0.5} the same; [0.6, 0.25, 0.15]:
+    # best S = {0.6} or {0.25, 0.15} (0.4): 1/0.4 + 1/0.6
+    assert least_favourable([0.5, 0.3, 0.2]) == pytest.approx(4.0)
+    assert least_favourable([6, 2.5, 1.5]) == pytest.approx(1 / 0.4 + 1 / 0.6)
+    assert least_favourable([1.0]) == float("inf")
+    # 1 dof: power = Φ(√λ − z_{α/2}) + Φ(−√λ − z_{α/2}); at √λ = 1.96 + 0.8416, α 0.05: 0.80
+    assert chi_square_power(1, (1.959964 + 0.841621) ** 2, 0.05) == pytest.approx(0.8, abs=1e-4)
+    assert chi_square_power(5, 0.0, 1e-3) == pytest.approx(1e-3)
 
 
 def test_the_geomean_p_value_by_hand() -> None:

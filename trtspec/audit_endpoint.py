@@ -65,6 +65,8 @@ from typing import Any
 
 from trtspec.audit import AUDIT, PROMPTS
 from trtspec.files import write_atomic
+from trtspec.stats import chi_square_power as power
+from trtspec.stats import least_favourable
 
 SAMPLES = 2000  # per server and prompt: λ ≥ 4·0.1²·1000 = 40, power ≈ 0.9 at 20 bins, α 1e-3
 TOKENS = 3  # k: the first tokens compared
@@ -132,21 +134,6 @@ def homogeneity(a: Sequence[float], b: Sequence[float]) -> tuple[float, int]:
     return stat, len(a) - 1
 
 
-def least_favourable(pooled: Sequence[int]) -> float:
-    """min over sets S of bins of 1/P(S) + 1/(1 − P(S)), P from the pooled counts: the
-    Σ Δ²/p of the least favourable difference of TV 1 (scale by ε²). Subset sums of the
-    integer counts (a bitset), so exact."""
-    n = sum(pooled)
-    if len(pooled) < 2 or n == 0:
-        return math.inf
-    sums = 1
-    for c in pooled:
-        sums |= sums << c
-    best = min((s for s in range(1, n) if sums >> s & 1), key=lambda s: abs(2 * s - n))
-    p = best / n
-    return 1 / p + 1 / (1 - p)
-
-
 def noncentrality(table: Table, effect: float) -> float:
     """λ of one prompt against the least favourable difference of TV ``effect``."""
     n_a, n_b = sum(table.a), sum(table.b)
@@ -154,15 +141,6 @@ def noncentrality(table: Table, effect: float) -> float:
         return 0.0
     pooled = [x + y for x, y in zip(table.a, table.b, strict=True)]
     return n_a * n_b / (n_a + n_b) * effect ** 2 * least_favourable(pooled)
-
-
-def power(dof: int, lam: float, alpha: float) -> float:
-    """P(noncentral χ²(dof, λ) > the level-α critical value of χ²(dof)); 0 without a test."""
-    from scipy.stats import chi2, ncx2
-
-    if dof < 1:
-        return 0.0
-    return float(ncx2.sf(chi2.isf(alpha, dof), dof, lam))
 
 
 def p_value(stat: float, dof: int) -> float:
