@@ -135,6 +135,57 @@ def test_a_layer_skip_draft_over_the_target_s_cache_under_continuous_batching() 
     assert scheduler.totals.proposed_tokens > 0
 
 
+def _fed(runner) -> list[int]:
+    """Counts the tokens ``runner.score`` is fed, call by call."""
+    fed: list[int] = []
+    score = runner.score
+
+    def counting(tokens, last_only=False):
+        fed.append(sum(len(t) for t in tokens))
+        return score(tokens, last_only)
+
+    runner.score = counting
+    return fed
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_a_kept_prompt_is_admitted_from_its_cache_with_the_same_outputs(method: str) -> None:
+    """``keep_prompts``: a slot that held a prompt admits it again by scoring its last token
+    only, and each seeded request still gets its output alone; another prompt (or a
+    cancelled request's row) is prefilled as before."""
+    prompt = [3, 5, 7] * 12
+    other = [4, 6] * 5
+    work = [(prompt if i % 4 else other, SamplingParams(temperature=1.0, seed=300 + i,
+                                                        max_tokens=4 + i % 3))
+            for i in range(16)]
+    alone = [toy_executor(method).generate([p], s)[0].token_ids for p, s in work]
+    executor = toy_executor(method)
+    scheduler = Scheduler(executor, slots=2, keep_prompts=True)
+    fed = _fed(executor.target)
+    tickets = [scheduler.submit(p, s) for p, s in work]
+    scheduler.run_until_idle()
+    assert [t.token_ids for t in tickets] == alone
+    assert fed.count(1) >= 6  # admissions of the kept prompt: one token, not 36
+    assert fed.count(len(prompt)) < 6
+
+
+def test_kept_prompts_on_transformers() -> None:
+    """The transformers runner's cache rolled back to a kept prompt: greedy outputs are the
+    ones alone (heads keep theirs too: tests/propose/test_eagle.py, test_medusa.py)."""
+    from trtspec.runtime.hf import HFRunner
+
+    model = tiny_llama(vocab=48, layers=2, seed=3, logit_scale=4.0)
+    prompt = [5, 9, 11, 9, 5, 7, 30, 2]
+    work = [(prompt, SamplingParams(temperature=0.0, max_tokens=5 + i % 3)) for i in range(5)]
+    alone = [SpecExecutor(HFRunner(model)).generate([p], s)[0].token_ids for p, s in work]
+    executor = SpecExecutor(HFRunner(model))
+    scheduler = Scheduler(executor, slots=2, keep_prompts=True)
+    fed = _fed(executor.target)
+    tickets = [scheduler.submit(p, s) for p, s in work]
+    scheduler.run_until_idle()
+    assert [t.token_ids for t in tickets] == alone and fed.count(1) > 3
+
+
 def test_cancel_frees_the_slot_and_the_others_go_on() -> None:
     work = requests(4)
     alone = [toy_executor("draft_model").generate([p], s)[0] for p, s in work]

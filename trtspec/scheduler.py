@@ -10,6 +10,13 @@ Terms:
 * slot          a row of the running batch; ``slots`` is ``limits.max_batch_size``
 * running       requests holding a slot; ``waiting`` requests queue FIFO, at most
                 ``max_waiting`` of them (beyond that, :class:`QueueFull`)
+* kept prompt   with ``keep_prompts``, a finished request's row is rolled back to its prompt
+                instead of emptied, and a later request with the same prompt in that slot is
+                admitted by scoring the prompt's last token only (the rest of the KV cache is
+                the one the earlier prefill wrote, as after a rejection's rollback); the
+                proposer is told (``release`` with ``keep``, ``admit`` with ``kept``), so a
+                draft model's cache and an EAGLE head's keep the prompt too. The exactness
+                audit uses it for its long prompt; serve and eval do not
 * policy        the draft length D for the next round, from the number of running requests
                 (like TensorRT-LLM's ``draft_len_schedule``); D = 0 is plain decoding through
                 the same verify(), so a policy never changes the output distribution; D may
@@ -41,6 +48,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import torch
 
 from trtspec.adaptive import ADAPTIVE
 from trtspec.executor import Delta, Request, SpecExecutor
@@ -162,10 +171,13 @@ class Scheduler:
     """Slots over one executor's target (and proposer); see the module docstring."""
 
     def __init__(self, executor: SpecExecutor, slots: int, policy: DraftPolicy | None = None,
-                 max_waiting: int = 256) -> None:
+                 max_waiting: int = 256, keep_prompts: bool = False) -> None:
         if slots < 1:
             raise ValueError(f"slots must be ≥ 1, got {slots}")
         self.executor, self.slots, self.max_waiting = executor, slots, max_waiting
+        # module docstring, "kept prompt": what each row still holds of a finished request
+        self.keep_prompts = keep_prompts
+        self._kept: list[list[int] | None] = [None] * slots
         self.policy = policy or DraftPolicy(ADAPTIVE if executor.adaptive is not None
                                             else executor.draft_len)
         self._idle = [Request([0], SamplingParams(), frozenset(), make_generator(0),
@@ -283,11 +295,31 @@ class Scheduler:
                 ticket = self._waiting.popleft()
             ticket.slot, self._tickets[slot], self._rows[slot] = slot, ticket, ticket.request
             ticket.admitted_at = time.perf_counter()
-            logits = admit_row(self.executor.target, slot, ticket.prompt)  # [V]
+            kept = self._kept_part(slot, ticket.prompt)
+            logits = self._admit_row(slot, ticket.prompt, kept)  # [V]
             if self.executor.proposer is not None:
-                self.executor.proposer.admit(slot, ticket.prompt)
+                self.executor.proposer.admit(slot, ticket.prompt, kept)
             for delta in self.executor.first_tokens(self._rows, [slot], logits[None]):
                 self._deliver(delta)
+
+    def _kept_part(self, slot: int, prompt: list[int]) -> int:
+        """How many of ``prompt``'s tokens ``slot`` still holds (module docstring: all but the
+        last, whose logits admission needs, when the slot kept this very prompt; else 0)."""
+        kept, self._kept[slot] = self._kept[slot], None
+        return len(prompt) - 1 if kept == prompt and len(prompt) >= 2 else 0
+
+    def _admit_row(self, slot: int, prompt: list[int], kept: int) -> torch.Tensor:
+        """The prompt into ``slot``, its first ``kept`` tokens from what the row holds.
+        Returns logits [V] for its next token."""
+        target = self.executor.target
+        if not kept:
+            return admit_row(target, slot, prompt)
+        lengths = target.lengths()
+        lengths[slot] = kept
+        target.rollback(lengths)
+        feed: list[list[int]] = [[] for _ in lengths]
+        feed[slot] = prompt[kept:]
+        return target.score(feed, last_only=True)[slot, 0]
 
     def _deliver(self, delta: Delta) -> None:
         ticket = self._tickets[delta.index]
@@ -342,11 +374,15 @@ class Scheduler:
         ticket = self._tickets[slot]
         self._tickets[slot], self._rows[slot] = None, self._idle[slot]
         try:
-            lengths = self.executor.target.lengths()  # an idle row holds nothing: it costs
-            lengths[slot] = 0  # no attention width in later rounds
+            lengths = self.executor.target.lengths()
+            held, lengths[slot] = lengths[slot], 0  # an idle row holds nothing: it costs no
+            # attention width in later rounds, unless it keeps its prompt (module docstring)
+            if self.keep_prompts and ticket is not None and reason is None and \
+                    held >= len(ticket.prompt):
+                lengths[slot], self._kept[slot] = len(ticket.prompt), ticket.prompt
             self.executor.target.rollback(lengths)
             if self.executor.proposer is not None:
-                self.executor.proposer.release(slot)
+                self.executor.proposer.release(slot, lengths[slot])
         finally:
             if ticket is not None:
                 self._end(ticket, reason)

@@ -280,6 +280,35 @@ def test_scheduler_rounds_draft_from_aligned_states() -> None:
     assert check_rounds(target, draft, proposer.rounds) >= 40
 
 
+def test_kept_prompts_keep_the_head_s_cache_and_draft_from_aligned_states() -> None:
+    """The scheduler's kept prompt (the exactness audit's long prompt): a slot that keeps a
+    prompt admits it again by the target scoring its last token only; the head keeps the
+    prompt's pairs, takes that one state, and every round's q still equals the head run from
+    scratch over the committed tokens."""
+    target = target_model()
+    draft = random_draft(target)
+    runner = CompiledRunner(target, compile=False)
+    proposer = Recording(runner, draft)
+    fed: list[int] = []
+    score = runner.score
+
+    def counting(tokens, last_only=False):
+        fed.append(sum(len(t) for t in tokens))
+        return score(tokens, last_only)
+
+    runner.score = counting
+    scheduler = Scheduler(SpecExecutor(runner, proposer, 3), slots=2, policy=DraftPolicy(3),
+                          keep_prompts=True)
+    prompt = [*range(20, 32), *range(12)]
+    tickets = [scheduler.submit(prompt if i % 3 else [4, 5, 6],
+                                SamplingParams(temperature=0.8, seed=i, max_tokens=4 + i % 5))
+               for i in range(10)]
+    scheduler.run_until_idle()
+    assert [t.finish_reason for t in tickets] == ["length"] * len(tickets)
+    assert fed.count(1) >= 3  # admissions from a kept prompt
+    assert check_rounds(target, draft, proposer.rounds) >= 20
+
+
 def test_default_aux_layers() -> None:
     assert default_aux_layers(32) == [1, 15, 28]
     assert default_aux_layers(6) == [1, 2, 2]

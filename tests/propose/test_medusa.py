@@ -143,19 +143,23 @@ def test_continuous_batching_greedy_equals_plain() -> None:
     assert sum(t.stats.proposed_tokens for t in tickets) > 0
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["hf", "compiled"])
-def test_scheduler_rows_draft_from_the_position_that_gave_their_last_token(compiled: bool
-                                                                          ) -> None:
+@pytest.mark.parametrize("compiled, keep", [(False, False), (True, False), (True, True)],
+                         ids=["hf", "compiled", "kept-prompts"])
+def test_scheduler_rows_draft_from_the_position_that_gave_their_last_token(compiled: bool,
+                                                                          keep: bool) -> None:
     """More requests than slots, sampled: admissions into a running batch, releases, rows
     ending at different times. After every step, each running row's h is the target's normed
-    last hidden state where its last token came from (full forward, no cache)."""
+    last hidden state where its last token came from (full forward, no cache). With kept
+    prompts the prompts repeat: a slot that kept one admits it again from its last token."""
     model = tiny_llama(vocab=32, layers=2, seed=1, logit_scale=6.0)
     runner = make_runner(model, compiled)
     proposer = MedusaProposer(runner, noisy_heads(model))
-    scheduler = Scheduler(SpecExecutor(runner, proposer, 3), slots=3)
+    scheduler = Scheduler(SpecExecutor(runner, proposer, 3), slots=3, keep_prompts=keep)
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10], [7, 7], [*range(20, 32)], [3, 1, 4, 1, 5],
                [9]]
     budgets = (8, 1, 12, 3, 10, 6, 9)
+    if keep:
+        prompts, budgets = [[5, 6, 7, 8, 9, 10]] * 7, (8, 10, 6, 12, 9, 5, 11)
     tickets = [scheduler.submit(p, SamplingParams(seed=i, max_tokens=n))
                for i, (p, n) in enumerate(zip(prompts, budgets, strict=True))]
     checked = 0

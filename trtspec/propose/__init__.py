@@ -41,12 +41,16 @@ class Proposer(Protocol):
         """A new batch begins with these prompts."""
         ...
 
-    def admit(self, row: int, prompt: Sequence[int]) -> None:
-        """A new request takes ``row`` of the running batch (continuous batching)."""
+    def admit(self, row: int, prompt: Sequence[int], kept: int = 0) -> None:
+        """A new request takes ``row`` of the running batch (continuous batching), right
+        after the target scored ``prompt[kept:]`` there: with ``kept`` > 0 the row kept the
+        first ``kept`` tokens of this very prompt from its last request (``release`` with
+        ``keep``; the scheduler's kept prompt)."""
         ...
 
-    def release(self, row: int) -> None:
-        """``row``'s request has left: drop what it holds."""
+    def release(self, row: int, keep: int = 0) -> None:
+        """``row``'s request has left: drop what it holds, except what the first ``keep``
+        tokens of its prompt left behind (a kept prompt: the next request has the same)."""
         ...
 
     def propose(self, tokens: Sequence[Sequence[int]], draft_len: Sequence[int],

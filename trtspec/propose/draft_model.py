@@ -45,17 +45,21 @@ class DraftModelProposer:
         self._valid = [len(p) for p in prompts]
         self._after_propose = []
 
-    def admit(self, row: int, prompt: Sequence[int]) -> None:
+    def admit(self, row: int, prompt: Sequence[int], kept: int = 0) -> None:
         from trtspec.runtime import admit_row
 
+        if kept and self._valid[row] >= kept:  # the row holds the prompt's first kept tokens
+            lengths = self.runner.lengths()  # (release with keep): the next proposal
+            lengths[row] = self._valid[row] = kept  # catches up from there, as after a
+            self.runner.rollback(lengths)  # plain step
+            return
         admit_row(self.runner, row, self._inputs(prompt))
         self._valid[row] = len(prompt)
 
-    def release(self, row: int) -> None:
+    def release(self, row: int, keep: int = 0) -> None:
         lengths = self.runner.lengths()
-        lengths[row] = 0
+        lengths[row] = self._valid[row] = min(keep, self._valid[row], lengths[row])
         self.runner.rollback(lengths)
-        self._valid[row] = 0
 
     def forget(self) -> None:
         """Nothing outlives a request here."""

@@ -37,7 +37,10 @@ Order of calls:
   join the pending ones (one chunk per round, concatenated once when fed); the cache keeps its
   n − 1 committed pairs, not the chain's. A row that drafted nothing still gets its states:
   pending simply grows until it drafts
-* release drops the row's pending states and cache pairs
+* release drops the row's pending states and cache pairs; with ``keep`` (a kept prompt: the
+  next request in the row has the same prompt) the prompt's complete pairs stay, and admit
+  with ``kept`` then only takes the state of the prompt's last token, the one token the
+  target fed
 
 Why committed pairs only: a chain pair holds the head's own g where training (and the next
 round) has the target's state, so even an accepted draft's pair is rebuilt from H once the
@@ -100,12 +103,24 @@ class EagleProposer:
         self._pending = [[] for _ in prompts]
         self._prompts(captured(self.target), dict(enumerate(prompts)))
 
-    def admit(self, row: int, prompt: Sequence[int]) -> None:
+    def admit(self, row: int, prompt: Sequence[int], kept: int = 0) -> None:
+        if kept:  # a kept prompt (release with keep): its complete pairs are still in the
+            # cache, and the target fed only its last token, whose state is the one pending
+            cap = captured(self.target)
+            if not cap.counts[row] == 1 == len(prompt) - kept or \
+                    self.cache.lengths[row] != kept:
+                raise RuntimeError(f"eagle: row {row} kept {self.cache.lengths[row]} pairs and "
+                                   f"was fed {cap.counts[row]} tokens for a prompt of "
+                                   f"{len(prompt)} with {kept} kept: admit must follow the "
+                                   "target's and release(keep=len(prompt))")
+            self._pending[row] = [cap.at([row], [0])]
+            return
         self._pending[row], self.cache.lengths[row] = [], 0
         self._prompts(captured(self.target), {row: prompt})
 
-    def release(self, row: int) -> None:
-        self._pending[row], self.cache.lengths[row] = [], 0
+    def release(self, row: int, keep: int = 0) -> None:
+        self._pending[row] = []
+        self.cache.lengths[row] = min(self.cache.lengths[row], max(keep - 1, 0))
 
     def forget(self) -> None:
         """Nothing outlives a request here."""

@@ -44,10 +44,11 @@ class LayerSkipProposer:
     def start(self, prompts: Sequence[Sequence[int]]) -> None:
         """The target prefills the shared cache."""
 
-    def admit(self, row: int, prompt: Sequence[int]) -> None:
-        """The target admitted the row into the shared cache."""
+    def admit(self, row: int, prompt: Sequence[int], kept: int = 0) -> None:
+        """The target admitted the row into the shared cache (a kept prompt's first layers
+        are the ones the target kept)."""
 
-    def release(self, row: int) -> None:
+    def release(self, row: int, keep: int = 0) -> None:
         """The target's rollback released the row."""
 
     def forget(self) -> None:

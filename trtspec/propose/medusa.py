@@ -224,11 +224,11 @@ class MedusaProposer:
         self._h = None
         self._keep({b: len(p) - 1 for b, p in enumerate(prompts)}, len(prompts))
 
-    def admit(self, row: int, prompt: Sequence[int]) -> None:
-        self._keep({row: len(prompt) - 1}, row + 1)
+    def admit(self, row: int, prompt: Sequence[int], kept: int = 0) -> None:
+        self._keep({row: len(prompt) - 1 - kept}, row + 1)  # the last call fed prompt[kept:]
 
     @torch.inference_mode()
-    def release(self, row: int) -> None:
+    def release(self, row: int, keep: int = 0) -> None:
         if self._h is not None and row < len(self._h):
             self._h[row] = 0
 

@@ -46,10 +46,10 @@ class NgramProposer:
     def start(self, prompts: Sequence[Sequence[int]]) -> None:
         pass
 
-    def admit(self, row: int, prompt: Sequence[int]) -> None:
+    def admit(self, row: int, prompt: Sequence[int], kept: int = 0) -> None:
         pass  # no state: drafts come from each row's own tokens
 
-    def release(self, row: int) -> None:
+    def release(self, row: int, keep: int = 0) -> None:
         pass
 
     def forget(self) -> None:

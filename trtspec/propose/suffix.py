@@ -230,12 +230,12 @@ class SuffixProposer:
             self.release(row)
         self.rows = [_Row(len(p), SuffixTrie(self.max_depth)) for p in prompts]
 
-    def admit(self, row: int, prompt: Sequence[int]) -> None:
-        self.release(row)
+    def admit(self, row: int, prompt: Sequence[int], kept: int = 0) -> None:
+        self.release(row)  # a per-request trie: a kept prompt changes nothing here
         self.rows += [None] * (row + 1 - len(self.rows))
         self.rows[row] = _Row(len(prompt), SuffixTrie(self.max_depth))
 
-    def release(self, row: int) -> None:
+    def release(self, row: int, keep: int = 0) -> None:
         held = self.rows[row] if row < len(self.rows) else None
         if held is not None:
             self.rows[row] = None
