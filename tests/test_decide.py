@@ -121,7 +121,8 @@ def test_gate_failures_are_no_go_even_with_speedup() -> None:
 
 def test_audit_and_gpu_memory_gates() -> None:
     fast = paired("ngram/D4/c1", 0.050, 0.025)
-    passed = {"methods": {"ngram": {"passed": True, "p_value": 0.4, "threshold": 2.5e-4}}}
+    passed = {"methods": {"ngram": {"passed": True, "weak": False, "power": 0.9, "p_value": 0.4,
+                                    "threshold": 2.5e-4}}}
     failed = {"methods": {"ngram": {"passed": False, "p_value": 1e-9, "threshold": 2.5e-4}}}
     assert judge(fast, "ngram/D4/c1", CRITERIA, False, audit=passed, needs_audit=True
                  ).verdict == GO
@@ -132,6 +133,10 @@ def test_audit_and_gpu_memory_gates() -> None:
     other = {"methods": {"layer_skip": passed["methods"]["ngram"]}}  # another method's audit
     assert judge(fast, "ngram/D4/c1", CRITERIA, False, audit=other, needs_audit=True
                  ).verdict == INCONCLUSIVE
+    old = {"methods": {"ngram": {"passed": True, "weak": False, "p_value": 0.4,
+                                 "threshold": 2.5e-4}}}  # an earlier trtspec's: no power
+    v = judge(fast, "ngram/D4/c1", CRITERIA, False, audit=old, needs_audit=True)
+    assert v.verdict == INCONCLUSIVE and "states no power" in v.reasons[0]
     for r in fast:  # 75 of 80 GiB at peak: 6 % free < 10 %
         r |= {"cuda_max_allocated_mb": 75 * 1024 if r["arm"] == "spec" else 60 * 1024,
               "cuda_total_mb": 80 * 1024}
@@ -265,6 +270,11 @@ def test_weak_audit_and_failed_requests() -> None:
                                   "threshold": 2.5e-4}}}
     v = judge(fast, "ngram/D4/c1", CRITERIA, False, audit=weak, needs_audit=True)
     assert v.verdict == INCONCLUSIVE and "audit of ngram is weak" in v.reasons[0]
+    weak["methods"]["ngram"] |= {"power": 0.31, "effect": 0.1, "recovered_samples": 800}
+    v = judge(fast, "ngram/D4/c1", CRITERIA, False, audit=weak, needs_audit=True)
+    assert v.verdict == INCONCLUSIVE and "audit of ngram is weak (power 0.31 against a " \
+        "post-rejection total variation of 0.1, 800 samples with a recovered token)" in \
+        v.reasons[0]
     fast[1]["error"] = "APIConnectionError: Connection error."  # r0's spec arm failed
     v = judge(fast, "ngram/D4/c1", CRITERIA, False)
     assert v.verdict == INCONCLUSIVE and v.requests == 39
@@ -286,7 +296,8 @@ def test_decide_command_writes_report_and_exits_as_a_ci_gate(tmp_path, capsys) -
             "passed": True, "weak": False, "p_value": 0.3, "threshold": 5e-4, "prompts": [
                 {"prompt": "a | b", "p_value": 0.3, "speculated": 0.9, "rejected": 0.2}]}}}
     cases = (("fast", 0.025, None, 0, "GO"), ("slow", 0.060, None, 1, "NO-GO"),
-             ("unaudited", 0.025, {}, 1, "INCONCLUSIVE"), ("audited", 0.025, audit, 0, "GO"))
+             ("unaudited", 0.025, {}, 1, "INCONCLUSIVE"),
+             ("audited", 0.025, audit, 1, "INCONCLUSIVE"))  # an earlier trtspec's audit
     for name, spec_tpot, manifest_audit, code, verdict in cases:
         out = tmp_path / name
         out.mkdir()

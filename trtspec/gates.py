@@ -156,9 +156,12 @@ def latency_gates(matched: list[Pair], criteria: Decide,
         if high <= limit:
             continue
         n = None if high == math.inf else units_to_resolve(len(both), point, (low, high), limit)
-        more = f"about {n} paired requests would resolve it" if n else \
-            "the estimate sits on the limit" if abs(point - limit) < 0.01 else \
-            "more requests would bound the tail"
+        # the 1/√n scaling is a rough guide for order-statistic bounds: beyond a hundred times
+        # the requests there are, it is no guide at all (the bounds are distribution-free, and
+        # wide for a tail quantile of few units)
+        more = f"about {n} paired requests would resolve it" if n and n <= 100 * len(both) \
+            else "the estimate sits on the limit" if abs(point - limit) < 0.01 else \
+            f"far more requests would bound the tail ({stat} from {count} independent units)"
         if point > limit:
             holds.append(f"{stat} regression of {100 * point:+.0f} % measured but not "
                          f"demonstrated ({span}); {more}")
