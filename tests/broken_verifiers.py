@@ -75,3 +75,21 @@ def exact_match_verify(target_probs, draft_token_ids, draft_probs, num_draft,
     token_ids[:, :K] = torch.where(torch.arange(K) < a[:, None], ids, -1)
     token_ids[rows, a] = final
     return VerifyOutput(token_ids, a, a + 1, a >= num_draft)
+
+
+def wrong_past(position: int, broken):
+    """A verify() that is ``broken`` only in rounds whose target rows hold more than
+    ``position`` tokens (read from the target the executor verifies for, via the stack: verify
+    has no positions of its own), and right below: what an audit of short prompts alone never
+    sees."""
+    import inspect
+
+    from trtspec.verify import verify as right
+
+    def verify(*args, **kwargs):
+        caller = inspect.currentframe().f_back
+        executor = caller.f_locals.get("self")
+        lengths = executor.target.lengths() if executor is not None else [0]
+        return (broken if max(lengths) > position else right)(*args, **kwargs)
+
+    return verify

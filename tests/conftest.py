@@ -36,7 +36,7 @@ def smollm2():
 
 
 def tiny_llama(vocab: int = 32, layers: int = 2, seed: int = 0, logit_scale: float = 1.0,
-               attn: str = "sdpa"):
+               attn: str = "sdpa", positions: int = 256):
     """A random-weight Llama small enough to enumerate its outputs exactly."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -44,7 +44,7 @@ def tiny_llama(vocab: int = 32, layers: int = 2, seed: int = 0, logit_scale: flo
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=False,
+                         max_position_embeddings=positions, tie_word_embeddings=False,
                          eos_token_id=None, bos_token_id=None, pad_token_id=None,
                          attn_implementation=attn)
     model = LlamaForCausalLM(config).eval()

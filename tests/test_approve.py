@@ -41,7 +41,8 @@ def approvable(tmp_path: Path, name: str, **decision_changes) -> tuple[Path, Pat
                                         ("draft_model/D2/c1", "GO", 1.3, 1.1, 1.5),
                                         ("draft_model/D4/c2", "NO-GO", 0.9, 0.8, 1.0),
                                         ("draft_model/D2/c2", "INCONCLUSIVE", 1.0, 0.9, 1.1))]
-    audit = {"methods": {"draft_model": {"passed": True, "p_value": 0.41, "threshold": 0.001}}}
+    audit = {"methods": {"draft_model": {"passed": True, "weak": False, "power": 0.93,
+                                         "p_value": 0.41, "threshold": 0.001}}}
     decision = {"verdicts": verdicts, "criteria": {"require_audit": True},
                 "audit_applies": True, "audit": audit} | decision_changes
     (out / "decision.json").write_text(json.dumps(decision))
@@ -101,6 +102,7 @@ def _go_gone(decision: dict) -> dict:
     ("undecided", "was never decided (no decision.json)"),
     ("no-go", "no condition is GO"),
     ("failed-audit", "the exactness audit of draft_model failed"),
+    ("weak-audit", "the exactness audit of draft_model is weak (power 0.42 < 0.8)"),
     ("no-audit", "has no exactness audit and the recipe requires one"),
     ("stale-build", "the build no longer matches what was measured"),
     ("resumed", "records.jsonl changed after it was decided"),
@@ -120,6 +122,10 @@ def test_refusals_register_nothing(tmp_path: Path, mlflow_server: str, capsys, c
     elif case == "failed-audit":  # audited again after decide, and it failed
         (out / "audit.json").write_text(json.dumps({"methods": {"draft_model": {
             "passed": False, "p_value": 1e-5, "threshold": 0.001}}}))
+    elif case == "weak-audit":  # it passed, but could not have failed: refused as a failure
+        (out / "audit.json").write_text(json.dumps({"methods": {"draft_model": {
+            "passed": True, "weak": True, "power": 0.42, "p_value": 0.3,
+            "threshold": 0.001}}}))
     elif case == "no-audit":
         (out / "decision.json").write_text(json.dumps(decision | {"audit": None}))
     elif case == "resumed":  # more records measured after decide

@@ -98,9 +98,14 @@ def audit_result(out: Path, decision: dict[str, Any], methods: list[str]) -> str
             raise ApprovalRefused(f"{out}: the exactness audit of {method} failed (p = "
                                   f"{failed[0].get('p_value', float('nan')):.2g}): its outputs "
                                   "are not the target's distribution; do not serve it")
-        if found and found[-1].get("weak") and required:
-            raise ApprovalRefused(f"{out}: the exactness audit of {method} is weak: re-run "
-                                  "`trtspec audit` with more --samples, then decide again")
+        if found and (found[-1].get("weak") or "power" not in found[-1]):
+            # as a failed one: it could not have failed (or, from an earlier trtspec, says
+            # not whether it could)
+            power = (f" (power {found[-1]['power']:.2f} < {found[-1].get('min_power', 0.8)})"
+                     if "power" in found[-1] else "")
+            raise ApprovalRefused(f"{out}: the exactness audit of {method} is weak{power}: "
+                                  "re-run `trtspec audit` with more --samples, then decide "
+                                  "again")
     if not decision.get("audit_applies", True):
         return "not applicable (greedy endpoint eval: gated by greedy identity)"
     for method in methods:

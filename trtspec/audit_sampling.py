@@ -30,11 +30,14 @@ Terms, for one prompt:
               found tree-wise (a prefix is only kept if its parent is). Each kept full
               sequence x₀ … x₃ is a cell; each kept prefix also has a *rest* cell: the
               sequences that start with it but leave the kept tree after it (the root's rest
-              is every sequence whose x₀ is not kept). Cells whose expected count is
-              < ``MIN_EXPECTED`` are pooled into one tail
-              (:func:`~trtspec.stats.chi_square_gof`); the cells are fixed by the exact P
-              before counting
-* test        Pearson's chi-square of the counts per cell against N·P (dof = cells − 1); a
+              is every sequence whose x₀ is not kept)
+* bins        up to ``MAX_BINS`` cells: each cell expected ≥ ``MIN_EXPECTED`` is a bin, the
+              rest pool into one tail bin; more cells: the most probable half of the bins
+              hold one cell each, the rest are packed into the other half at about equal
+              probability (:func:`~trtspec.stats.gof_bins`). Cells and bins
+              are fixed by the exact P before counting. A difference between cells of one bin
+              is invisible to the test: the power is stated for what the bins see
+* test        Pearson's chi-square of the counts per bin against N·P (dof = bins − 1); a
               sample whose token had probability 0 after a kept prefix is impossible: p = 0
 """
 
@@ -50,10 +53,11 @@ from trtspec.executor import Delta, SpecExecutor
 from trtspec.runtime import Runner
 from trtspec.sampling import SamplingParams, rows_to_probs
 from trtspec.scheduler import Scheduler, Ticket
-from trtspec.stats import chi_square_gof
+from trtspec.stats import chi_square_gof, gof_bins, least_favourable
 
 TOKENS = 4  # x₀ … x₃
 MIN_EXPECTED = 5.0
+MAX_BINS = 30  # more bins add dof, and so cost power against the least favourable difference
 WARM_ROUNDS = 3  # a warm request's output: enough for this many full rounds after x₃'s
 
 
@@ -80,7 +84,8 @@ class _Track:
 
 
 def draw(executor: SpecExecutor, prompt: Sequence[int], params: SamplingParams, samples: int,
-         slots: int, progress: Callable[[int], None] | None = None) -> Drawn:
+         slots: int, progress: Callable[[int], None] | None = None,
+         keep_prompt: bool = False) -> Drawn:
     """``samples`` seeded requests (seeds ``params.seed`` + i) of ``prompt`` through a
     scheduler with ``slots`` slots at the executor's own D (fixed or adaptive).
 
@@ -89,13 +94,15 @@ def draw(executor: SpecExecutor, prompt: Sequence[int], params: SamplingParams, 
     other ``slots − 1``, a new one sent as soon as one ends (closed loop), so each sample is
     admitted between rounds while the companion, and usually other samples, are mid-decode
     (with one slot there is no companion). Each sample's budget leaves every round that makes
-    x₁ … x₃ its full D; warm requests run ``WARM_ROUNDS`` full rounds further."""
+    x₁ … x₃ its full D; warm requests run ``WARM_ROUNDS`` full rounds further.
+    ``keep_prompt``: a slot keeps the prompt's KV cache between requests (the scheduler's
+    kept prompt), so a long prompt is prefilled once per slot, not once per sample."""
     if params.greedy:
         raise ValueError("the audit tests a distribution: use a temperature > 0")
     budget = TOKENS + executor.draft_len  # clip_draft keeps D ≤ remaining − 1
     warm_budget = budget + WARM_ROUNDS * (executor.draft_len + 1)
     base = params.seed or 0
-    scheduler = Scheduler(executor, slots, max_waiting=slots)
+    scheduler = Scheduler(executor, slots, max_waiting=slots, keep_prompts=keep_prompt)
     drawn = Drawn([])
     live: list[_Track] = []  # submitted and not ended
     tested: list[_Track] = []
@@ -161,7 +168,8 @@ class Fit:
     chi2: float
     dof: int
     p_value: float
-    kept: int  # cells with an expected count ≥ MIN_EXPECTED (before pooling the rest)
+    bins: int  # after pooling (module docstring)
+    least_favourable: float  # L of the bins (:func:`~trtspec.stats.least_favourable`)
     impossible: int  # samples with a token of probability 0 after a kept prefix
 
 
@@ -172,7 +180,7 @@ def exact_fit(target: Runner, prompt: Sequence[int], params: SamplingParams,
     time, rolled back after), so a prefix costs its own tokens only."""
     n = len(sequences)
     if n == 0:
-        return Fit(0.0, 0, 1.0, 0, 0)
+        return Fit(0.0, 0, 1.0, 0, float("inf"), 0)
     need = MIN_EXPECTED / n  # the probability from which a prefix has a cell of its own
     prompt = list(prompt)
     logits = target.prefill([prompt] * rows)  # [rows, V]
@@ -215,11 +223,14 @@ def exact_fit(target: Runner, prompt: Sequence[int], params: SamplingParams,
                       zip(chunk, _probs(scored, params), strict=True)]
     counts = np.bincount(cell_of, minlength=len(cells)).astype(float)
     probs = np.asarray(cells)
-    kept_cells = int((probs * n >= MIN_EXPECTED).sum())
+    bins = gof_bins(probs * n, MIN_EXPECTED, MAX_BINS)
+    used = bins >= 0
+    bin_probs = np.bincount(bins[used], probs[used])
     if impossible:
-        return Fit(float("inf"), 0, 0.0, kept_cells, impossible)
-    stat, dof, p = chi_square_gof(counts, probs, MIN_EXPECTED)
-    return Fit(stat, dof, p, kept_cells, 0)
+        return Fit(float("inf"), 0, 0.0, len(bin_probs), least_favourable(bin_probs),
+                   impossible)
+    stat, dof, p = chi_square_gof(counts, probs, MIN_EXPECTED, MAX_BINS)
+    return Fit(stat, dof, p, len(bin_probs), least_favourable(bin_probs), 0)
 
 
 def _probs(logits, params: SamplingParams) -> np.ndarray:

@@ -302,9 +302,15 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
                      f"{audited.get('rejections', '?')} samples after a rejection): re-run "
                      "`trtspec audit --endpoint` with more --samples")
     elif audited and audited.get("weak"):
-        holds.append(f"the exactness audit of {method} is weak (too few rejections seen to test "
-                     "the residual): re-run `trtspec audit` with more --samples or a --prompt "
-                     "where drafts are rejected")
+        why = (f"power {audited['power']:.2f} against a post-rejection total variation of "
+               f"{audited['effect']}, {audited['recovered_samples']} samples with a recovered "
+               "token" if "power" in audited else "too few rejections seen to test the "
+               "residual")
+        holds.append(f"the exactness audit of {method} is weak ({why}): re-run `trtspec "
+                     "audit` with more --samples or a --prompt where drafts are rejected")
+    elif audited and audited["passed"] and "power" not in audited:
+        holds.append(f"the exactness audit of {method} was written by an earlier trtspec and "
+                     "states no power: re-run `trtspec audit <eval dir>`")
     if count < MIN_UNITS:
         more = int(np.ceil((MIN_UNITS - count) * per_unit))
         holds.insert(0, f"{count} independent {unit}s (of {per_unit:.0f} request(s) each) are "

@@ -310,7 +310,10 @@ def log_decision(out_dir: str | Path, receipt: dict[str, Any]) -> None:
                       float(sum(v["verdict"] == "GO" for v in overall)))
     for method, m in ((decision.get("audit") or {}).get("methods") or {}).items():
         client.log_metric(run_id, f"audit/{method}/p_value", float(m["p_value"]))
-        client.set_tag(run_id, f"audit.{method}", "pass" if m["passed"] else "fail")
+        if "power" in m:  # the power it states (an audit of an earlier trtspec states none)
+            client.log_metric(run_id, f"audit/{method}/power", float(m["power"]))
+        client.set_tag(run_id, f"audit.{method}", ("pass" if m["passed"] else "fail") +
+                       (" (weak)" if m.get("weak") else ""))
 
 
 def condition_metrics(entry: dict[str, Any], records: list[dict[str, Any]], key: str

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trtspec.audit import PROMPTS
 from trtspec.cli import main
 from trtspec.eval.run import read_records
 
@@ -53,11 +52,12 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys)
     assert "spec/category_al/copy" in child.data.metrics
     # audit the models this eval measured, then decide: the report lands in the same run
     with pytest.raises(SystemExit) as exit_info:
-        main(["audit", str(out), "--prompt", PROMPTS[0]])
+        main(["audit", str(out), "-n", "300", "--effect", "0.3"])  # the built-in prompt
     assert exit_info.value.code == 0
     audit = json.loads((out / "audit.json").read_text())
     assert audit["methods"]["ngram"]["passed"] and audit["sampling"]["temperature"] == 1.0
     assert audit["methods"]["ngram"]["prompts"][0]["rejected"] > 0.05
+    assert not audit["methods"]["ngram"]["weak"] and audit["effect"] == 0.3
     # criteria that this run must clear whatever the machine's speed: any speedup, loose
     # latency gates, few requests; greedy identity and the audit are still required
     recipe = yaml.safe_load((out / "recipe.yaml").read_text())
@@ -77,6 +77,8 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys)
     parent = client.get_run(receipt["run_id"])
     assert parent.data.tags["verdict.ngram/D4/c1"] == verdict
     assert parent.data.tags["audit.ngram"] == "pass"
+    assert parent.data.metrics["audit/ngram/power"] == pytest.approx(
+        audit["methods"]["ngram"]["power"])
     assert {a.path for a in client.list_artifacts(receipt["run_id"], "decision")} == {
         "decision/report.html", "decision/report.md", "decision/decision.json",
         "decision/audit.json", "decision/verdicts.json"}

@@ -51,12 +51,12 @@ def _draft_lengths(_ctx: click.Context, _param: click.Parameter, values: tuple[s
 
 @click.command()
 @click.argument("source", required=False, type=click.Path(exists=True))
-@click.option("--samples", "-n", type=click.IntRange(50), default=None,
-              help="seeded samples per test (a method at one D on one prompt) [default: 150; "
+@click.option("--samples", "-n", type=click.IntRange(50, 1_000_000), default=None,
+              help="seeded samples per test (a method at one D on one prompt) [default: 1600; "
               "with --endpoint, per server and prompt: 2000]")
 @click.option("--prompt", "prompts", multiple=True,
-              help="audit prompt (plain text, repeatable) [default: a built-in one that "
-              "invites copying]")
+              help="audit prompt (plain text, repeatable) [default: a built-in list of cars of "
+              "random colours, 600 tokens]")
 @click.option("--draft-len", "-D", "draft_lengths", multiple=True, callback=_draft_lengths,
               help="D of the audited rounds, repeatable: 1 … 64 or adaptive [default: the "
               "eval's largest fixed D, and adaptive if it has it]")
@@ -81,8 +81,9 @@ def _draft_lengths(_ctx: click.Context, _param: click.Parameter, values: tuple[s
 @click.option("--tokens", "-k", type=click.IntRange(1, 16), default=None,
               help="with --endpoint: the first k output tokens compared [default: 3]")
 @click.option("--effect", type=click.FloatRange(0, 1, min_open=True, max_open=True),
-              default=None, help="with --endpoint: the total variation the power is stated "
-              "against [default: 0.1]")
+              default=None, help="the total variation the power is stated against (in "
+              "process: of the distribution a token is recovered from after a rejection; with "
+              "--endpoint: between the servers' outputs) [default: 0.1]")
 @click.option("--eval", "eval_dir", default=None, type=click.Path(exists=True, file_okay=False),
               help="with --endpoint: the endpoint eval (reports/<eval-id>) this audit is for: "
               "audit.json goes there and `trtspec decide` uses it; its servers and model are "
@@ -105,8 +106,7 @@ def audit(source: str | None, samples: int | None, prompts: tuple[str, ...],
     from trtspec.audit import run_audit
     from trtspec.manifest import ManifestError
 
-    endpoint_only = {"--model": model, "--tokens": tokens, "--effect": effect,
-                     "--eval": eval_dir}
+    endpoint_only = {"--model": model, "--tokens": tokens, "--eval": eval_dir}
     if source is not None and (endpoint or baseline_endpoint):
         raise click.UsageError("give SOURCE (in-process models) or --endpoint and "
                                "--baseline-endpoint (servers), not both")
@@ -120,7 +120,7 @@ def audit(source: str | None, samples: int | None, prompts: tuple[str, ...],
     given = [k for k, v in endpoint_only.items() if v is not None]
     if given:
         raise click.UsageError(f"{', '.join(given)} go with --endpoint: drop them with SOURCE")
-    from trtspec.audit import SAMPLES
+    from trtspec.audit import EFFECT, SAMPLES
 
     samples = samples or SAMPLES
     root, why = engines_root(source, engines)
@@ -131,25 +131,33 @@ def audit(source: str | None, samples: int | None, prompts: tuple[str, ...],
         try:
             where, report = run_audit(source, overrides, root, out, prompts, samples,
                                       draft_lengths, temperature, alpha, progress=ticker,
-                                      say=ticker.say)
+                                      say=ticker.say, effect=effect or EFFECT)
         except ManifestError as e:
             raise explain_engines(e, root, why) from None
-    table = Table(title=f"exactness audit: x₀ … x₃, {report['samples']} samples per test, "
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    tests = Table(title=f"exactness audit: x₀ … x₃, {report['samples']} samples per test, "
                         f"{report['slots']} slots, T = {report['sampling']['temperature']}")
-    for column in ("method", "result", "D", "prompt", "p-value", "threshold", "speculated",
-                   "recovered", "rejected", "staggered", "seconds"):
-        table.add_column(column)
+    for column in ("method", "D", "prompt", "p-value (alone)", "speculated", "recovered",
+                   "rejected", "staggered", "seconds"):
+        tests.add_column(column)
+    methods = Table(title=f"per method: its tests summed; power against a post-rejection "
+                          f"total variation of {report['effect']} (as the bins see it)")
+    for column in ("method", "result", "p-value", "level", "χ² / dof", "power"):
+        methods.add_column(column)
     for method, m in report["methods"].items():
-        result = ("PASS" if m["passed"] else "FAIL") + (" (weak)" if m["weak"] else "")
         for p in m["prompts"]:
-            table.add_row(method, result, str(p["draft_len"]), p["prompt"],
-                          f"{p['p_value']:.3g}", f"{m['threshold']:.2g}",
+            tests.add_row(method, str(p["draft_len"]), p["prompt"], f"{p['p_value']:.3g}",
                           f"{100 * p['speculated']:.0f} %", f"{100 * p['recovered']:.0f} %",
                           f"{100 * p['rejected']:.0f} %",
                           f"{100 * p['staggered']:.0f} %", f"{p['seconds']:.0f}")
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+        result = "FAIL" if not m["passed"] else "PASS (weak)" if m["weak"] else "PASS"
+        methods.add_row(method, result, f"{m['p_value']:.3g}", f"{m['threshold']:.2g}",
+                        f"{m['chi2']:.1f} / {m['dof']}", f"{m['power']:.2f}")
+    console.print(tests)
+    console.print(methods)
     click.echo(f"audit: {where / 'audit.json'}")
-    sys.exit(0 if all(m["passed"] for m in report["methods"].values()) else 1)
+    sys.exit(0 if all(m["passed"] and not m["weak"] for m in report["methods"].values())
+             else 1)
 
 
 def _audit_endpoints(endpoint: str | None, baseline: str | None, model: str | None,
