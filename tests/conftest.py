@@ -113,6 +113,19 @@ def _stop_group(proc) -> None:
             continue
 
 
+def count_fed(runner) -> list[int]:
+    """The tokens ``runner.score`` is fed, call by call, from now on (it is wrapped)."""
+    fed: list[int] = []
+    score = runner.score
+
+    def counting(tokens, last_only=False):
+        fed.append(sum(len(t) for t in tokens))
+        return score(tokens, last_only)
+
+    runner.score = counting
+    return fed
+
+
 def free_port() -> int:
     import socket
 

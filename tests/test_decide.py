@@ -273,8 +273,8 @@ def test_weak_audit_and_failed_requests() -> None:
     weak["methods"]["ngram"] |= {"power": 0.31, "effect": 0.1, "recovered_samples": 800}
     v = judge(fast, "ngram/D4/c1", CRITERIA, False, audit=weak, needs_audit=True)
     assert v.verdict == INCONCLUSIVE and "audit of ngram is weak (power 0.31 against a " \
-        "post-rejection total variation of 0.1, 800 samples with a recovered token)" in \
-        v.reasons[0]
+        "post-rejection total variation of 0.1 as the bins see it, 800 samples with a " \
+        "recovered token)" in v.reasons[0]
     fast[1]["error"] = "APIConnectionError: Connection error."  # r0's spec arm failed
     v = judge(fast, "ngram/D4/c1", CRITERIA, False)
     assert v.verdict == INCONCLUSIVE and v.requests == 39

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from conftest import tiny_llama
+from conftest import count_fed, tiny_llama
 
 from trtspec.executor import SpecExecutor
 from trtspec.propose.draft_model import DraftModelProposer
@@ -135,19 +135,6 @@ def test_a_layer_skip_draft_over_the_target_s_cache_under_continuous_batching() 
     assert scheduler.totals.proposed_tokens > 0
 
 
-def _fed(runner) -> list[int]:
-    """Counts the tokens ``runner.score`` is fed, call by call."""
-    fed: list[int] = []
-    score = runner.score
-
-    def counting(tokens, last_only=False):
-        fed.append(sum(len(t) for t in tokens))
-        return score(tokens, last_only)
-
-    runner.score = counting
-    return fed
-
-
 @pytest.mark.parametrize("method", ["draft_model", "ngram"])
 def test_a_kept_prompt_is_admitted_from_its_cache_with_the_same_outputs(method: str) -> None:
     """``keep_prompts``: a slot that held a prompt admits it again by scoring its last token
@@ -161,7 +148,7 @@ def test_a_kept_prompt_is_admitted_from_its_cache_with_the_same_outputs(method: 
     alone = [toy_executor(method).generate([p], s)[0].token_ids for p, s in work]
     executor = toy_executor(method)
     scheduler = Scheduler(executor, slots=2, keep_prompts=True)
-    fed = _fed(executor.target)
+    fed = count_fed(executor.target)
     tickets = [scheduler.submit(p, s) for p, s in work]
     scheduler.run_until_idle()
     assert [t.token_ids for t in tickets] == alone
@@ -180,7 +167,7 @@ def test_kept_prompts_on_transformers() -> None:
     alone = [SpecExecutor(HFRunner(model)).generate([p], s)[0].token_ids for p, s in work]
     executor = SpecExecutor(HFRunner(model))
     scheduler = Scheduler(executor, slots=2, keep_prompts=True)
-    fed = _fed(executor.target)
+    fed = count_fed(executor.target)
     tickets = [scheduler.submit(p, s) for p, s in work]
     scheduler.run_until_idle()
     assert [t.token_ids for t in tickets] == alone and fed.count(1) > 3

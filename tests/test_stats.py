@@ -95,6 +95,18 @@ def test_bins_are_packed_under_the_cap_and_fixed_by_the_expected_counts() -> Non
                                   max_bins=3)
     assert dof == 2 and stat == pytest.approx(5**2 / 40 + 4**2 / 36 + 1**2 / 32)
     assert gof_bins([3, 3, 3], max_bins=20).tolist() == [0, 0, 0]  # 9 expected: one bin
+    # a peaked target: a few large cells and many tiny ones. Pooling makes 6 bins, under the
+    # cap: no bin of 0.5 expected (Pearson's statistic would then reject a right sampler
+    # far more often than α)
+    peaked = [300] * 4 + [680] + [0.5] * 40
+    bins = gof_bins(peaked, max_bins=30)
+    assert bins.max() == 5 and np.bincount(bins, peaked).min() == 20
+    # over the cap (41 bins): 15 of their own, the other 25 cells of 50 and the 40 of 1 packed
+    # into 15 bins, none of them under 5
+    many = [50] * 40 + [1.0] * 40
+    bins = gof_bins(many, max_bins=30)
+    totals = np.bincount(bins, many)
+    assert bins.max() == 29 and totals.min() >= 50 and totals[15:].max() <= 100
 
 
 def test_least_favourable_difference_and_power_by_hand() -> None:

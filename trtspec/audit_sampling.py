@@ -31,10 +31,10 @@ Terms, for one prompt:
               sequence x₀ … x₃ is a cell; each kept prefix also has a *rest* cell: the
               sequences that start with it but leave the kept tree after it (the root's rest
               is every sequence whose x₀ is not kept)
-* bins        up to ``MAX_BINS`` cells: each cell expected ≥ ``MIN_EXPECTED`` is a bin, the
-              rest pool into one tail bin; more cells: the most probable half of the bins
-              hold one cell each, the rest are packed into the other half at about equal
-              probability (:func:`~trtspec.stats.gof_bins`). Cells and bins
+* bins        each cell expected ≥ ``MIN_EXPECTED`` is a bin, the rest pool into one tail
+              bin; where that makes more than ``MAX_BINS``, the most probable half of the
+              bins hold one cell each and the other cells are packed into the other half,
+              each bin expected ≥ ``MIN_EXPECTED`` (:func:`~trtspec.stats.gof_bins`). Cells and bins
               are fixed by the exact P before counting. A difference between cells of one bin
               is invisible to the test: the power is stated for what the bins see
 * test        Pearson's chi-square of the counts per bin against N·P (dof = bins − 1); a
@@ -223,7 +223,7 @@ def exact_fit(target: Runner, prompt: Sequence[int], params: SamplingParams,
                       zip(chunk, _probs(scored, params), strict=True)]
     counts = np.bincount(cell_of, minlength=len(cells)).astype(float)
     probs = np.asarray(cells)
-    bins = gof_bins(probs * n, MIN_EXPECTED, MAX_BINS)
+    bins = gof_bins(probs / probs.sum() * n, MIN_EXPECTED, MAX_BINS)  # chi_square_gof's
     used = bins >= 0
     bin_probs = np.bincount(bins[used], probs[used])
     if impossible:

@@ -29,8 +29,9 @@ category within it:
     gate unless, at the first difference, the target's logits of the two tokens are within the
     tie margin (a numerical near-tie; counted and reported apart); a difference whose margin
     was never measured holds the verdict at INCONCLUSIVE.
-  - the method's exactness audit (``trtspec audit``) must pass; a weak audit (few rejections
-    seen) cannot support a GO.
+  - the method's exactness audit (``trtspec audit``) must pass; a weak audit (power below
+    0.8 against its stated effect, few rejections seen, or no power stated) cannot support a
+    GO.
   - on a GPU, peak memory must leave ``min_gpu_memory_headroom`` free.
   - a request that failed at an endpoint and was never measured again holds the verdict at
     INCONCLUSIVE (the failures may be the slowest requests).
@@ -303,7 +304,8 @@ def _assess(records: Sequence[dict[str, Any]], condition: str, criteria: Decide,
                      "`trtspec audit --endpoint` with more --samples")
     elif audited and audited.get("weak"):
         why = (f"power {audited['power']:.2f} against a post-rejection total variation of "
-               f"{audited['effect']}, {audited['recovered_samples']} samples with a recovered "
+               f"{audited['effect']} as the bins see it, {audited['recovered_samples']} "
+               "samples with a recovered "
                "token" if "power" in audited else "too few rejections seen to test the "
                "residual")
         holds.append(f"the exactness audit of {method} is weak ({why}): re-run `trtspec "

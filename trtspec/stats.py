@@ -387,39 +387,44 @@ def resamples_for(level: float) -> int:
 def gof_bins(expected: Sequence[float], min_expected: float = 5.0,
              max_bins: int | None = None) -> np.ndarray:
     """The bin of each cell of a chi-square test, from the expected counts alone (so the bins
-    are fixed before the counts are read); −1 for a cell of probability 0.
+    are fixed before the counts are read); −1 for a cell of probability 0. Every bin expects
+    ≥ ``min_expected`` (when the cells expect that much in all).
 
-    Up to ``max_bins`` cells: a cell expected ≥ ``min_expected`` is a bin of its own, the rest
-    pool into one tail bin, joined to the smallest bin when the tail expects < ``min_expected``
-    itself. More cells than ``max_bins``: the most probable keep a bin of their own (half the
-    bins at most, each expected ≥ ``min_expected``), and the others are packed into the rest
-    of the bins at about equal expected counts (most probable first, each into the bin that
-    holds least so far), rather than most of the mass in one tail, where a difference would
-    be invisible: an error that moves a likely token shows in its own bin, one spread thinly
-    over many shows in the packed ones. Why a cap: each bin more adds a degree of freedom,
-    which costs power against the least favourable difference of a given size
-    (:func:`least_favourable`)."""
+    A cell expected ≥ ``min_expected`` is a bin of its own, the rest pool into one tail bin,
+    joined to the smallest bin when the tail expects < ``min_expected`` itself. When that
+    makes more than ``max_bins`` bins: the most probable cells keep a bin of their own (half
+    the bins at most), and the others are packed into as many of the remaining bins as keep
+    each ≥ ``min_expected`` (most probable first, each into the bin that holds least so far),
+    rather than most of the mass in one tail bin, where a difference would be invisible: an
+    error that moves a likely token shows in its own bin, one spread thinly over many shows
+    in the packed ones. Why a cap: each bin more adds a degree of freedom, which costs power
+    against the least favourable difference of a given size (:func:`least_favourable`)."""
     e = np.asarray(expected, dtype=float)
     positive = np.flatnonzero(e > 0)
     bins = np.full(e.shape, -1)
-    cap = None if max_bins is None else max(1, min(max_bins, int(e.sum() // min_expected)))
-    if cap is not None and len(positive) > cap:
-        order = positive[np.argsort(-e[positive], kind="stable")]
-        own = min(cap // 2, int((e[order] >= min_expected).sum()))
-        bins[order[:own]] = np.arange(own)
-        totals = np.zeros(cap - own)
-        for i in order[own:]:
+    order = positive[np.argsort(-e[positive], kind="stable")]
+    big = order[e[order] >= min_expected]
+    rest = order[e[order] < min_expected]
+    tail_alone = len(rest) > 0 and (e[rest].sum() >= min_expected or len(big) == 0)
+    if max_bins is None or len(big) + tail_alone <= max_bins:
+        bins[big] = np.arange(len(big))
+        if len(rest):
+            bins[rest] = len(big) if tail_alone else len(big) - 1  # big: most probable first
+        return bins
+    own = max_bins // 2
+    bins[big[:own]] = np.arange(own)
+    packed = order[own:]
+    left = float(e[packed].sum())
+    for k in range(max(1, min(max_bins - own, int(left // min_expected))), 0, -1):
+        totals = np.zeros(k)
+        for i in packed:
             j = int(np.argmin(totals))
             bins[i] = own + j
             totals[j] += e[i]
-        return bins
-    big = positive[e[positive] >= min_expected]
-    big = big[np.argsort(-e[big], kind="stable")]
-    bins[big] = np.arange(len(big))
-    rest = (e > 0) & (bins < 0)
-    if rest.any():
-        small_tail = e[rest].sum() < min_expected and len(big) > 0
-        bins[rest] = len(big) - 1 if small_tail else len(big)  # big is most probable first
+        if totals.min() >= min_expected or k == 1:
+            break
+    if left < min_expected:  # too little for a bin of its own: with the smallest own bin
+        bins[packed] = own - 1
     return bins
 
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from broken_verifiers import naive_resample_verify
-from conftest import tiny_llama
+from conftest import count_fed, tiny_llama
 from test_executor_torch import exact_two_token_probs
 
 import trtspec.executor
@@ -289,14 +289,7 @@ def test_kept_prompts_keep_the_head_s_cache_and_draft_from_aligned_states() -> N
     draft = random_draft(target)
     runner = CompiledRunner(target, compile=False)
     proposer = Recording(runner, draft)
-    fed: list[int] = []
-    score = runner.score
-
-    def counting(tokens, last_only=False):
-        fed.append(sum(len(t) for t in tokens))
-        return score(tokens, last_only)
-
-    runner.score = counting
+    fed = count_fed(runner)
     scheduler = Scheduler(SpecExecutor(runner, proposer, 3), slots=2, policy=DraftPolicy(3),
                           keep_prompts=True)
     prompt = [*range(20, 32), *range(12)]

@@ -99,8 +99,8 @@ def audit(source: str | None, samples: int | None, prompts: tuple[str, ...],
     eval folder (audits the models and D it measured; `trtspec decide` then uses the result as
     a gate) or a recipe. With --endpoint URL --baseline-endpoint URL instead of SOURCE, any
     server: the first k tokens sampled from both are compared (chi-square test of
-    homogeneity) and the power against --effect is reported. Exit 0 when every method passes,
-    1 otherwise."""
+    homogeneity) and the power against --effect is reported. Exit 0 when every method passes
+    with power (in process: ≥ 0.8 against --effect), 1 otherwise (a weak PASS too)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from trtspec.audit import run_audit
