@@ -68,7 +68,7 @@ def test_power_a_slot_that_keeps_its_last_occupant_s_tokens_fails(monkeypatch) -
     (the new prompt lands after them) changes outputs."""
     import trtspec.scheduler
 
-    def leaky(runner, row, prompt):
+    def leaky(runner, row, prompt, kept=0):
         feed = [[] for _ in runner.lengths()]
         feed[row] = list(prompt)
         return runner.score(feed, last_only=True)[row, 0]

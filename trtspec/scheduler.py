@@ -49,8 +49,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 from trtspec.adaptive import ADAPTIVE
 from trtspec.executor import Delta, Request, SpecExecutor
 from trtspec.metrics import SpecStats
@@ -296,7 +294,7 @@ class Scheduler:
             ticket.slot, self._tickets[slot], self._rows[slot] = slot, ticket, ticket.request
             ticket.admitted_at = time.perf_counter()
             kept = self._kept_part(slot, ticket.prompt)
-            logits = self._admit_row(slot, ticket.prompt, kept)  # [V]
+            logits = admit_row(self.executor.target, slot, ticket.prompt, kept)  # [V]
             if self.executor.proposer is not None:
                 self.executor.proposer.admit(slot, ticket.prompt, kept)
             for delta in self.executor.first_tokens(self._rows, [slot], logits[None]):
@@ -307,19 +305,6 @@ class Scheduler:
         last, whose logits admission needs, when the slot kept this very prompt; else 0)."""
         kept, self._kept[slot] = self._kept[slot], None
         return len(prompt) - 1 if kept == prompt and len(prompt) >= 2 else 0
-
-    def _admit_row(self, slot: int, prompt: list[int], kept: int) -> torch.Tensor:
-        """The prompt into ``slot``, its first ``kept`` tokens from what the row holds.
-        Returns logits [V] for its next token."""
-        target = self.executor.target
-        if not kept:
-            return admit_row(target, slot, prompt)
-        lengths = target.lengths()
-        lengths[slot] = kept
-        target.rollback(lengths)
-        feed: list[list[int]] = [[] for _ in lengths]
-        feed[slot] = prompt[kept:]
-        return target.score(feed, last_only=True)[slot, 0]
 
     def _deliver(self, delta: Delta) -> None:
         ticket = self._tickets[delta.index]

@@ -76,13 +76,15 @@ class Runner(Protocol):
         ...
 
 
-def admit_row(runner: Runner, row: int, prompt: Sequence[int]) -> torch.Tensor:
+def admit_row(runner: Runner, row: int, prompt: Sequence[int], kept: int = 0
+              ) -> torch.Tensor:
     """Put a new sequence in ``row`` of a running batch, the other rows untouched: drop the
-    row's tokens, then score the prompt there alone. Returns logits [V] for its next token.
-    Any Runner can do it: a row given no tokens is left alone by score()."""
+    row's tokens past the first ``kept`` (which must be this prompt's: a kept prompt), then
+    score the rest of the prompt there alone. Returns logits [V] for its next token. Any
+    Runner can do it: a row given no tokens is left alone by score()."""
     lengths = runner.lengths()
-    lengths[row] = 0
+    lengths[row] = kept
     runner.rollback(lengths)
     feed: list[list[int]] = [[] for _ in lengths]
-    feed[row] = list(prompt)
+    feed[row] = list(prompt[kept:])
     return runner.score(feed, last_only=True)[row, 0]
