@@ -17,14 +17,14 @@ from pathlib import Path
 import torch
 from bench_cpu import PROMPT_SETS, SKIP_LAYERS, K, run_trtspec  # same folder, same settings
 
-from trtspec.adaptive import AdaptiveDraft
-from trtspec.cost_curve import measure
-from trtspec.models import encode, load
-from trtspec.propose.layer_skip import LayerSkipProposer
-from trtspec.propose.ngram import NgramProposer
-from trtspec.propose.suffix import SuffixProposer
 from trtspec.runtime.kinds import built_runner
-from trtspec.sampling import SamplingParams
+from trtspec.runtime.models import encode, load
+from trtspec.spec.adaptive import AdaptiveDraft
+from trtspec.spec.cost_curve import measure
+from trtspec.spec.propose.layer_skip import LayerSkipProposer
+from trtspec.spec.propose.ngram import NgramProposer
+from trtspec.spec.propose.suffix import SuffixProposer
+from trtspec.spec.sample.probs import SamplingParams
 
 SET = "open-ended chat"
 

@@ -9,10 +9,10 @@ Part 1 simulates units directly: G independent units whose log ratios (log basel
 TPOT, the geometric-mean statistic's terms) are log 1.05 plus noise of sd 0.2, for G ∈ {8, 12,
 24, 48} and five noises; each cell counts, over ≥ 20,000 simulated evals, how often p_go ≤
 each level in {2.5e-4, 1e-3, 2.5e-3, 6e-3, 0.025}. trtspec's p-value is
-:func:`trtspec.stats.mean_log_interval` itself, batched over the simulated evals (Student's t ∧
+:func:`trtspec.analysis.stats.mean_log_interval` itself, batched over the simulated evals (Student's t ∧
 bootstrap-t, 20,000 resamples); the percentile bootstrap is the method trtspec used before
 (cluster bootstrap of the mean log ratio, replicates widened by √(G/(G − 1)), p = (1 + reps ≤
-log m) / (1 + R)), vectorised here and checked against :func:`trtspec.stats.percentile_interval`
+log m) / (1 + R)), vectorised here and checked against :func:`trtspec.analysis.stats.percentile_interval`
 on the first evals of each cell. Power: the same at a true 1.3×.
 
 Part 2 goes through ``decide``'s own code: seeded synthetic sequential evals
@@ -87,7 +87,7 @@ def percentile_p(y: np.ndarray, n: np.ndarray, threshold: float, rng: np.random.
 
 def check_vectorised(y: np.ndarray, n: np.ndarray, p_new: np.ndarray, p_old: np.ndarray) -> None:
     """The batched p-values against the product's scalar functions on a few evals."""
-    from trtspec.stats import (
+    from trtspec.analysis.stats import (
         cluster_replicates,
         geomean_of_ratios,
         percentile_interval,
@@ -111,7 +111,7 @@ def check_vectorised(y: np.ndarray, n: np.ndarray, p_new: np.ndarray, p_old: np.
 def cell(noise: str, g: int, evals: int, speedup: float, seed: int, old: bool = True
          ) -> dict[str, list[int]]:
     """Counts of p_go ≤ each level over ``evals`` simulated evals, per method."""
-    from trtspec.stats import mean_log_interval
+    from trtspec.analysis.stats import mean_log_interval
 
     rng = np.random.default_rng(seed)
     counts = {"trtspec": [0] * len(LEVELS), "percentile bootstrap": [0] * len(LEVELS)}
@@ -144,11 +144,11 @@ def decide_part(evals: int, seed: int) -> dict[str, int | float | str]:
     import inspect
 
     import trtspec
-    from trtspec.decide import decide
+    from trtspec.analysis.decide import decide
+    from trtspec.build.recipe import Decide
     from trtspec.eval.run import read_records
     from trtspec.eval.sequential import read_sequential, until_decided
     from trtspec.eval.workloads import WorkloadRequest
-    from trtspec.recipe import Decide
 
     criteria = Decide(primary_metric="tpot", min_speedup=NULL, min_requests=6)
     conditions = ["eagle/D4/c1", "ngram/D4/c1"]
@@ -232,7 +232,7 @@ def main() -> None:
              f"speedup is exactly `min_speedup` ({NULL}), as a multiple of the level (1.00× is "
              "exact; ✗: above 1.5× by more than two simulation standard errors). Per-unit log "
              f"ratios of sd {SD}; {args.evals:,} simulated evals a cell; {RESAMPLES:,} bootstrap "
-             "resamples an eval. trtspec: Student's t ∧ bootstrap-t (`trtspec.stats."
+             "resamples an eval. trtspec: Student's t ∧ bootstrap-t (`trtspec.analysis.stats."
              "mean_log_interval`, batched); before: the percentile bootstrap trtspec used until "
              "now. Skewed noise: a standardised gamma of skewness ±0.5; the last table shows "
              "skewness 1, beyond the range the method holds in.", ""]

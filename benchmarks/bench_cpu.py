@@ -35,17 +35,17 @@ from pathlib import Path
 import torch
 from bench_verify import median_seconds  # same folder: one timing helper
 
-from trtspec.adaptive import AdaptiveDraft
-from trtspec.cost_curve import measure
-from trtspec.executor import SpecExecutor
-from trtspec.metrics import SpecStats
-from trtspec.models import encode, load
-from trtspec.propose.layer_skip import LayerSkipProposer
-from trtspec.propose.ngram import NgramProposer
-from trtspec.propose.suffix import SuffixProposer
 from trtspec.runtime.hf import HFRunner, layer_skip_view
 from trtspec.runtime.kinds import make_runner
-from trtspec.sampling import SamplingParams
+from trtspec.runtime.models import encode, load
+from trtspec.spec.adaptive import AdaptiveDraft
+from trtspec.spec.cost_curve import measure
+from trtspec.spec.counters import SpecStats
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.layer_skip import LayerSkipProposer
+from trtspec.spec.propose.ngram import NgramProposer
+from trtspec.spec.propose.suffix import SuffixProposer
+from trtspec.spec.sample.probs import SamplingParams
 
 ARTICLE = (
     "The city council met on Tuesday to discuss the new bicycle lanes on Main Street. "
@@ -171,7 +171,7 @@ def run_hf(model, prompts, new_tokens: int, **kwargs) -> tuple[float, list[list[
 
 def compile_from_cache(cache: Path) -> float:
     """Seconds a new process takes to load the compiled graphs from ``cache`` (first token)."""
-    code = ("import time, torch; from trtspec.models import load; "
+    code = ("import time, torch; from trtspec.runtime.models import load; "
             "from trtspec.runtime.kinds import make_runner; "
             "m = load('smollm2-135m-instruct', device='cpu').model; t = time.perf_counter(); "
             f"r = make_runner(m, 'compiled', cache_dir={str(cache)!r}); r.warm_up(1); "

@@ -84,7 +84,7 @@ def per_token(make: Callable[[], object], ids: list[int], position: int, repeats
 def run(repeats: int) -> tuple[list[dict], int]:
     from transformers import AutoTokenizer
 
-    from trtspec.models import resolve
+    from trtspec.runtime.models import resolve
 
     tokenizer = AutoTokenizer.from_pretrained(resolve("smollm2-135m-instruct"))
     ids = tokenizer(PARAGRAPH * 80)["input_ids"]

@@ -103,10 +103,10 @@ def eval_agreement(records: list[dict]) -> dict[str, float]:
     import torch
 
     from trtspec.eval.workloads import builtin
-    from trtspec.models import encode, load
-    from trtspec.propose.eagle import load_eagle3
-    from trtspec.propose.medusa import load_medusa
     from trtspec.runtime.hf import layer_outputs
+    from trtspec.runtime.models import encode, load
+    from trtspec.spec.propose.heads.eagle import load_eagle3
+    from trtspec.spec.propose.heads.medusa import load_medusa
 
     lm = load("smollm2-135m-instruct", device="cpu")
     model, norm = lm.model, lm.model.get_decoder().norm

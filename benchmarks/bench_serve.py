@@ -34,17 +34,17 @@ from pathlib import Path
 import torch
 from serve_soak import soak, write_report  # same folder: the --soak run
 
-from trtspec.adaptive import AdaptiveDraft, RoundCost
-from trtspec.cost_curve import measure, measure_rounds
 from trtspec.eval.clients import run_clients
 from trtspec.eval.workloads import builtin, per_category
-from trtspec.executor import SpecExecutor
-from trtspec.metrics import SpecStats
-from trtspec.models import encode, load
-from trtspec.propose.ngram import NgramProposer
-from trtspec.propose.suffix import SuffixProposer
 from trtspec.runtime.kinds import built_runner
-from trtspec.sampling import SamplingParams
+from trtspec.runtime.models import encode, load
+from trtspec.spec.adaptive import AdaptiveDraft, RoundCost
+from trtspec.spec.cost_curve import measure, measure_rounds
+from trtspec.spec.counters import SpecStats
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.ngram import NgramProposer
+from trtspec.spec.propose.suffix import SuffixProposer
+from trtspec.spec.sample.probs import SamplingParams
 
 SLOTS, K = 8, 8
 GROUPS = {"copy-heavy": ("summarise", "edit", "answer_from_text", "code_refactor"),

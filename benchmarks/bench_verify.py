@@ -1,4 +1,4 @@
-"""Time trtspec.verify against the machine's memory bandwidth, in one run.
+"""Time trtspec.spec.sample.verify against the machine's memory bandwidth, in one run.
 
 For B ∈ {1, 8, 64}, K = 4, V ∈ {32000, 128256}: median time of one verify() call in three modes
 (sampled with draft probs q, point-mass drafts, greedy), the bytes of p [B, K+1, V] and q [B, K, V]
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from trtspec.verify import verify
+from trtspec.spec.sample.verify import verify
 
 K = 4
 
@@ -84,7 +84,7 @@ def run(sizes_b: list[int], sizes_v: list[int], repeats: int, copy_bytes: int) -
 def to_markdown(result: list[dict], repeats: int) -> str:
     head, rows = result[0], result[1:]
     lines = [
-        "# bench-verify: trtspec.verify vs memory bandwidth",
+        "# bench-verify: trtspec.spec.sample.verify vs memory bandwidth",
         "",
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}. Median of {repeats} calls after 2 warm-ups, K = {K}.",
@@ -95,7 +95,7 @@ def to_markdown(result: list[dict], repeats: int) -> str:
         "GB/s = bytes of the inputs handed to verify (p [B,K+1,V] fp32, plus q [B,K,V] in the "
         "sampled mode) / time. The sampled and point-mass paths read p and q only at the drafted "
         "tokens plus the one row where the round stops, so they can beat a full read; greedy "
-        "reads all of p once for a blocked argmax (trtspec.sampling.argmax; torch's own CPU "
+        "reads all of p once for a blocked argmax (trtspec.spec.sample.probs.argmax; torch's own CPU "
         "argmax ran ~4× slower here). At B = 1 the time is per-op dispatch, not bytes.",
         "",
         "| B | V | mode | ms / call | µs / request | p+q MB | GB/s | × copy GB/s |",

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtspec.metrics import distribution
+from trtspec.analysis.records import distribution
 
 SOAK = "## Soak"  # the report's last section, replaced by each soak run
 MAX_TOKENS = (1, 2, 4, 8, 16, 32)

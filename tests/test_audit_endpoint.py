@@ -24,7 +24,7 @@ import pytest
 import requests
 from conftest import free_port
 
-from trtspec.audit_endpoint import (
+from trtspec.audit.endpoint import (
     choose_bins,
     homogeneity,
     least_favourable,
@@ -178,8 +178,8 @@ def test_decide_applies_an_endpoint_audit_to_an_endpoint_eval(tmp_path, passed, 
 
     from test_decide import paired
 
-    from trtspec.recipe import load_recipe
-    from trtspec.report import make_decision
+    from trtspec.build.recipe import load_recipe
+    from trtspec.report.render import make_decision
 
     out = tmp_path / "e"
     out.mkdir()
@@ -214,8 +214,8 @@ def test_a_sampled_endpoint_eval_without_an_audit_of_its_servers_is_held(tmp_pat
 
     from test_decide import paired
 
-    from trtspec.recipe import load_recipe
-    from trtspec.report import make_decision
+    from trtspec.build.recipe import load_recipe
+    from trtspec.report.render import make_decision
 
     out = tmp_path / "e"
     out.mkdir()

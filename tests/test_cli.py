@@ -77,12 +77,12 @@ def test_generate_method_none_shows_undefined_rates_as_a_dash() -> None:
 
 def refuse_to_load(monkeypatch) -> None:
     """Any weight loading fails the test: these errors must come first."""
-    import trtspec.models
+    import trtspec.runtime.models
 
     def load(*args, **kwargs):
         raise AssertionError("loaded weights before checking the options")
 
-    monkeypatch.setattr(trtspec.models, "load", load)
+    monkeypatch.setattr(trtspec.runtime.models, "load", load)
 
 
 def test_draft_model_without_a_draft_is_refused_before_loading(monkeypatch, capsys) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_decide import record
 
-from trtspec.cost_model import (
+from trtspec.analysis.cost_model import (
     alpha_from_al,
     cost_model,
     expected_emitted,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from trtspec.crossover import (
+from trtspec.analysis.crossover import (
     Z95,
     bucket_of,
     bucket_speedups,
@@ -17,8 +17,8 @@ from trtspec.crossover import (
     markdown_lines,
     pava,
 )
-from trtspec.decide import GO, INCONCLUSIVE, NO_GO, Verdict
-from trtspec.recipe import Decide
+from trtspec.analysis.decide import GO, INCONCLUSIVE, NO_GO, Verdict
+from trtspec.build.recipe import Decide
 
 LEVELS = [1, 2, 4, 8, 16]
 E2E = Decide(primary_metric="e2e_p50", min_requests=10)

@@ -5,16 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtspec.decide import (
+from trtspec.analysis.decide import (
     GO,
     INCONCLUSIVE,
     NO_GO,
     decide,
     judge,
 )
-from trtspec.gates import gate_percentile, order_bounds, quantile_regression
-from trtspec.policy import apply_where
-from trtspec.recipe import Decide
+from trtspec.analysis.gates import gate_percentile, order_bounds, quantile_regression
+from trtspec.analysis.policy import apply_where
+from trtspec.build.recipe import Decide
 
 CRITERIA = Decide(min_speedup=1.05, max_ttft_p99_regression=0.10, max_e2e_p99_regression=0.10,
                   min_requests=20)
@@ -174,7 +174,7 @@ def test_latency_gate_uses_a_percentile_the_sample_can_bound() -> None:
 def test_order_statistic_bounds_cover_the_quantile_as_stated() -> None:
     """p90 of 60 exponential draws: each bound misses with probability ≤ 1.25 % (the
     percentile bootstrap's p99 of n = 100 is its maximum or near it, and misses far more)."""
-    from trtspec.gates import order_bounds
+    from trtspec.analysis.gates import order_bounds
 
     rng = np.random.default_rng(0)
     truth = -np.log(0.1)
@@ -429,7 +429,7 @@ def test_repeat_copies_of_a_prompt_are_one_unit() -> None:
 
 
 def test_turns_that_share_prompts_are_one_unit() -> None:
-    from trtspec.gates import independent_units, prompt_of
+    from trtspec.analysis.gates import independent_units, prompt_of
 
     assert [prompt_of({"request_id": x}) for x in ("a", "a#2", "a#12", "b#1", "#3", "x#y")] \
         == ["a", "a", "a", "b#1", "#3", "x#y"]  # records from before prompt_id

@@ -12,11 +12,12 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from trtspec.distill import DistillConfig, DistillError, distill, expected_al
-from trtspec.distill_data import Teacher, draft_vocab, load_prompts, training_prompts
-from trtspec.distill_heads import eagle_step2
 from trtspec.eval.workloads import builtin
-from trtspec.tracking_views import log_distill
+from trtspec.report.tracking.views import log_distill
+from trtspec.train.config import DistillConfig
+from trtspec.train.data import DistillError, Teacher, draft_vocab, load_prompts, training_prompts
+from trtspec.train.distill import distill, expected_al
+from trtspec.train.trainers import eagle_step2
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"
@@ -49,8 +50,8 @@ def quiet(_: str) -> None:
 @pytest.mark.parametrize("method", ["eagle", "medusa"])
 def test_distilled_heads_agree_more_with_the_target_and_load(method: str, tmp_path: Path
                                                              ) -> None:
-    from trtspec.propose.eagle_model import load_eagle3
-    from trtspec.propose.medusa import load_medusa
+    from trtspec.spec.propose.heads.eagle_model import load_eagle3
+    from trtspec.spec.propose.heads.medusa import load_medusa
 
     model = target()
     weights = [p.detach().clone() for p in model.parameters()]
@@ -82,7 +83,7 @@ def test_eagle_step_two_is_what_the_draft_computes_decoding_with_its_cache() -> 
     """The unrolled second step (one batched pass with a [T, 2T] mask) equals the draft run as
     the proposer runs it: the step-1 pairs of positions ≤ t in its cache, then (g_t, e) at
     position t + 1."""
-    from trtspec.propose.eagle_model import Eagle3Draft
+    from trtspec.spec.propose.heads.eagle_model import Eagle3Draft
 
     torch.manual_seed(0)
     draft = Eagle3Draft.from_target(tiny_llama(vocab=64, layers=6, seed=3)).float()
@@ -191,7 +192,7 @@ def test_expected_acceptance_length() -> None:
 def test_mlflow_down_is_one_line_and_the_heads_stay(tmp_path: Path) -> None:
     from conftest import free_port
 
-    from trtspec.tracking import TrackingUnavailable
+    from trtspec.report.tracking import TrackingUnavailable
 
     result = distill(target(), prompts(12), tmp_path / "h", DistillConfig(
         method="medusa", epochs=1, max_new_tokens=4, max_len=16, minutes=None),
@@ -248,8 +249,8 @@ def test_command_distills_the_demo_target(trtspec, tmp_path: Path,
     loads, and one MLflow run with the loss curve."""
     from mlflow.tracking import MlflowClient
 
-    from trtspec.models import load
-    from trtspec.propose.eagle_model import load_eagle3
+    from trtspec.runtime.models import load
+    from trtspec.spec.propose.heads.eagle_model import load_eagle3
 
     monkeypatch.chdir(tmp_path)
     Path("p.jsonl").write_text("".join(json.dumps({"id": str(i), "prompt": p}) + "\n" for i, p in

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trtspec.build.doctor import machine, recipe_needs
 from trtspec.cli import main
-from trtspec.doctor import machine, recipe_needs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,15 +9,16 @@ from collections.abc import Sequence
 import pytest
 import torch
 from broken_verifiers import naive_resample_verify
+from conftest import continuation_probs
 
-import trtspec.executor
-from trtspec.executor import SpecExecutor
-from trtspec.metrics import SpecStats
-from trtspec.propose import Draft
-from trtspec.propose.draft_model import DraftModelProposer
+import trtspec.spec.executor
+from trtspec.analysis.stats import chi_square_gof
 from trtspec.runtime.toy import MarkovLM, ToyRunner
-from trtspec.sampling import SamplingParams
-from trtspec.stats import chi_square_gof
+from trtspec.spec.counters import SpecStats
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose import Draft
+from trtspec.spec.propose.draft_model import DraftModelProposer
+from trtspec.spec.sample.probs import SamplingParams
 
 ALPHA = 1e-3
 PROMPT = [1, 2]
@@ -35,7 +36,7 @@ def continuation_pvalue(executor: SpecExecutor, target: MarkovLM, n_tokens: int,
     outs = executor.generate([PROMPT] * trials, params)
     assert all(len(c.token_ids) == n_tokens for c in outs)
     counts = Counter(tuple(c.token_ids) for c in outs)
-    exact = target.continuation_probs(PROMPT, n_tokens, SamplingParams(**sampling))
+    exact = continuation_probs(target, PROMPT, n_tokens, SamplingParams(**sampling))
     seqs = sorted(set(exact) | set(counts))
     return chi_square_gof([counts.get(s, 0) for s in seqs], [exact.get(s, 0.0) for s in seqs])[2]
 
@@ -68,7 +69,7 @@ def test_clipped_drafts_are_exact_too() -> None:
 
 
 def test_power_executor_with_broken_verifier_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
+    monkeypatch.setattr(trtspec.spec.executor, "verify", naive_resample_verify)
     target = MarkovLM(vocab_size=8, order=2, seed=3)
     executor = spec(target, target.diverged(0.6, seed=4), 3, clip=False)
     assert continuation_pvalue(executor, target, 3, 30_000) < ALPHA

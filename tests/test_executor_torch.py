@@ -10,16 +10,16 @@ import torch
 from broken_verifiers import naive_resample_verify
 from conftest import tiny_llama
 
-import trtspec.executor
-from trtspec.executor import SpecExecutor
-from trtspec.models import encode
-from trtspec.propose.draft_model import DraftModelProposer
-from trtspec.propose.layer_skip import LayerSkipProposer
-from trtspec.propose.ngram import NgramProposer
+import trtspec.spec.executor
+from trtspec.analysis.stats import chi_square_gof
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner, layer_skip_view
-from trtspec.sampling import SamplingParams, logits_to_probs
-from trtspec.stats import chi_square_gof
+from trtspec.runtime.models import encode
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.draft_model import DraftModelProposer
+from trtspec.spec.propose.layer_skip import LayerSkipProposer
+from trtspec.spec.propose.ngram import NgramProposer
+from trtspec.spec.sample.probs import SamplingParams, logits_to_probs
 
 PROMPTS = [
     "Repeat this sentence twice: the cat sat on the mat and looked at the door.",
@@ -120,13 +120,13 @@ def test_layer_skip_on_the_target_s_own_cache_is_exact() -> None:
 
 def test_power_broken_verifier_fails_on_the_shared_cache(monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
-    monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
+    monkeypatch.setattr(trtspec.spec.executor, "verify", naive_resample_verify)
     target = tiny_llama(vocab=32, layers=2, seed=1, logit_scale=6.0)
     assert two_token_pvalue(target, 1, SamplingParams(), trials=30_000, shared=True) < 1e-3
 
 
 def test_power_broken_verifier_fails_through_transformers(monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
-    monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
+    monkeypatch.setattr(trtspec.spec.executor, "verify", naive_resample_verify)
     target = tiny_llama(vocab=32, layers=2, seed=1, logit_scale=6.0)
     assert two_token_pvalue(target, 1, SamplingParams(), trials=30_000) < 1e-3

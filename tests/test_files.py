@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.files import write_atomic
+from trtspec.build.files import write_atomic
 
 
 def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path, monkeypatch) -> None:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from trtspec.decide import GO, INCONCLUSIVE, decide, judge, pairs
-from trtspec.goodput import goodput_ratio, goodput_table, meets_slo, signed_shares
-from trtspec.recipe import Decide, Slo
+from trtspec.analysis.decide import GO, INCONCLUSIVE, decide, judge, pairs
+from trtspec.analysis.goodput import goodput_ratio, goodput_table, meets_slo, signed_shares
+from trtspec.build.recipe import Decide, Slo
 
 SLO = Slo(ttft_ms=100, tpot_ms=50)
 CRITERIA = Decide(primary_metric="goodput", slo=SLO, min_requests=8, min_speedup=1.05)
@@ -90,8 +90,8 @@ def test_the_report_judges_goodput_and_shows_each_arm_s_rate(tmp_path) -> None:
     import shutil
     from pathlib import Path
 
-    from trtspec.recipe import load_recipe
-    from trtspec.report import make_decision
+    from trtspec.build.recipe import load_recipe
+    from trtspec.report.render import make_decision
 
     out = tmp_path / "e"
     out.mkdir()
@@ -117,7 +117,7 @@ def test_the_report_judges_goodput_and_shows_each_arm_s_rate(tmp_path) -> None:
 def test_a_spec_arm_that_never_meets_the_slo_is_shown_below() -> None:
     """Spec misses every request (TTFT 150 ms > 100), baseline meets them: goodput ratio 0,
     CI (0, 0), NO-GO, not a degenerate INCONCLUSIVE."""
-    from trtspec.decide import NO_GO
+    from trtspec.analysis.decide import NO_GO
 
     recs = []
     for i in range(20):
@@ -132,7 +132,7 @@ def test_open_loop_goodput_is_attainment_at_the_offered_rate_not_busy_time() -> 
     arms serve the offered 0.5 req/s at 100 %: the goodput ratio is 1.0 (windows 14.4 s and
     14.2 s: 8/14.2 ÷ 8/14.4 = 1.014). Busy time (the union of request intervals: 3.2 s vs
     1.6 s) would have said 2.0."""
-    from trtspec.goodput import turn_spans
+    from trtspec.analysis.goodput import turn_spans
 
     slo = Slo(ttft_ms=1000)
     recs = []

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trtspec.memory import config_params, markdown_lines, memory_cost, safetensors_params
-from trtspec.recipe_methods import DraftModel, LayerSkip, Ngram
+from trtspec.analysis.memory import config_params, markdown_lines, memory_cost, safetensors_params
+from trtspec.spec.methods import DraftModel, LayerSkip, Ngram
 
 TARGET = {"hidden_size": 1024, "num_hidden_layers": 10, "num_attention_heads": 8,
           "num_key_value_heads": 2, "head_dim": 128, "intermediate_size": 4096,

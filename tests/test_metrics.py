@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trtspec.metrics import SpecStats
+from trtspec.spec.counters import SpecStats
 
 
 def test_record_round_and_derived_rates() -> None:
@@ -47,7 +47,7 @@ def test_empty_stats_are_nan_not_errors() -> None:
 
 
 def test_latency_definitions_on_hand_built_timings() -> None:
-    from trtspec.metrics import RequestTiming, latency_summary
+    from trtspec.analysis.records import RequestTiming, latency_summary
 
     # request A: starts at 0, first token at 0.2, then a burst of 3 at 0.5 and one at 0.9
     a = RequestTiming(start=0.0, token_times=[0.2, 0.5, 0.5, 0.5, 0.9], end=1.0)
@@ -67,7 +67,7 @@ def test_latency_definitions_on_hand_built_timings() -> None:
 
 
 def test_throughput_is_tokens_over_the_union_of_request_intervals() -> None:
-    from trtspec.metrics import RequestTiming, busy_seconds, latency_summary
+    from trtspec.analysis.records import RequestTiming, busy_seconds, latency_summary
 
     # [0, 1] and [0.5, 2] overlap (2 s together), [3, 4] runs alone: 3 s busy, not 4 or 1
     timings = [RequestTiming(0.0, [0.5, 1.0], 1.0), RequestTiming(0.5, [1.0, 2.0], 2.0),
@@ -83,7 +83,7 @@ def test_throughput_is_tokens_over_the_union_of_request_intervals() -> None:
 def test_report_throughput_is_tokens_over_wall_time() -> None:
     from test_decide import record
 
-    from trtspec.metrics import arm_throughput
+    from trtspec.analysis.records import arm_throughput
 
     rows = [record("ngram/D4/c1", "spec", "a", 0.01, n=11) | {"start_s": 100.0},  # e2e 0.15
             record("ngram/D4/c1", "spec", "b", 0.01, n=21) | {"start_s": 200.0},  # e2e 0.25

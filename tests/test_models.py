@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.models import ModelNotFound, encode, resolve
+from trtspec.runtime.models import ModelNotFound, encode, resolve
 
 
 def test_builtin_resolves_to_a_cached_safetensors_dir(smollm2) -> None:

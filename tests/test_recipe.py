@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trtspec.build.recipe import RecipeError, load_recipe
 from trtspec.cli import main
-from trtspec.recipe import RecipeError, load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

@@ -10,12 +10,12 @@ from typing import Any, get_args
 import pytest
 from pydantic import BaseModel
 
-from trtspec.recipe import Recipe
-from trtspec.recipe_reference import END, START, keys, main, reference_markdown
+from trtspec.build.recipe import Recipe
+from trtspec.build.recipe.reference import END, START, keys, main, reference_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-FIX = "run `python -m trtspec.recipe_reference --write README.md`"
+FIX = "run `python -m trtspec.build.recipe.reference --write README.md`"
 
 
 def _block(text: str) -> str:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from test_decide import paired
 
-from trtspec.recipe import load_recipe
-from trtspec.report import make_decision
+from trtspec.build.recipe import load_recipe
+from trtspec.report.render import make_decision
 
 ROOT = Path(__file__).resolve().parents[1]
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which(
@@ -78,8 +78,8 @@ def test_html_report_renders_with_its_plots_in_headless_chromium(tmp_path: Path)
 
 
 def test_summary_names_the_categories_that_break_ranks() -> None:
-    from trtspec.decide import GO, INCONCLUSIVE, NO_GO, Verdict
-    from trtspec.report import summary_lines
+    from trtspec.analysis.decide import GO, INCONCLUSIVE, NO_GO, Verdict
+    from trtspec.report.render import summary_lines
 
     verdicts = [Verdict("ngram/D4/c1", "all", GO, 1.6, (1.3, 1.9), 60),
                 Verdict("ngram/D4/c1", "rag", GO, 2.1, (1.8, 2.4), 30),
@@ -225,8 +225,8 @@ def test_the_header_table_says_what_ran_by_whom_and_the_criteria(tmp_path: Path)
 
 
 def test_a_cell_without_an_interval_says_why_instead_of_nan(tmp_path: Path) -> None:
-    from trtspec.decide import INCONCLUSIVE, Verdict, ci_text
-    from trtspec.recipe import Decide
+    from trtspec.analysis.decide import INCONCLUSIVE, Verdict, ci_text
+    from trtspec.build.recipe import Decide
 
     out, records = categorised_folder(tmp_path)
     recipe = load_recipe(out / "recipe.yaml", ["sampling.temperature=0.7"])

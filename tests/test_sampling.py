@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtspec.sampling import (
+from trtspec.analysis.stats import chi_square_gof
+from trtspec.spec.sample.probs import (
     SAMPLE_BLOCK,
     SamplingParams,
     argmax,
@@ -15,7 +16,6 @@ from trtspec.sampling import (
     sample,
     uniforms,
 )
-from trtspec.stats import chi_square_gof
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
 

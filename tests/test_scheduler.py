@@ -9,13 +9,13 @@ import threading
 import pytest
 from conftest import count_fed, tiny_llama
 
-from trtspec.executor import SpecExecutor
-from trtspec.propose.draft_model import DraftModelProposer
-from trtspec.propose.layer_skip import LayerSkipProposer
-from trtspec.propose.ngram import NgramProposer
 from trtspec.runtime.toy import MarkovLM, ToyRunner
-from trtspec.sampling import SamplingParams
-from trtspec.scheduler import DraftPolicy, QueueFull, Scheduler, SchedulerDown
+from trtspec.serve.scheduler import DraftPolicy, QueueFull, Scheduler, SchedulerDown
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.draft_model import DraftModelProposer
+from trtspec.spec.propose.layer_skip import LayerSkipProposer
+from trtspec.spec.propose.ngram import NgramProposer
+from trtspec.spec.sample.probs import SamplingParams
 
 TARGET = MarkovLM(vocab_size=24, order=2, seed=5, eos_token_id=23)
 DRAFT = TARGET.diverged(0.3, seed=6)
@@ -66,14 +66,14 @@ def test_staggered_arrivals_give_each_request_its_output_alone(method: str) -> N
 def test_power_a_slot_that_keeps_its_last_occupant_s_tokens_fails(monkeypatch) -> None:
     """The identity test above can fail: admission that forgets to drop the row's old tokens
     (the new prompt lands after them) changes outputs."""
-    import trtspec.scheduler
+    import trtspec.serve.scheduler
 
     def leaky(runner, row, prompt, kept=0):
         feed = [[] for _ in runner.lengths()]
         feed[row] = list(prompt)
         return runner.score(feed, last_only=True)[row, 0]
 
-    monkeypatch.setattr(trtspec.scheduler, "admit_row", leaky)
+    monkeypatch.setattr(trtspec.serve.scheduler, "admit_row", leaky)
     work = requests(12)
     alone = [toy_executor("draft_model").generate([p], s)[0].token_ids for p, s in work]
     scheduler = Scheduler(toy_executor("draft_model"), slots=3)

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trtspec.policy import ServePolicy, read_policy, write_policy
-from trtspec.recipe_methods import DraftModel, Eagle, LayerSkip, Medusa, Ngram, Suffix
-from trtspec.schedules import (
+from trtspec.analysis.policy import ServePolicy, read_policy, write_policy
+from trtspec.analysis.schedules import (
     deploy_schedule,
     release_at_least,
     trtllm_snippet,
     vllm_config,
     vllm_notes,
 )
+from trtspec.spec.methods import DraftModel, Eagle, LayerSkip, Medusa, Ngram, Suffix
 
 # Option names of speculative_config, per TensorRT-LLM release.
 # Source: NVIDIA/TensorRT-LLM, tensorrt_llm/llmapi/llm_args.py — DecodingBaseConfig (max_draft_len,
@@ -157,8 +157,8 @@ def test_make_decision_writes_crossover_memory_and_schedules(tmp_path: Path) -> 
 
     from test_decide import paired
 
-    from trtspec.recipe import load_recipe
-    from trtspec.report import make_decision
+    from trtspec.build.recipe import load_recipe
+    from trtspec.report.render import make_decision
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "e"

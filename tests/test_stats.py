@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtspec.stats import (
+from trtspec.analysis.stats import (
     chi_square_gof,
     chi_square_power,
     cluster_replicates,
@@ -130,7 +130,7 @@ def test_the_geomean_p_value_by_hand() -> None:
     from itertools import combinations_with_replacement
     from math import factorial
 
-    from trtspec.stats import geomean_of_ratios, mean_log_interval, ratio_se
+    from trtspec.analysis.stats import geomean_of_ratios, mean_log_interval, ratio_se
 
     logs = np.array([0.1, 0.2, 0.6])
     theta, se = ratio_se(logs, np.ones(3))
@@ -159,7 +159,7 @@ def test_the_geomean_p_value_by_hand() -> None:
 def test_unequal_units_by_hand() -> None:
     """Units of 2 and 1 pairs: θ = Σy / Σn = (0.1 + 0.3 + 0.5) / 3 = 0.3; residuals
     y − θn = 0.4 − 0.6 = −0.2 and 0.5 − 0.3 = 0.2; se = √(2 · 0.08) / 3 = 0.13333."""
-    from trtspec.stats import ratio_se, unit_sums
+    from trtspec.analysis.stats import ratio_se, unit_sums
 
     y, n = unit_sums(np.array([0.1, 0.3, 0.5]), ["a", "a", "b"])
     assert list(y) == pytest.approx([0.4, 0.5]) and list(n) == [2, 1]
@@ -171,7 +171,7 @@ def test_the_new_p_value_holds_at_holm_s_first_level_where_the_old_one_does_not(
     with normal log ratios (sd 0.2), 4000 simulated cells, level 2.5e-3 (Holm's first over 10
     cells at 2.5 %): today's percentile bootstrap says GO several times too often (expected
     10; it gives ~47), the new p-value does not."""
-    from trtspec.stats import geomean_of_ratios
+    from trtspec.analysis.stats import geomean_of_ratios
 
     rng = np.random.default_rng(0)
     wrong = {"t ∧ bootstrap-t": 0, "percentile bootstrap": 0}

@@ -11,7 +11,7 @@ from conftest import free_port
 
 from trtspec.cli import main
 from trtspec.eval.run import read_records, run_eval, summarize
-from trtspec.tracking import TrackingUnavailable, _origin_tags, condition_metrics, log_eval
+from trtspec.report.tracking import TrackingUnavailable, _origin_tags, condition_metrics, log_eval
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,7 +121,7 @@ def test_failed_parent_is_deleted_and_the_eval_logged_again(tmp_path: Path, mlfl
     it (it has no conditions), but delete it and log everything again."""
     from mlflow.tracking import MlflowClient
 
-    import trtspec.tracking as tracking
+    import trtspec.report.tracking as tracking
 
     out = toy_eval(tmp_path / "toy-eval-failed")
     real, calls = tracking.condition_metrics, []
@@ -307,7 +307,7 @@ def test_reviewer_views_kind_times_datasets_and_load_curves(tmp_path: Path,
     speedup and TPOT against concurrency as stepped metrics."""
     from mlflow.tracking import MlflowClient
 
-    from trtspec.tracking_views import run_window
+    from trtspec.report.tracking.views import run_window
 
     out = toy_eval(tmp_path / "toy-eval-views")
     _edit_meta(out, recipe="toy-views")
@@ -378,7 +378,7 @@ def test_decision_logs_a_verdict_table_and_the_schedules(tmp_path: Path,
                                                          mlflow_server: str) -> None:
     from mlflow.tracking import MlflowClient
 
-    from trtspec.tracking import log_decision
+    from trtspec.report.tracking import log_decision
 
     out = toy_eval(tmp_path / "toy-eval-decided")
     _edit_meta(out, recipe="toy-decided")
@@ -411,7 +411,7 @@ def test_decision_logs_a_verdict_table_and_the_schedules(tmp_path: Path,
 
 def test_relative_local_stores_are_made_absolute(tmp_path: Path, monkeypatch) -> None:
     """The URI printed and kept in the receipt names one store from any folder."""
-    from trtspec.tracking import tracking_uri
+    from trtspec.report.tracking import tracking_uri
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from trtspec.build import build
+from trtspec.build.manifest import ManifestError, check_gpu, load_manifest
 from trtspec.cli import main
-from trtspec.manifest import ManifestError, check_gpu, load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"
@@ -20,9 +20,9 @@ CPU_RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"
 def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests describe a machine without an NVIDIA GPU, whatever machine runs them (GPU
     behaviour has its own tests in tests/gpu/)."""
-    import trtspec.gpu
+    import trtspec.build.gpu
 
-    monkeypatch.setattr(trtspec.gpu, "detect", lambda: [])
+    monkeypatch.setattr(trtspec.build.gpu, "detect", lambda: [])
 
 
 def test_cpu_recipe_builds_then_is_a_no_op(tmp_path: Path, smollm2) -> None:
@@ -137,8 +137,8 @@ def test_dry_run_prints_copy_pasteable_shell(tmp_path: Path, capsys) -> None:
 
 
 def test_an_aliased_gpu_name_finds_the_build_where_build_put_it(tmp_path: Path) -> None:
-    from trtspec.manifest import GpuInfo, Manifest, open_built
-    from trtspec.recipe import load_recipe
+    from trtspec.build.manifest import GpuInfo, Manifest, open_built
+    from trtspec.build.recipe import load_recipe
 
     recipe = load_recipe(ROOT / "recipes" / "h100-llama31-8b-draft1b.yaml", ["gpu.name=H100-SXM"])
     Manifest(recipe=recipe.name, recipe_digest=recipe.digest(), backend="trtllm", versions={},
@@ -166,7 +166,7 @@ def test_set_builds_coexist_and_eval_finds_each(tmp_path: Path, monkeypatch, cap
     with the same --set open it, without --set the recipe as written's; nothing is replaced."""
     from conftest import tiny_llama
 
-    import trtspec.manifest
+    import trtspec.build.manifest
 
     model = tmp_path / "tiny-llama"
     tiny_llama().save_pretrained(model)
@@ -190,13 +190,13 @@ def test_set_builds_coexist_and_eval_finds_each(tmp_path: Path, monkeypatch, cap
     main(["build", str(recipe), *base, *bf16])
     assert capsys.readouterr().out.count("up to date:") == 2
 
-    real, opened = trtspec.manifest.open_built, []
+    real, opened = trtspec.build.manifest.open_built, []
 
     def spy(*args, **kwargs):
         opened.append(real(*args, **kwargs)[1])
         raise Opened("found it")
 
-    monkeypatch.setattr(trtspec.manifest, "open_built", spy)
+    monkeypatch.setattr(trtspec.build.manifest, "open_built", spy)
     subset = ["--set", "methods=[{method: ngram}]", "--set", "sampling.temperature=0.5"]
     for args, folder in [([], plain), (bf16, moved), (subset, plain), ([*bf16, *subset], moved)]:
         for command in (["eval", str(recipe), *base, "--no-mlflow"], ["audit", str(recipe), *base]):
@@ -205,7 +205,7 @@ def test_set_builds_coexist_and_eval_finds_each(tmp_path: Path, monkeypatch, cap
             assert exit_info.value.code == 2 and "found it" in capsys.readouterr().err
             assert opened.pop() == folder / "manifest.json", (command, args)
 
-    monkeypatch.setattr(trtspec.manifest, "open_built", real)
+    monkeypatch.setattr(trtspec.build.manifest, "open_built", real)
     with pytest.raises(SystemExit) as exit_info:  # overrides nobody built
         main(["eval", str(recipe), *base, "--set", "target.dtype=float16", "--no-mlflow"])
     err = capsys.readouterr().err
@@ -225,10 +225,10 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
     from conftest import tiny_llama
     from transformers import AutoTokenizer
 
-    from trtspec.engine import OpenBuild
-    from trtspec.models import resolve
-    from trtspec.recipe import load_recipe
+    from trtspec.build.open import OpenBuild
+    from trtspec.build.recipe import load_recipe
     from trtspec.runtime.kinds import runner_kind
+    from trtspec.runtime.models import resolve
 
     model = tmp_path / "tiny-llama"
     tiny = tiny_llama()

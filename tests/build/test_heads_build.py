@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from trtspec.build.manifest import load_manifest
+from trtspec.build.open import open_build
 from trtspec.cli import main
-from trtspec.engine import open_build
 from trtspec.eval.run import read_records
-from trtspec.manifest import load_manifest
-from trtspec.propose.eagle import Eagle3Draft, EagleProposer, save_eagle3
-from trtspec.propose.medusa import MedusaHeads, MedusaProposer, save_medusa
+from trtspec.spec.propose.heads.eagle import Eagle3Draft, EagleProposer, save_eagle3
+from trtspec.spec.propose.heads.medusa import MedusaHeads, MedusaProposer, save_medusa
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "cpu-smollm2.yaml")

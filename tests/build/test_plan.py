@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trtspec.build import build
-from trtspec.gpu import d0, sweep_around
+from trtspec.build.gpu import d0, sweep_around
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -71,9 +71,9 @@ def test_every_emitted_trtllm_flag_is_a_1_2_flag(path: Path) -> None:
 def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests describe a machine without an NVIDIA GPU, whatever machine runs them (GPU
     behaviour has its own tests in tests/gpu/)."""
-    import trtspec.gpu
+    import trtspec.build.gpu
 
-    monkeypatch.setattr(trtspec.gpu, "detect", lambda: [])
+    monkeypatch.setattr(trtspec.build.gpu, "detect", lambda: [])
 
 
 def test_draft_target_engines_have_the_right_flags() -> None:
@@ -171,7 +171,7 @@ def test_every_plan_ends_with_commands_that_exist(path: Path, tmp_path: Path) ->
 
 
 def plan_target(path: Path) -> str:
-    from trtspec.recipe import load_recipe
+    from trtspec.build.recipe import load_recipe
 
     return load_recipe(path).target.model
 

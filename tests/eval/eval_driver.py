@@ -8,10 +8,10 @@ import time
 
 from trtspec.eval.run import Condition, EvalInputs, run_eval
 from trtspec.eval.workloads import WorkloadRequest
-from trtspec.executor import SpecExecutor
-from trtspec.propose.draft_model import DraftModelProposer
 from trtspec.runtime.toy import MarkovLM, ToyRunner
-from trtspec.sampling import SamplingParams
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.draft_model import DraftModelProposer
+from trtspec.spec.sample.probs import SamplingParams
 
 
 class SlowRunner(ToyRunner):

@@ -8,10 +8,10 @@ import itertools
 import pytest
 
 from trtspec.eval.clients import arrival_offsets, run_clients
-from trtspec.executor import SpecExecutor
-from trtspec.propose.draft_model import DraftModelProposer
 from trtspec.runtime.toy import MarkovLM, ToyRunner
-from trtspec.sampling import SamplingParams
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.draft_model import DraftModelProposer
+from trtspec.spec.sample.probs import SamplingParams
 
 TARGET = MarkovLM(vocab_size=20, order=2, seed=2, eos_token_id=19)
 

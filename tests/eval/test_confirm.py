@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from trtspec.build.recipe import RecipeError
 from trtspec.cli import main
 from trtspec.eval.confirm import CONFIRMS, confirm_plan, side_by_side
 from trtspec.eval.folder import Selection
-from trtspec.recipe import RecipeError
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"
@@ -60,7 +60,7 @@ def test_nothing_go_nothing_to_confirm(tmp_path: Path, capsys) -> None:
 
 
 def test_the_report_shows_both_verdicts(tmp_path: Path) -> None:
-    from trtspec.decide import Verdict
+    from trtspec.analysis.decide import Verdict
 
     first = decided(tmp_path, ["ngram/D2/c1"])
     second = tmp_path / "second"

@@ -12,7 +12,7 @@ import pytest
 from trtspec.eval.endpoint import counter_delta, counter_rates, run_endpoint_eval, scrape
 from trtspec.eval.run import read_records, summarize
 from trtspec.eval.workloads import WorkloadRequest
-from trtspec.sampling import SamplingParams
+from trtspec.spec.sample.probs import SamplingParams
 
 
 def serve(speculative: bool, fail: set[str] = frozenset(), break_off: set[str] = frozenset(),
@@ -291,8 +291,8 @@ def test_an_endpoint_that_refuses_connections_is_one_line_and_leaves_no_folder(
 
 
 def test_a_condition_is_named_after_the_d_the_server_says() -> None:
+    from trtspec.analysis.records import condition_parts
     from trtspec.eval.endpoint import announced_draft_len
-    from trtspec.metrics import condition_parts
 
     assert announced_draft_len({"metrics": {"speculative_decoding": None}}) == 0  # plain
     assert announced_draft_len({"metrics": {"speculative_decoding": {"num_spec_tokens": 4}}}) \

@@ -171,9 +171,9 @@ def test_the_recipe_s_device_and_dtype_reach_the_models(tmp_path: Path, smollm2)
     differs; a subset of the built methods and another draft length use the same build."""
     import torch
 
-    from trtspec.engine import OpenBuild
-    from trtspec.manifest import ManifestError, open_built
-    from trtspec.recipe import load_recipe
+    from trtspec.build.manifest import ManifestError, open_built
+    from trtspec.build.open import OpenBuild
+    from trtspec.build.recipe import load_recipe
 
     bf16 = ("target.dtype=bfloat16", "backend.device=cpu")
     main(["build", str(RECIPE), "--engines", str(tmp_path), *[a for s in bf16

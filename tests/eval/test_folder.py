@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from trtspec.build.recipe import RecipeError, load_recipe
 from trtspec.cli import main
 from trtspec.eval.folder import Selection, load_requests, resumed_selection, spread_sample
 from trtspec.eval.run import read_records, summarize
 from trtspec.eval.workloads import WorkloadRequest
-from trtspec.recipe import RecipeError, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"  # eval.per_category: 1

@@ -101,8 +101,8 @@ def test_greedy_divergences_are_located_and_measured(tmp_path: Path) -> None:
     """A spec arm whose target differs: each differing output gets its first divergence and
     the margin function's value there; a resumed eval does not add them twice."""
     from trtspec.eval.run import DIVERGENCES, first_divergence, read_jsonl
-    from trtspec.executor import SpecExecutor
     from trtspec.runtime.toy import MarkovLM, ToyRunner
+    from trtspec.spec.executor import SpecExecutor
 
     inputs = toy_inputs()
     other = MarkovLM(vocab_size=16, order=2, seed=9, eos_token_id=15)
@@ -157,21 +157,21 @@ def test_a_batch_cut_short_is_measured_again_whole_in_both_arms(tmp_path: Path) 
     cut = [r for r in records if not (r["condition"] == "draft_model/D2/c2"
                                       and r["arm"] == "spec" and r["request_id"] == "r1")]
     path.write_text("".join(json.dumps(r) + "\n" for r in cut))
-    import trtspec.scheduler
+    import trtspec.serve.scheduler
 
     sent: list[int] = []
-    submit = trtspec.scheduler.Scheduler.submit
+    submit = trtspec.serve.scheduler.Scheduler.submit
 
     def spy(self, prompt, params, on_delta=None):
         sent.append(params.seed)
         return submit(self, prompt, params, on_delta)
 
-    trtspec.scheduler.Scheduler.submit = spy
+    trtspec.serve.scheduler.Scheduler.submit = spy
     inputs.warmup = 0
     try:
         again = read_records(run_eval(tmp_path, inputs, resume=True))
     finally:
-        trtspec.scheduler.Scheduler.submit = submit
+        trtspec.serve.scheduler.Scheduler.submit = submit
     assert len(sent) == 2 * 4  # the whole turn (4 requests at c = 2) again, in both arms
     keys = Counter((r["condition"], r["arm"], r["request_id"]) for r in again)
     assert len(again) == len(records) and set(keys.values()) == {1}
@@ -188,15 +188,15 @@ def test_an_eval_with_an_adaptive_condition_end_to_end(tmp_path: Path) -> None:
     import dataclasses
     import shutil
 
-    from trtspec.adaptive import ADAPTIVE
+    from trtspec.analysis.records import condition_parts
+    from trtspec.build.recipe import load_recipe
     from trtspec.cli.serve import policy_from_eval
-    from trtspec.cost_curve import chooser
     from trtspec.eval.run import Condition
-    from trtspec.executor import SpecExecutor
-    from trtspec.metrics import condition_parts
-    from trtspec.recipe import load_recipe
-    from trtspec.report import make_decision
-    from trtspec.scheduler import DraftPolicy
+    from trtspec.report.render import make_decision
+    from trtspec.serve.scheduler import DraftPolicy
+    from trtspec.spec.adaptive import ADAPTIVE
+    from trtspec.spec.cost_curve import chooser
+    from trtspec.spec.executor import SpecExecutor
 
     inputs = toy_inputs(n_requests=6)
     make = inputs.make_executor

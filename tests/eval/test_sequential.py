@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtspec.decide import decide
+from trtspec.analysis.decide import decide
+from trtspec.build.recipe import Decide
 from trtspec.eval.run import read_records
 from trtspec.eval.sequential import read_sequential, until_decided, unused_rows
 from trtspec.eval.workloads import WorkloadRequest
-from trtspec.recipe import Decide
 
 CRITERIA = Decide(min_speedup=1.05, min_requests=6)
 POOL = [WorkloadRequest(id=f"{c}-{i}", category=c, prompt=f"{c} {i}")
@@ -130,7 +130,7 @@ def test_spending_holds_the_error_where_full_alpha_at_every_look_does_not() -> N
     """The power check of the spending: at a true speedup exactly on the threshold (the worst
     case for a wrong GO), five looks each tested at the full 2.5 % say GO far more often than
     2.5 %; the spent α per look keeps it under."""
-    from trtspec.stats import look_alphas, speedup_interval
+    from trtspec.analysis.stats import look_alphas, speedup_interval
 
     sizes = [8, 16, 24, 32, 40]
     spend = look_alphas(sizes, 40)

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.eval import speed_bench
-from trtspec.eval.workloads import WorkloadError, load_workload
+from trtspec.eval.workloads import WorkloadError, load_workload, speed_bench
 
 
 def row(qid: str, category: str, turns: list[str], multiturn: bool = False) -> dict:

@@ -48,7 +48,7 @@ def test_schema_errors_name_the_line(tmp_path: Path, rows: list, message: str) -
 
 
 def test_builtin_workload_shape(smollm2) -> None:
-    from trtspec.models import encode
+    from trtspec.runtime.models import encode
 
     requests = builtin()
     assert len(requests) >= 48 and len(categories(requests)) >= 6

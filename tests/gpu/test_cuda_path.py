@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtspec.executor import SpecExecutor
-from trtspec.propose.draft_model import DraftModelProposer
-from trtspec.propose.ngram import NgramProposer
+from trtspec.analysis.stats import chi_square_gof
 from trtspec.runtime.hf import HFRunner, layer_skip_view
-from trtspec.sampling import SamplingParams, logits_to_probs
-from trtspec.stats import chi_square_gof
-from trtspec.verify import verify
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.draft_model import DraftModelProposer
+from trtspec.spec.propose.ngram import NgramProposer
+from trtspec.spec.sample.probs import SamplingParams, logits_to_probs
+from trtspec.spec.sample.verify import verify
 
 pytestmark = pytest.mark.gpu
 

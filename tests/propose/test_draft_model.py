@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from trtspec.propose.draft_model import DraftModelProposer
 from trtspec.runtime.toy import MarkovLM, ToyRunner
-from trtspec.sampling import SamplingParams, logits_to_probs, make_generator
+from trtspec.spec.propose.draft_model import DraftModelProposer
+from trtspec.spec.sample.probs import SamplingParams, logits_to_probs, make_generator
 
 
 def test_returned_probs_are_the_distributions_sampled_from() -> None:

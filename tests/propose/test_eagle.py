@@ -16,10 +16,15 @@ from broken_verifiers import naive_resample_verify
 from conftest import count_fed, tiny_llama
 from test_executor_torch import exact_two_token_probs
 
-import trtspec.executor
-import trtspec.propose.eagle
-from trtspec.executor import SpecExecutor
-from trtspec.propose.eagle import (
+import trtspec.spec.executor
+import trtspec.spec.propose.heads.eagle
+from trtspec.analysis.stats import chi_square_gof
+from trtspec.runtime.compiled import CompiledRunner
+from trtspec.runtime.hf import HFRunner
+from trtspec.serve.scheduler import DraftPolicy, Scheduler
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.heads import HeadsError
+from trtspec.spec.propose.heads.eagle import (
     Eagle3Config,
     Eagle3Draft,
     EagleProposer,
@@ -28,12 +33,7 @@ from trtspec.propose.eagle import (
     load_eagle3,
     save_eagle3,
 )
-from trtspec.propose.heads import HeadsError
-from trtspec.runtime.compiled import CompiledRunner
-from trtspec.runtime.hf import HFRunner
-from trtspec.sampling import SamplingParams, rows_to_probs
-from trtspec.scheduler import DraftPolicy, Scheduler
-from trtspec.stats import chi_square_gof
+from trtspec.spec.sample.probs import SamplingParams, rows_to_probs
 
 PROMPT = [3, 1, 4, 1, 5]
 AUX = [1, 3, 4]  # distinct layers of the 6-layer target (the default would be [1, 2, 2])
@@ -109,7 +109,7 @@ def test_sampling_is_exact_on_the_compiled_runner() -> None:
 
 
 def test_power_a_broken_verifier_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
+    monkeypatch.setattr(trtspec.spec.executor, "verify", naive_resample_verify)
     p = two_token_pvalue("hf", SAMPLINGS[0])[0]
     print(f"naive resampling: p = {p:.3g}")
     assert p < 1e-3
@@ -174,14 +174,14 @@ def test_cached_drafting_equals_the_uncached_forward_over_many_rounds(
     counts, fed in separate calls), the budget's clipped last rounds: every round's q equals
     the head run from scratch over the committed tokens."""
     split: list[list[list[int]]] = []
-    plain = trtspec.propose.eagle.groups
+    plain = trtspec.spec.propose.heads.eagle.groups
 
     def groups(counts, slack):
         out = plain(counts, slack)
         split.extend([out] if len(out) > 1 else [])
         return out
 
-    monkeypatch.setattr(trtspec.propose.eagle, "groups", groups)
+    monkeypatch.setattr(trtspec.spec.propose.heads.eagle, "groups", groups)
     target = target_model()
     draft = random_draft(target)
     runner = make_runner(kind, target)

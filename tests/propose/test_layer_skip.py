@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from conftest import tiny_llama
 
-from trtspec.executor import SpecExecutor
-from trtspec.propose.layer_skip import LayerSkipProposer
 from trtspec.runtime.compiled import CompiledRunner
-from trtspec.sampling import SamplingParams
-from trtspec.scheduler import Scheduler
+from trtspec.serve.scheduler import Scheduler
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.layer_skip import LayerSkipProposer
+from trtspec.spec.sample.probs import SamplingParams
 
 
 def test_requests_that_end_before_any_draft_round_leave_the_proposer_working() -> None:

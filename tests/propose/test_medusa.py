@@ -15,15 +15,15 @@ from conftest import tiny_llama
 from safetensors.torch import save_file
 from test_executor_torch import exact_two_token_probs
 
-import trtspec.executor
-from trtspec.executor import SpecExecutor
-from trtspec.propose.heads import HeadsError
-from trtspec.propose.medusa import MedusaHeads, MedusaProposer, load_medusa, save_medusa
+import trtspec.spec.executor
+from trtspec.analysis.stats import chi_square_gof
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner
-from trtspec.sampling import SamplingParams
-from trtspec.scheduler import Scheduler
-from trtspec.stats import chi_square_gof
+from trtspec.serve.scheduler import Scheduler
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.heads import HeadsError
+from trtspec.spec.propose.heads.medusa import MedusaHeads, MedusaProposer, load_medusa, save_medusa
+from trtspec.spec.sample.probs import SamplingParams
 
 PROMPT = [3, 1, 4, 1, 5]
 SAMPLINGS = [SamplingParams(), SamplingParams(temperature=0.7, top_k=12, top_p=0.9)]
@@ -77,7 +77,7 @@ def test_medusa_sampling_is_exact(params: SamplingParams, compiled: bool) -> Non
 def test_power_broken_verifier_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same harness with a verifier that resamples from p on rejection (wrong): p-values
     ~1e-120 at 10k trials, so 10k suffice."""
-    monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
+    monkeypatch.setattr(trtspec.spec.executor, "verify", naive_resample_verify)
     assert two_token_pvalue(SamplingParams(), 10_000)[0] < 1e-3
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtspec.propose.ngram import NgramProposer, find_continuation
-from trtspec.sampling import SamplingParams
+from trtspec.spec.propose.ngram import NgramProposer, find_continuation
+from trtspec.spec.sample.probs import SamplingParams
 
 
 @pytest.mark.parametrize(("tokens", "min_n", "max_n", "k", "expected"), [

@@ -12,14 +12,14 @@ import pytest
 from broken_verifiers import naive_resample_verify
 from test_executor import ALPHA, PROMPT, continuation_pvalue
 
-import trtspec.executor
-from trtspec.executor import SpecExecutor
-from trtspec.propose import make_proposer
-from trtspec.propose.suffix import SuffixProposer, SuffixTrie
-from trtspec.recipe import Recipe, Suffix
+import trtspec.spec.executor
+from trtspec.build.recipe import Recipe, Suffix
 from trtspec.runtime.toy import MarkovLM, ToyRunner
-from trtspec.sampling import SamplingParams
-from trtspec.scheduler import Scheduler
+from trtspec.serve.scheduler import Scheduler
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose import make_proposer
+from trtspec.spec.propose.suffix import SuffixProposer, SuffixTrie
+from trtspec.spec.sample.probs import SamplingParams
 
 
 def substrings(trie: SuffixTrie) -> dict[tuple[int, ...], int]:
@@ -226,7 +226,7 @@ def test_four_token_continuations_match_target_exactly(sampling: dict, scope: st
 
 
 def test_power_suffix_drafts_with_a_broken_verifier_fail(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
+    monkeypatch.setattr(trtspec.spec.executor, "verify", naive_resample_verify)
     target = MarkovLM(vocab_size=4, order=2, seed=3)
     executor = suffix_executor(target, 3, clip=False, warm=300)
     assert continuation_pvalue(executor, target, 4, 8_000) < ALPHA

@@ -12,13 +12,13 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-import trtspec.executor
-from trtspec.executor import SpecExecutor
-from trtspec.propose.draft_model import DraftModelProposer, check_vocab
+import trtspec.spec.executor
+from trtspec.analysis.stats import chi_square_gof
 from trtspec.runtime.hf import HFRunner
 from trtspec.runtime.toy import MarkovLM, ToyRunner
-from trtspec.sampling import SamplingParams, make_generator, rows_to_probs
-from trtspec.stats import chi_square_gof
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.draft_model import DraftModelProposer, check_vocab
+from trtspec.spec.sample.probs import SamplingParams, make_generator, rows_to_probs
 
 
 def tokenizer(words: list[str], name: str) -> PreTrainedTokenizerFast:
@@ -111,5 +111,5 @@ def test_prefix_vocabulary_draft_sampling_is_exact() -> None:
 
 def test_power_broken_verifier_fails_with_a_prefix_vocabulary_draft(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trtspec.executor, "verify", naive_resample_verify)
+    monkeypatch.setattr(trtspec.spec.executor, "verify", naive_resample_verify)
     assert prefix_draft_pvalue() < 1e-3

@@ -7,15 +7,15 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from trtspec.executor import SpecExecutor
-from trtspec.propose.draft_model import DraftModelProposer
-from trtspec.propose.layer_skip import LayerSkipProposer
-from trtspec.propose.ngram import NgramProposer
 from trtspec.runtime import admit_row
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner, layer_skip_view
 from trtspec.runtime.kinds import make_runner
-from trtspec.sampling import SamplingParams
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose.draft_model import DraftModelProposer
+from trtspec.spec.propose.layer_skip import LayerSkipProposer
+from trtspec.spec.propose.ngram import NgramProposer
+from trtspec.spec.sample.probs import SamplingParams
 
 pytestmark = pytest.mark.compile
 
@@ -100,7 +100,7 @@ def test_a_round_scored_wider_keeps_its_logits_and_greedy_output(kind: str, cach
     """What the executor does when the round cost says a wider call is cheaper: a row's feed
     lengthened by repeats changes no earlier logit, and greedy speculation (ngram, a draft
     model view, a layer-skip view on the target's own cache) stays plain decoding's."""
-    from trtspec.adaptive import RoundCost
+    from trtspec.spec.adaptive import RoundCost
 
     model = tiny_llama(vocab=64, layers=3, seed=3, logit_scale=4.0)
     runner = make_runner(model, kind, cache_dir=cache_dir)

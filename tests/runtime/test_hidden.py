@@ -5,10 +5,10 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from trtspec.propose.heads import captured
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner, layer_outputs
 from trtspec.runtime.toy import ToyRunner
+from trtspec.spec.propose.heads import captured
 
 LAYERS = [1, -1, 0]
 

@@ -6,17 +6,18 @@ import itertools
 
 import pytest
 import torch
+from conftest import continuation_probs
 
 from trtspec.runtime.toy import MarkovLM, ToyRunner
-from trtspec.sampling import SamplingParams, logits_to_probs
+from trtspec.spec.sample.probs import SamplingParams, logits_to_probs
 
 
 def test_continuation_probs_are_a_distribution() -> None:
     model = MarkovLM(vocab_size=5, order=2, seed=0)
     for params in (SamplingParams(), SamplingParams(temperature=0.5, top_k=3, top_p=0.9)):
-        probs = model.continuation_probs([1, 2], 3, params)
+        probs = continuation_probs(model, [1, 2], 3, params)
         assert sum(probs.values()) == pytest.approx(1.0, abs=1e-5)
-    greedy = model.continuation_probs([1, 2], 3, SamplingParams(temperature=0))
+    greedy = continuation_probs(model, [1, 2], 3, SamplingParams(temperature=0))
     assert list(greedy.values()) == [1.0]
 
 

@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-import trtspec.executor
 import trtspec.serve.server as server
+import trtspec.spec.executor
 from trtspec.cli import main
 
 fault = os.environ["TRTSPEC_TEST_BROKEN"]
@@ -29,7 +29,7 @@ elif fault == "exact_match":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from broken_verifiers import exact_match_verify
 
-    trtspec.executor.verify = exact_match_verify
+    trtspec.spec.executor.verify = exact_match_verify
 else:
     raise SystemExit(f"unknown fault {fault!r}")
 main(["serve", "--backend", "toy", *sys.argv[1:]])

@@ -24,7 +24,7 @@ PARAGRAPH = ("Speculative decoding drafts a few tokens — «cheaply» — and t
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from trtspec.models import resolve
+    from trtspec.runtime.models import resolve
 
     return AutoTokenizer.from_pretrained(resolve("smollm2-135m-instruct"))
 

@@ -42,7 +42,7 @@ def built(tmp_path_factory):
     from conftest import tiny_llama
     from transformers import AutoTokenizer
 
-    from trtspec.models import resolve
+    from trtspec.runtime.models import resolve
 
     root = tmp_path_factory.mktemp("matrix")
     tokenizer = AutoTokenizer.from_pretrained(resolve("smollm2-135m-instruct"))

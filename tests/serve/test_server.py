@@ -19,10 +19,10 @@ from conftest import free_port
 
 from trtspec.cli import main
 from trtspec.cli.serve import toy_engine
-from trtspec.executor import SpecExecutor
 from trtspec.runtime.toy import ToyRunner
 from trtspec.serve.openai_api import TextStream
 from trtspec.serve.server import IdTexts, make_app
+from trtspec.spec.executor import SpecExecutor
 
 
 @contextlib.contextmanager
@@ -80,7 +80,7 @@ def slow_down(engine) -> None:
 
 def alone(engine, prompt: list[int], **sampling) -> list[int]:
     """What the engine's executor gives this request alone (the reference)."""
-    from trtspec.sampling import SamplingParams
+    from trtspec.spec.sample.probs import SamplingParams
 
     ex = engine.scheduler.executor
     fresh = SpecExecutor(ToyRunner(ex.target.model), None if ex.proposer is None else
@@ -131,7 +131,7 @@ def test_with_a_seed_streamed_text_equals_non_streamed() -> None:
 def test_stop_strings_end_the_text_even_split_across_rounds() -> None:
     engine = toy(draft_len=3)
     ex = engine.scheduler.executor
-    from trtspec.sampling import SamplingParams
+    from trtspec.spec.sample.probs import SamplingParams
 
     rounds = [d[0].token_ids for d in SpecExecutor(
         ToyRunner(ex.target.model), type(ex.proposer)(ToyRunner(ex.proposer.runner.model)),
@@ -369,7 +369,7 @@ def tiny_dir(tmp_path_factory):
     from conftest import tiny_llama
     from transformers import AutoTokenizer
 
-    from trtspec.models import resolve
+    from trtspec.runtime.models import resolve
 
     tokenizer = AutoTokenizer.from_pretrained(resolve("smollm2-135m-instruct"))
     model = tiny_llama(vocab=len(tokenizer), layers=2, seed=7, logit_scale=30.0)
@@ -381,11 +381,11 @@ def tiny_dir(tmp_path_factory):
 
 
 def test_a_transformers_model_serves_generate_s_text(tiny_dir, capsys) -> None:
-    from trtspec.models import load
-    from trtspec.propose import make_proposer, method_named
     from trtspec.runtime.hf import HFRunner
-    from trtspec.scheduler import Scheduler
+    from trtspec.runtime.models import load
+    from trtspec.serve.scheduler import Scheduler
     from trtspec.serve.server import Engine, Limits, TokenizerTexts
+    from trtspec.spec.propose import make_proposer, method_named
 
     def generated(*flags: str) -> str:
         main(["generate", "--model", str(tiny_dir), "--method", "layer_skip", "--draft-layers",
@@ -495,7 +495,7 @@ def test_policy_from_a_decided_eval(tmp_path) -> None:
     import click
 
     from trtspec.cli.serve import policy_from_eval
-    from trtspec.scheduler import DraftPolicy
+    from trtspec.serve.scheduler import DraftPolicy
 
     verdicts = [("ngram/D2/c1", "GO", 1.3), ("ngram/D4/c1", "GO", 1.6), ("ngram/D2/c4", "GO", 1.1),
                 ("ngram/D4/c4", "NO-GO", 0.9), ("layer_skip/D2/c1", "GO", 1.2),
@@ -530,9 +530,9 @@ def test_policy_from_the_file_decide_writes(tmp_path) -> None:
     folder that has one serves it; a malformed file or another --method is one line, exit 2."""
     import click
 
+    from trtspec.analysis.policy import ServePolicy, write_policy
     from trtspec.cli.serve import policy_from_eval
-    from trtspec.policy import ServePolicy, write_policy
-    from trtspec.scheduler import DraftPolicy
+    from trtspec.serve.scheduler import DraftPolicy
 
     (tmp_path / "schedules").mkdir()
     file = write_policy(tmp_path / "schedules" / "trtspec-policy.yaml",
@@ -594,7 +594,7 @@ def serve_toy(*flags: str) -> str:
 
 def test_policy_from_a_decided_eval_with_an_adaptive_condition(tmp_path) -> None:
     from trtspec.cli.serve import policy_from_eval
-    from trtspec.scheduler import DraftPolicy
+    from trtspec.serve.scheduler import DraftPolicy
 
     verdicts = [("ngram/D4/c1", "GO", 1.6), ("ngram/Dadaptive/c1", "GO", 1.5),
                 ("ngram/D2/c4", "GO", 1.1), ("ngram/Dadaptive/c4", "GO", 1.3),
@@ -609,8 +609,8 @@ def test_policy_from_a_decided_eval_with_an_adaptive_condition(tmp_path) -> None
 def test_a_build_folder_serves_without_its_recipe_file(tiny_dir, tmp_path) -> None:
     import yaml
 
+    from trtspec.build.recipe import RecipeError
     from trtspec.cli.serve import describe_policy, recipe_engine
-    from trtspec.recipe import RecipeError
 
     recipe = tmp_path / "recipes" / "tiny.yaml"
     recipe.parent.mkdir()
@@ -954,7 +954,7 @@ def test_one_access_log_line_per_request_and_models_created_is_the_start_time(ca
         ("POST", "/v1/completions", "400", "-", "-", "-", "draft_model/D4"),
         ("POST", "/v1/completions", "404", "-", "-", "-", "draft_model/D4")]
     # D as the access log names it by default: read off the policy the scheduler runs
-    from trtspec.scheduler import DraftPolicy
+    from trtspec.serve.scheduler import DraftPolicy
 
     assert toy(method="none").d_mode == "plain"
     assert toy(draft_len="adaptive").d_mode == "draft_model/adaptive"

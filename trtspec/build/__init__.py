@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtspec import gpu as gpus
-from trtspec.build.plan import Plan, make_plan
-from trtspec.manifest import (
+from trtspec.build import gpu as gpus
+from trtspec.build.manifest import (
     MANIFEST,
     Artifact,
     GpuInfo,
@@ -24,7 +23,8 @@ from trtspec.manifest import (
     build_dir,
     versions,
 )
-from trtspec.recipe import DraftModel, Eagle, Medusa, Recipe, RecipeError, load_recipe
+from trtspec.build.plan import Plan, make_plan
+from trtspec.build.recipe import DraftModel, Eagle, Medusa, Recipe, RecipeError, load_recipe
 
 
 @dataclass
@@ -123,7 +123,7 @@ def _cost_curve(recipe: Recipe, artifacts: list[Artifact], target: Any, model: A
     """The torch backend's cost curve for the adaptive draft length: t(T) for T = 1 … K + 1
     (K: the recipe's adaptive cap), each draft's one step, and the round cost t(B, W) for
     B = 1 … max_batch_size rows, measured once per build."""
-    from trtspec.cost_curve import measure_build
+    from trtspec.spec.cost_curve import measure_build
 
     curve = measure_build(recipe, artifacts, recipe.adaptive_cap + 1, target, model)
     base = curve.target[1]
@@ -146,7 +146,7 @@ def _save_recipe(recipe: Recipe, out_dir: Path) -> None:
     serves a build folder without the recipe file."""
     import yaml
 
-    from trtspec.files import write_atomic
+    from trtspec.build.files import write_atomic
 
     write_atomic(out_dir / BUILT_RECIPE, yaml.safe_dump(recipe.model_dump(mode="json"),
                                                         sort_keys=False))
@@ -175,7 +175,7 @@ def _target_gpu(recipe: Recipe, flag: str | None, detected: list[gpus.DetectedGp
 
 def check_backend_device(recipe: Recipe, recipe_path: str | Path) -> None:
     """The torch backend's ``backend.device`` exists on this machine (build and eval)."""
-    from trtspec.models import check_device
+    from trtspec.runtime.models import check_device
 
     try:
         check_device(recipe.backend.device)
@@ -186,7 +186,7 @@ def check_backend_device(recipe: Recipe, recipe_path: str | Path) -> None:
 def _check_torch_inputs(recipe: Recipe, recipe_path: str | Path) -> None:
     """The torch backend runs here: its device must exist and its models must be on this
     machine (a TensorRT-LLM plan may name paths of the build machine instead)."""
-    from trtspec.models import check_spec
+    from trtspec.runtime.models import check_spec
 
     check_backend_device(recipe, recipe_path)
     specs = [("target.model", recipe.target.model)] + [
@@ -231,7 +231,7 @@ def _heads_changed(manifest: Manifest, recipe: Recipe) -> str | None:
 def _current(path: Path, recipe: Recipe) -> tuple[Manifest | None, str]:
     """(the existing manifest, "") if it covers this recipe (same build inputs, its methods
     built with the same settings) and its artifacts exist; else (None, why not)."""
-    from trtspec.manifest import check_covers, load_manifest
+    from trtspec.build.manifest import check_covers, load_manifest
 
     try:
         manifest = load_manifest(path)

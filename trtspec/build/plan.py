@@ -28,8 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from trtspec.gpu import GpuProfile
-from trtspec.recipe import DraftModel, Eagle, LayerSkip, Medusa, Ngram, Recipe
+from trtspec.build.gpu import GpuProfile
+from trtspec.build.recipe import DraftModel, Eagle, LayerSkip, Medusa, Ngram, Recipe
 
 EXAMPLES = "$TRTLLM_EXAMPLES"  # TensorRT-LLM's examples/ directory (set it on the build machine)
 CONVERT = {"llama": "models/core/llama/convert_checkpoint.py"}

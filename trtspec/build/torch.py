@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtspec.manifest import Artifact, RunnerInfo, file_digest
-from trtspec.models import resolve
-from trtspec.recipe import DraftModel, Eagle, LayerSkip, Medusa, Recipe
+from trtspec.build.manifest import Artifact, RunnerInfo, file_digest
+from trtspec.build.recipe import DraftModel, Eagle, LayerSkip, Medusa, Recipe
+from trtspec.runtime.models import resolve
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 INDUCTOR = "inductor"  # inductor's cache, in the build folder
@@ -28,7 +28,7 @@ def prepare(recipe: Recipe) -> list[Artifact]:
     """Everything the torch backend will load, converted and checked; returns the artifacts."""
     from transformers import AutoTokenizer
 
-    from trtspec.propose.draft_model import check_vocab
+    from trtspec.spec.propose.draft_model import check_vocab
 
     target_path = resolve(recipe.target.model)
     target = describe("target", "target", recipe.target.model, target_path)
@@ -65,7 +65,7 @@ def heads_artifact(method: Medusa | Eagle) -> Artifact:
     """A Medusa / EAGLE-3 heads folder as an artifact. A folder that does not exist yet is
     recorded as left out (flags.missing says how to train it) instead of failing the build:
     the recipe's other methods still build and run, and the next build picks the heads up."""
-    from trtspec.propose.heads import read_config
+    from trtspec.spec.propose.heads import read_config
 
     spec = method.heads if isinstance(method, Medusa) else method.model
     folder = Path(spec).expanduser()
@@ -91,14 +91,14 @@ def heads_artifact(method: Medusa | Eagle) -> Artifact:
 def load_heads(method: Medusa | Eagle, path: str | Path, model: Any) -> Any:
     """The method's heads from ``path``, checked against the target ``model`` (HeadsError, one
     line, on a wrong or missing tensor, or a target whose decoder heads cannot read)."""
-    from trtspec.propose.heads import llama_decoder
+    from trtspec.spec.propose.heads import llama_decoder
 
     llama_decoder(model, method.method)  # HeadsError, one line, for a target heads cannot read
     if isinstance(method, Medusa):
-        from trtspec.propose.medusa import load_medusa
+        from trtspec.spec.propose.heads.medusa import load_medusa
 
         return load_medusa(path, model, num_heads=method.num_heads)
-    from trtspec.propose.eagle import load_eagle3
+    from trtspec.spec.propose.heads.eagle import load_eagle3
 
     return load_eagle3(path, model)
 
@@ -133,8 +133,8 @@ def target_runner(recipe: Recipe, artifacts: list[Artifact], out_dir: Path,
     folder's inductor cache. Returns (runner, transformers model, what the manifest records)."""
     import time
 
-    from trtspec.models import load_model
     from trtspec.runtime.kinds import built_runner, runner_kind
+    from trtspec.runtime.models import load_model
 
     target = next(a for a in artifacts if a.name == "target")
     model = load_model(Path(target.path), recipe.backend.device, recipe.target.dtype)

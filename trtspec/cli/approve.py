@@ -22,8 +22,8 @@ def approve(eval_dir: str, reviewer: str, note: str | None, mlflow_uri: str | No
     recipe, with the alias `approved`. Refused (exit 2, nothing registered) without a GO
     verdict, with a failed or missing required exactness audit, when the build changed since
     the eval, or when the eval was never decided."""
-    from trtspec.approve import ALIAS
-    from trtspec.approve import approve as register
+    from trtspec.report.approve import ALIAS
+    from trtspec.report.approve import approve as register
 
     root, _ = engines_root(Path(eval_dir) / "recipe.yaml", engines)
     done = register(eval_dir, reviewer, note, mlflow_uri, root)

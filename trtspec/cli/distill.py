@@ -1,4 +1,4 @@
-"""`trtspec distill`: train Medusa or EAGLE-3 heads for a recipe's target (trtspec.distill)."""
+"""`trtspec distill`: train Medusa or EAGLE-3 heads for a recipe's target (trtspec.train.distill)."""
 
 from __future__ import annotations
 
@@ -68,11 +68,12 @@ def distill(recipe: str, method: str | None, out: str | None, prompts_spec: str,
     read) and distill.json to --out, and logs a run to MLflow."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from trtspec.distill import STATE, DistillConfig, DistillError
-    from trtspec.distill import distill as run_distill
-    from trtspec.distill_data import load_prompts
-    from trtspec.models import encode, load
-    from trtspec.recipe import load_recipe
+    from trtspec.build.recipe import load_recipe
+    from trtspec.runtime.models import encode, load
+    from trtspec.train.config import DistillConfig
+    from trtspec.train.data import DistillError, load_prompts
+    from trtspec.train.distill import STATE
+    from trtspec.train.distill import distill as run_distill
 
     r = load_recipe(recipe, overrides)
     heads = [m for m in r.methods if m.method in ("eagle", "medusa")]
@@ -129,7 +130,7 @@ def distill(recipe: str, method: str | None, out: str | None, prompts_spec: str,
                f"({last['al_note']}); {result.out / 'distill.json'}")
     if not no_mlflow:
         try:
-            from trtspec.tracking_views import log_distill
+            from trtspec.report.tracking.views import log_distill
 
             run_id = log_distill(result, mlflow_uri)
         except Exception as e:  # the heads are on disk: a tracking failure costs nothing
@@ -137,7 +138,7 @@ def distill(recipe: str, method: str | None, out: str | None, prompts_spec: str,
             click.secho(f"MLflow: not logged ({reason}); the heads are in {result.out}",
                         fg="yellow", err=True)
         else:
-            from trtspec.tracking import tracking_uri
+            from trtspec.report.tracking import tracking_uri
 
             click.echo(f"MLflow: logged as run {run_id} at {tracking_uri(mlflow_uri)}")
 

@@ -122,8 +122,8 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
     Ctrl-C keeps every finished request; `--resume reports/<eval-id>` goes on."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
+    from trtspec.build.manifest import ManifestError
     from trtspec.eval import Interrupted, Selection, evaluate, evaluate_endpoint
-    from trtspec.manifest import ManifestError
 
     if resume and eval_id:
         raise click.UsageError("--resume names the eval folder: drop --eval-id")
@@ -246,7 +246,7 @@ def _duration(seconds: float) -> str:
 
 def log_to_mlflow(out: Path, uri: str | None, decision: bool = False) -> None:
     """Log after the measurements are on disk; a tracking failure costs nothing measured."""
-    from trtspec.tracking import log_decision, log_eval, tracking_uri
+    from trtspec.report.tracking import log_decision, log_eval, tracking_uri
 
     try:
         receipt = log_eval(out, uri)
@@ -288,7 +288,7 @@ def print_summary(out: Path) -> None:
                       str(spec.get("failed_requests", 0) + base.get("failed_requests", 0)))
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # logs: no truncation
     if unpaired:
-        from trtspec.report import unpaired_note
+        from trtspec.report.render import unpaired_note
 
         click.echo(unpaired_note(unpaired))
     click.echo(f"records: {out / 'records.jsonl'}\nsummary: {out / 'summary.json'}")

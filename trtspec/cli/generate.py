@@ -14,13 +14,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from trtspec.build.open import executor_for
 from trtspec.cli.serve import DraftLen
-from trtspec.engine import executor_for
-from trtspec.executor import Completion, Delta
-from trtspec.metrics import SpecStats
-from trtspec.propose import make_proposer
 from trtspec.runtime.toy import MarkovLM, ToyRunner, parse_token_ids
-from trtspec.sampling import SamplingParams
+from trtspec.spec.counters import SpecStats
+from trtspec.spec.executor import Completion, Delta
+from trtspec.spec.propose import make_proposer
+from trtspec.spec.sample.probs import SamplingParams
 
 
 @click.command()
@@ -89,9 +89,9 @@ def generate(backend: str, model: str, method: str, draft_len: int | str,
                                                                          seed=seed + 1)))
         eos = None
     else:
-        from trtspec.engine import eos_token_ids
-        from trtspec.models import check_device, encode, load
+        from trtspec.build.open import eos_token_ids
         from trtspec.runtime.kinds import make_runner
+        from trtspec.runtime.models import check_device, encode, load
 
         if method == "draft_model" and not draft_model:  # before loading any weights
             raise click.UsageError("--method draft_model needs a draft model: pass "
@@ -122,7 +122,7 @@ def generate(backend: str, model: str, method: str, draft_len: int | str,
 
 
 def _method(name: str, ngram_min: int, ngram_max: int, layers: int) -> Any:
-    from trtspec.propose import method_named
+    from trtspec.spec.propose import method_named
 
     try:
         return method_named(name, layers=layers, ngram_min=ngram_min, ngram_max=ngram_max)

@@ -103,8 +103,8 @@ def audit(source: str | None, samples: int | None, prompts: tuple[str, ...],
     with power (in process: ≥ 0.8 against --effect), 1 otherwise (a weak PASS too)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from trtspec.audit import run_audit
-    from trtspec.manifest import ManifestError
+    from trtspec.audit.inprocess import run_audit
+    from trtspec.build.manifest import ManifestError
 
     endpoint_only = {"--model": model, "--tokens": tokens, "--eval": eval_dir}
     if source is not None and (endpoint or baseline_endpoint):
@@ -120,7 +120,7 @@ def audit(source: str | None, samples: int | None, prompts: tuple[str, ...],
     given = [k for k, v in endpoint_only.items() if v is not None]
     if given:
         raise click.UsageError(f"{', '.join(given)} go with --endpoint: drop them with SOURCE")
-    from trtspec.audit import EFFECT, SAMPLES
+    from trtspec.audit.inprocess import EFFECT, SAMPLES
 
     samples = samples or SAMPLES
     root, why = engines_root(source, engines)
@@ -166,10 +166,10 @@ def _audit_endpoints(endpoint: str | None, baseline: str | None, model: str | No
                      alpha: float, effect: float | None, draft_lengths: list[int | str],
                      overrides: tuple[str, ...], engines: str | None) -> None:
     """`trtspec audit --endpoint URL --baseline-endpoint URL`: the two servers' first k
-    tokens compared (:mod:`trtspec.audit_endpoint`); exit 0 on a pass, 1 otherwise."""
+    tokens compared (:mod:`trtspec.audit.endpoint`); exit 0 on a pass, 1 otherwise."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from trtspec.audit_endpoint import EFFECT, SAMPLES, TOKENS, run_endpoint_audit
+    from trtspec.audit.endpoint import EFFECT, SAMPLES, TOKENS, run_endpoint_audit
 
     in_process_only = [k for k, v in (("--draft-len", draft_lengths), ("--set", overrides),
                                       ("--engines", engines)) if v]
@@ -304,16 +304,16 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool, gpu: str | No
     """Go / no-go per condition for an eval; writes report.html, report.md and decision.json
     next to the records and logs them to the eval's MLflow run. Exit 0 when every condition is
     GO, 1 otherwise (NO-GO or INCONCLUSIVE), 2 on error: usable as a CI gate."""
-    from trtspec.decide import ci_text
+    from trtspec.analysis.decide import ci_text
+    from trtspec.build.recipe import RecipeError
     from trtspec.eval import eval_recipe, require_files
     from trtspec.eval.run import read_records
-    from trtspec.recipe import RecipeError
-    from trtspec.report import all_go, incomplete_note, make_decision, unpaired_note
+    from trtspec.report.render import all_go, incomplete_note, make_decision, unpaired_note
 
     out = Path(eval_dir)
     recipe = eval_recipe(out)
     if gpu is not None:
-        from trtspec.gpu import profile
+        from trtspec.build.gpu import profile
 
         recipe = recipe.model_copy(update={"gpu": recipe.gpu.model_copy(
             update={"name": profile(gpu).name})})  # ValueError (one line): unknown GPU
@@ -349,7 +349,7 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool, gpu: str | No
               help="SPEED-Bench configs: qualitative, throughput_1k … throughput_32k")
 def prepare_data(dataset: str, out: str, configs: tuple[str, ...]) -> None:
     """Download a benchmark (needs `datasets` and hub access) into local JSONL files."""
-    from trtspec.eval import speed_bench
+    from trtspec.eval.workloads import speed_bench
 
     for path in speed_bench.prepare(out, configs):
         click.echo(f"wrote {path}")
@@ -360,7 +360,7 @@ def prepare_data(dataset: str, out: str, configs: tuple[str, ...]) -> None:
 @click.option("--mlflow-uri", default=None, help=MLFLOW_URI_HELP)
 def sync(eval_dir: str, mlflow_uri: str | None) -> None:
     """Log an eval folder to MLflow (after the server was down); never duplicates."""
-    from trtspec.tracking import log_eval
+    from trtspec.report.tracking import log_eval
 
     receipt = log_eval(eval_dir, mlflow_uri)
     what = {"logged": "logged as run", "found": "already logged (found by its eval id) as run",
@@ -374,7 +374,7 @@ def sync(eval_dir: str, mlflow_uri: str | None) -> None:
 @click.argument("recipes", nargs=-1, type=click.Path(exists=True, dir_okay=False))
 def doctor(recipes: tuple[str, ...]) -> None:
     """What this machine has, and what each recipe (default: recipes/*.yaml) still needs."""
-    from trtspec.doctor import machine, recipe_needs
+    from trtspec.build.doctor import machine, recipe_needs
 
     console = Console()
     table = Table(title="this machine", show_header=False)

@@ -10,10 +10,10 @@ from typing import Any
 
 import click
 
-from trtspec.adaptive import ADAPTIVE
+from trtspec.build.open import PLAIN
 from trtspec.cli.evaluation import ENGINES_HELP, engines_root, explain_engines
-from trtspec.engine import PLAIN
-from trtspec.scheduler import DraftPolicy
+from trtspec.serve.scheduler import DraftPolicy
+from trtspec.spec.adaptive import ADAPTIVE
 
 
 class DraftLen(click.ParamType):
@@ -80,7 +80,7 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
 
     import uvicorn
 
-    from trtspec.manifest import ManifestError
+    from trtspec.build.manifest import ManifestError
     from trtspec.serve.server import make_app
 
     began = time.perf_counter()
@@ -98,15 +98,15 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
     notes: list[str] = []
     schedule, registered, decided = None, None, None  # decided: (its label, build digest)
     if policy_dir and policy_dir.startswith("models:/"):
-        from trtspec.approve import fetch_approved
-        from trtspec.policy import decided_build
+        from trtspec.analysis.policy import decided_build
+        from trtspec.report.approve import fetch_approved
 
         fetched = fetch_approved(policy_dir, mlflow_uri)
         registered = fetched.describe()
         method, schedule = policy_from_eval(fetched.folder, method, notes, label=policy_dir)
         decided = policy_dir, decided_build(fetched.folder)
     elif policy_dir:
-        from trtspec.policy import decided_build
+        from trtspec.analysis.policy import decided_build
 
         method, schedule = policy_from_eval(Path(policy_dir), method, notes)
         decided = policy_dir, decided_build(policy_dir)
@@ -184,13 +184,13 @@ def _policy_arg(value: str | None) -> str | None:
 def policy_from_eval(folder: Path, method: str | None, notes: list[str],
                      label: str | None = None) -> tuple[str, DraftPolicy | None]:
     """(method, D by running requests) from ``folder``: a policy file
-    (``schedules/trtspec-policy.yaml``, :func:`trtspec.policy.read_policy`), or a decided eval
-    (its policy file, else :func:`trtspec.policy.serve_policy` of its decision.json; another
+    (``schedules/trtspec-policy.yaml``, :func:`trtspec.analysis.policy.read_policy`), or a decided eval
+    (its policy file, else :func:`trtspec.analysis.policy.serve_policy` of its decision.json; another
     ``method`` than the file's is derived from decision.json). Says in ``notes`` what the
     eval did not measure. ``label`` names it in messages [default: the path] (a registered
     version: its models:/ reference)."""
-    from trtspec.policy import POLICY, read_policy, serve_policy
-    from trtspec.schedules import SCHEDULES
+    from trtspec.analysis.policy import POLICY, read_policy, serve_policy
+    from trtspec.analysis.schedules import SCHEDULES
 
     shown = label or str(folder)
     written = folder / SCHEDULES / POLICY
@@ -233,8 +233,8 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     """The served model of a recipe's build (or a build folder): its runner warmed up for
     ``slots`` before the scheduler takes its rows. ``decided``: a --policy and the build
     digest it was decided on; another build is refused before any warm-up."""
-    from trtspec.engine import open_build
-    from trtspec.scheduler import Scheduler
+    from trtspec.build.open import open_build
+    from trtspec.serve.scheduler import Scheduler
     from trtspec.serve.server import Engine, Limits, TokenizerTexts
 
     build, _ = open_build(recipe_path, overrides, root,
@@ -267,11 +267,11 @@ def toy_engine(method: str, draft_len: int | str | None, slots: int, max_waiting
                name: str) -> Any:
     """The toy models `trtspec generate --backend toy` uses by default (vocab 32, order 2,
     seed 0; the draft diverged 0.3 with seed 1), so their outputs can be compared."""
-    from trtspec.engine import executor_for
-    from trtspec.propose import make_proposer, method_named
+    from trtspec.build.open import executor_for
     from trtspec.runtime.toy import MarkovLM, ToyRunner
-    from trtspec.scheduler import Scheduler
+    from trtspec.serve.scheduler import Scheduler
     from trtspec.serve.server import Engine, IdTexts, Limits
+    from trtspec.spec.propose import make_proposer, method_named
 
     if method not in (PLAIN, "draft_model", "ngram", "suffix"):
         raise click.BadParameter("the toy backend runs none, draft_model, ngram or suffix",

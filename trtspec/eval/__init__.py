@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from trtspec.build.files import write_atomic
+from trtspec.build.recipe import Recipe, RecipeError, load_recipe
 from trtspec.eval.folder import (
     Interrupted,
     Selection,
@@ -23,8 +25,6 @@ from trtspec.eval.folder import (
     resumed_selection,
     start,
 )
-from trtspec.files import write_atomic
-from trtspec.recipe import Recipe, RecipeError, load_recipe
 
 __all__ = ["Interrupted", "Selection", "eval_recipe", "evaluate", "evaluate_endpoint"]
 
@@ -44,9 +44,9 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
     ``confirm``: an eval folder whose chosen setting is measured again on requests it has not
     seen (:mod:`trtspec.eval.confirm`)."""
     from trtspec.build import check_backend_device
-    from trtspec.engine import PLAIN, OpenBuild
+    from trtspec.build.manifest import open_built
+    from trtspec.build.open import PLAIN, OpenBuild
     from trtspec.eval.run import Condition, EvalInputs, run_eval
-    from trtspec.manifest import open_built
 
     fresh, chosen, confirms = None, None, {}
     if resume:  # a sequential or confirmation eval resumes as one
@@ -143,7 +143,7 @@ def _until_decided(out: Path, recipe: Recipe, recipe_path: str | Path, selection
                    max_requests: int | None, progress: Callable[[int, int, str], None] | None,
                    say: Callable[[str], None]) -> None:
     """The looks after the plan (:func:`trtspec.eval.sequential.until_decided`)."""
-    from trtspec.decide import decide
+    from trtspec.analysis.decide import decide
     from trtspec.eval.folder import workload_pool
     from trtspec.eval.run import DIVERGENCES, RECORDS, read_jsonl, read_records, run_eval
     from trtspec.eval.sequential import until_decided
@@ -218,7 +218,7 @@ def in_process(eval_dir: str | Path) -> bool:
 def _check_same_build(out: Path, manifest: Any, manifest_path: Path) -> None:
     """A resumed eval measures the models its first part measured: the same build inputs and
     the same checkpoints (config and tokenizer digests)."""
-    from trtspec.manifest import build_fingerprint, load_manifest
+    from trtspec.build.manifest import build_fingerprint, load_manifest
 
     if not (out / "manifest.json").is_file():
         return

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.executor import Delta, SpecExecutor
-from trtspec.sampling import SamplingParams
-from trtspec.scheduler import Scheduler, Ticket
+from trtspec.serve.scheduler import Scheduler, Ticket
+from trtspec.spec.executor import Delta, SpecExecutor
+from trtspec.spec.sample.probs import SamplingParams
 
 
 def arrival_offsets(n: int, rate: float | None, seed: int) -> list[float] | None:

@@ -17,16 +17,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trtspec.build.recipe import Recipe, RecipeError, load_recipe
 from trtspec.eval.folder import Selection, stored_selection, workload_pool
 from trtspec.eval.sequential import unused_rows
-from trtspec.recipe import Recipe, RecipeError, load_recipe
 
 CONFIRMS = "confirms"  # eval.json key: the folder a confirmation eval re-measures
 
 
 def chosen_conditions(original: Path) -> list[str]:
     """The condition keys the original eval's decision applies (its serve policy)."""
-    from trtspec.policy import serve_policy
+    from trtspec.analysis.policy import serve_policy
 
     path = original / "decision.json"
     if not path.is_file():

@@ -42,6 +42,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from trtspec.analysis.records import failed
+from trtspec.build.files import write_atomic
 from trtspec.eval.run import (
     RECORDS,
     append_line,
@@ -51,9 +53,7 @@ from trtspec.eval.run import (
     request_seed,
 )
 from trtspec.eval.workloads import WorkloadRequest
-from trtspec.files import write_atomic
-from trtspec.metrics import failed
-from trtspec.sampling import SamplingParams
+from trtspec.spec.sample.probs import SamplingParams
 
 COUNTERS = {  # Prometheus name (without _total) → our name
     "vllm:spec_decode_num_drafts": "drafts",

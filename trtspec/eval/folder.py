@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trtspec.files import write_atomic
-from trtspec.recipe import Recipe, RecipeError, load_recipe
+from trtspec.build.files import write_atomic
+from trtspec.build.recipe import Recipe, RecipeError, load_recipe
 
 EVAL_META = "eval.json"
 
@@ -358,7 +358,7 @@ def provenance(recipe: Recipe, endpoint: bool) -> dict[str, Any]:
     a git checkout), and the hardware the models ran on (None for an endpoint eval: the
     server's hardware is not visible to its client). Folders from before this was stored have
     none; the report says "not recorded" rather than guess."""
-    from trtspec.manifest import versions
+    from trtspec.build.manifest import versions
 
     sha, dirty = source_revision()
     return {"versions": versions(), "git_sha": sha, "git_dirty": dirty,
@@ -399,7 +399,7 @@ def hardware(recipe: Recipe) -> dict[str, Any]:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
-        from trtspec.gpu import detect
+        from trtspec.build.gpu import detect
 
         index = int(device.partition(":")[2] or 0)
         gpus = detect()

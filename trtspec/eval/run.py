@@ -24,12 +24,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trtspec.analysis.records import failed, on_eval_clock, unanswered
+from trtspec.build.files import write_atomic
 from trtspec.eval.clients import cuda_in_use, peak_rss_mb, reset_peak_rss
 from trtspec.eval.workloads import WorkloadRequest
-from trtspec.executor import SpecExecutor
-from trtspec.files import write_atomic
-from trtspec.metrics import failed, on_eval_clock, unanswered
-from trtspec.sampling import SamplingParams
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.sample.probs import SamplingParams
 
 RECORDS = "records.jsonl"
 ARMS = ("baseline", "spec")
@@ -369,7 +369,7 @@ def summarize(records: Sequence[dict[str, Any]], arms: Sequence[str] = ARMS
     counted in its arm's ``failed_requests`` and left out of every arm's figures; a request
     measured in one arm only (an interrupted eval) is left out and counted as
     ``unpaired_records``."""
-    from trtspec.metrics import drop_unpaired
+    from trtspec.analysis.records import drop_unpaired
 
     out: dict[str, dict[str, Any]] = {}
     keys = sorted({r["condition"] for r in records})
@@ -398,7 +398,8 @@ def summarize(records: Sequence[dict[str, Any]], arms: Sequence[str] = ARMS
 
 def _arm_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Latency distributions, prefill/decode split, memory and speculation stats of records."""
-    from trtspec.metrics import RequestTiming, SpecStats, distribution, latency_summary
+    from trtspec.analysis.records import RequestTiming, distribution, latency_summary
+    from trtspec.spec.counters import SpecStats
 
     stats = SpecStats.merge(SpecStats.from_record(r) for r in rows)
     out = {**latency_summary([RequestTiming.from_record(r) for r in rows]), **stats.summary(),

@@ -8,7 +8,7 @@ Terms:
   category), measured for the conditions whose verdict over all categories was INCONCLUSIVE.
 * **budget** N — the most paired requests a condition may get (``--max-requests``, default:
   4× the plan, at most every row of the workloads).
-* **α per look** — alpha spending (:func:`trtspec.stats.look_alphas`): look k of a condition
+* **α per look** — alpha spending (:func:`trtspec.analysis.stats.look_alphas`): look k of a condition
   with n_k paired requests tests at spent(n_k / N) − spent(n_{k−1} / N), so over every look the
   chance of a wrong GO (or a wrong NO-GO) stays ≤ α. Within a look, Holm over its cells.
 
@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtspec.files import write_atomic
-from trtspec.recipe import RecipeError
-from trtspec.stats import ALPHA, look_alphas
+from trtspec.analysis.stats import ALPHA, look_alphas
+from trtspec.build.files import write_atomic
+from trtspec.build.recipe import RecipeError
 
 SEQUENTIAL = "sequential.json"
 Judge = Callable[[dict[str, float], dict[str, int]], dict[str, tuple[str, int]]]

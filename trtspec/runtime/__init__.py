@@ -65,7 +65,7 @@ class Runner(Protocol):
         from ``hidden_first`` that the call scored (T: the most tokens a row was fed, with
         ``last_only`` too; rows fed nothing and positions past a row's count are padding) and
         ``hidden_counts`` (tokens fed per batch row). Medusa and EAGLE heads read them (see
-        trtspec.propose.heads.captured); an empty list stops keeping them; ValueError where a
+        trtspec.spec.propose.heads.captured); an empty list stops keeping them; ValueError where a
         runner has no layers (toy)."""
         ...
 

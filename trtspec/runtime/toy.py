@@ -2,18 +2,16 @@
 
 An order-n Markov model over a small vocabulary keeps its logits in an explicit table indexed by
 the last n tokens, so the exact probability of any continuation is a product of table rows. That
-is what the exactness tests compare the executor against. :meth:`MarkovLM.diverged` makes a draft
+is what the exactness tests compare the executor against (``continuation_probs`` in the tests'
+conftest). :meth:`MarkovLM.diverged` makes a draft
 whose logits move away from the target's by a chosen amount (0 = identical, 1 = unrelated).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import torch
-
-from trtspec.sampling import SamplingParams, logits_to_probs
 
 
 class MarkovLM:
@@ -47,21 +45,6 @@ class MarkovLM:
     def next_logits(self, tokens: Sequence[int]) -> torch.Tensor:
         """Logits [V] for the token after ``tokens``."""
         return self.table[_index(tokens, self.order, self.vocab_size)]
-
-    def continuation_probs(self, prompt: Sequence[int], n: int, params: SamplingParams
-                           ) -> dict[tuple[int, ...], float]:
-        """Exact probability of every n-token continuation of ``prompt`` (stops ignored)."""
-        out: dict[tuple[int, ...], float] = {}
-        for seq in itertools.product(range(self.vocab_size), repeat=n):
-            prob, tokens = 1.0, list(prompt)
-            for tok in seq:
-                prob *= float(logits_to_probs(self.next_logits(tokens), params)[tok])
-                if prob == 0.0:
-                    break
-                tokens.append(tok)
-            if prob > 0.0:
-                out[seq] = prob
-        return out
 
 
 class ToyRunner:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trtspec.sampling import SamplingParams
 from trtspec.serve.openai_api import ApiError
+from trtspec.spec.sample.probs import SamplingParams
 
 CHARS_PER_TOKEN = 16  # a prompt longer than max_input_len × this cannot fit: refused untokenized
 

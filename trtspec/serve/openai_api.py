@@ -210,7 +210,7 @@ class TokenizerTexts:
         return list(self.tokenizer(text)["input_ids"])
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        from trtspec.models import encode
+        from trtspec.runtime.models import encode
 
         return encode(self.tokenizer, messages)
 

@@ -28,9 +28,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from trtspec.executor import Delta
-from trtspec.sampling import SamplingParams
-from trtspec.scheduler import QueueFull, Scheduler, SchedulerDown, Ticket
 from trtspec.serve import openai_api as wire
 from trtspec.serve.intake import Limits, authorize, bound_chars, read_body, sampling_params
 from trtspec.serve.metrics import AccessLog, ServeMetrics, note, spec_field, speculative_decoding
@@ -45,6 +42,9 @@ from trtspec.serve.openai_api import (  # the text side: re-exported for the CLI
     first_error,
     refuse_unsupported,
 )
+from trtspec.serve.scheduler import QueueFull, Scheduler, SchedulerDown, Ticket
+from trtspec.spec.executor import Delta
+from trtspec.spec.sample.probs import SamplingParams
 
 __all__ = ["Engine", "IdTexts", "Limits", "TokenizerTexts", "make_app"]
 

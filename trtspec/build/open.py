@@ -1,0 +1,224 @@
+"""Opens a build: recipe + manifest → loaded models → the target's Runner → a proposer and an
+executor per (method, D), warmed up for a batch size.
+
+`trtspec serve`, `eval` and `audit` open what `trtspec build` wrote here, and `trtspec
+generate` makes its executor with :func:`executor_for`, so the four run the same objects: one
+target runner per process (the compiled one copies weights and holds the graphs), the recipe's
+own method objects turned into proposers by :func:`~trtspec.spec.propose.make_proposer`, and one
+set of stop tokens (every EOS id the model's generation config lists).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from trtspec.build.recipe import DraftModel, Eagle, Medusa, Recipe, RecipeError, load_recipe
+from trtspec.runtime import Runner
+from trtspec.spec.adaptive import ADAPTIVE, is_adaptive
+from trtspec.spec.executor import SpecExecutor
+from trtspec.spec.propose import Proposer, make_proposer
+
+PLAIN = "none"  # the method name of plain decoding
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+class OpenBuild:
+    """A build's models, loaded once each on the recipe's device and in its dtypes, and the
+    target's one Runner, from which executors are made."""
+
+    def __init__(self, recipe: Recipe, manifest: Any, say: Callable[[str], None] = _stderr
+                 ) -> None:
+        self.recipe, self.manifest, self.say = recipe, manifest, say
+        self._dtypes = {manifest.artifact("target").path: recipe.target.dtype}
+        for m in recipe.methods:
+            if isinstance(m, DraftModel):
+                self._dtypes[manifest.artifact("draft").path] = m.dtype
+        self._models: dict[str, Any] = {}
+        self._runner: Runner | None = None
+
+    def model(self, path: str | None = None) -> Any:
+        """The target's loaded checkpoint (trtspec.runtime.models.LoadedModel), or another artifact's
+        (a draft model, in its method's dtype)."""
+        from trtspec.runtime.models import load
+
+        key = path or self.manifest.artifact("target").path
+        if key not in self._models:
+            self._models[key] = load(key, device=self.recipe.backend.device,
+                                     dtype=self._dtypes.get(key, self.recipe.target.dtype))
+        return self._models[key]
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.model().tokenizer
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return eos_token_ids(self.model())
+
+    @property
+    def method_names(self) -> list[str]:
+        """The recipe's methods this build can run (not those it left out: heads not trained)."""
+        left_out = self.manifest.left_out()
+        return [m.method for m in self.recipe.methods if m.method not in left_out]
+
+    def target_runner(self) -> Runner:
+        """The target's Runner as built: the manifest's runner kind (the recipe's for a build
+        that recorded none) with the build folder's inductor cache, compiled (or loaded) for
+        ``limits.max_batch_size`` rows."""
+        if self._runner is None:
+            from trtspec.runtime.kinds import built_runner
+
+            built = self.manifest.runner
+            kind = built.kind if built is not None else self.recipe.backend.runner
+            if built is None and kind == "compiled":
+                self.say("this build recorded no runner (an older trtspec): compiling now, "
+                         "uncached; `trtspec build --force` caches it")
+            lm = self.model()
+            self._runner = built_runner(lm.model, kind, rows=self.recipe.limits.max_batch_size,
+                                        cache_dir=built.cache_dir if built is not None else None,
+                                        eos_token_id=lm.tokenizer.eos_token_id, say=self.say)
+        return self._runner
+
+    def warm_up(self, batch: int, watch: bool = False) -> float:
+        """Every graph a batch of ``batch`` rows needs, now (a live cache is kept); ``watch``:
+        a server, which says if a request ever waits for a compiler after this."""
+        return self.target_runner().warm_up(batch, watch=watch)
+
+    def check_method(self, method: str) -> None:
+        """RecipeError unless ``method`` is one of the recipe's (or none)."""
+        if method in (why := self.manifest.left_out()):
+            raise RecipeError(f"method {method} is not in this build: {why[method]}; then "
+                              "`trtspec build` again")
+        if method != PLAIN and method not in self.method_names:
+            raise RecipeError(f"method {method}: the recipe has "
+                              f"{', '.join(self.method_names)} (or {PLAIN})")
+
+    def proposer(self, method: str) -> Proposer | None:
+        """A fresh proposer for one of the recipe's methods (or none)."""
+        self.check_method(method)
+        if method == PLAIN:
+            return None
+        chosen = {m.method: m for m in self.recipe.methods}[method]
+        draft = None
+        if isinstance(chosen, DraftModel):
+            draft = self.model(self.manifest.artifact("draft").path)
+        elif isinstance(chosen, Medusa | Eagle):  # loaded once: proposers only read them
+            from trtspec.build.torch import load_heads
+
+            key = f"heads:{chosen.method}"
+            if key not in self._models:
+                self._models[key] = load_heads(chosen, self.manifest.artifact(chosen.method).path,
+                                               self.model().model)
+            draft = self._models[key]
+        return make_proposer(chosen, self.target_runner(), draft=draft,
+                             target_tokenizer=self.tokenizer)
+
+    def executor(self, method: str, draft_len: int | str) -> SpecExecutor:
+        """Plain decoding for ``none`` or D = 0; else the method at a fixed D, or adaptive
+        (each round's D from the running requests' acceptance, at most the recipe's adaptive
+        cap, costed by the build's round cost)."""
+        self.check_method(method)
+        runner = self.target_runner()
+        if method == PLAIN or draft_len == 0:  # no draft model loaded for nothing
+            return SpecExecutor(runner, eos_token_ids=self.eos_token_ids)
+        return executor_for(runner, self.proposer(method), method, draft_len,
+                            curve=self.manifest.cost_curve, cap=self.recipe.adaptive_cap,
+                            eos_token_ids=self.eos_token_ids, say=self.say,
+                            slots=self.recipe.limits.max_batch_size)
+
+    def encode(self, prompt: Any, chat: bool = True) -> list[int]:
+        from trtspec.runtime.models import encode
+
+        return encode(self.tokenizer, prompt, chat)
+
+    def margin(self, prefix: list[int], a: int, b: int) -> tuple[float, str]:
+        """|logit a − logit b| of the target after ``prefix`` (one prefill, on a runner of its
+        own: the target's may hold live rows) and the dtype the target ran in."""
+        from trtspec.runtime.hf import HFRunner
+
+        runner = HFRunner(self.model().model)
+        logits = runner.prefill([prefix])[0]  # [V]
+        return float((logits[a] - logits[b]).abs()), str(runner.dtype).removeprefix("torch.")
+
+
+def executor_for(target: Runner, proposer: Proposer | None, method: str, draft_len: int | str,
+                 *, curve: Any = None, cap: int | None = None, time_models: bool = True,
+                 eos_token_ids: Iterable[int] | None = None,
+                 say: Callable[[str], None] = _stderr, slots: int | None = None
+                 ) -> SpecExecutor:
+    """An executor at a fixed D, or adaptive up to ``cap`` [default 8]: costs from ``curve``
+    (a build's), else timed now on ``target`` and the proposer's draft model
+    (``time_models``), else assumed (toy models). A fixed D is scored at the widths the
+    build's round cost says are cheapest, as an adaptive one is."""
+    if not is_adaptive(draft_len) or proposer is None:
+        return SpecExecutor(target, proposer, 0 if draft_len == ADAPTIVE else int(draft_len),
+                            eos_token_ids=eos_token_ids,
+                            round_cost=curve.round_cost() if curve is not None else None)
+    from trtspec.spec.adaptive import DEFAULT_MAX_DRAFT_LEN
+    from trtspec.spec.cost_curve import chooser
+
+    k = cap or DEFAULT_MAX_DRAFT_LEN
+    timed = time_models and curve is None
+    adaptive = chooser(method, k, curve, target if timed else None,
+                       proposer.draft_runner if timed else None, say=say, slots=slots)
+    return SpecExecutor(target, proposer, k, adaptive=adaptive, eos_token_ids=eos_token_ids)
+
+
+def eos_token_ids(lm: Any) -> frozenset[int]:
+    """Every id that ends a request: the tokenizer's EOS and each one the model's config and
+    generation config list (Llama-3 lists several, e.g. <|eot_id|> and <|end_of_text|>)."""
+    ids: set[int] = set()
+    sources = (lm.tokenizer.eos_token_id, lm.model.config.eos_token_id,
+               getattr(lm.model.generation_config, "eos_token_id", None))
+    for value in sources:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+def open_build(source: str | Path, overrides: Iterable[str] = (),
+               engines_root: str | Path = "engines", say: Callable[[str], None] = _stderr
+               ) -> tuple[OpenBuild, str]:
+    """A recipe's build under ``engines_root``, or a build folder (engines/<recipe>/<gpu>/,
+    which holds the recipe as built); checked against this machine and the recipe (with
+    ``overrides``). Returns the opened build and the recipe's path."""
+    from trtspec.build import BUILT_RECIPE, check_backend_device
+    from trtspec.build.gpu import detect
+    from trtspec.build.manifest import (
+        ManifestError,
+        check_covers,
+        check_gpu,
+        load_manifest,
+        open_built,
+    )
+
+    folder = Path(source) if Path(source).is_dir() else None
+    recipe_path = str(source)
+    if folder is not None:  # a build folder: the recipe it was built from is in it
+        if not (folder / BUILT_RECIPE).is_file():
+            raise RecipeError(f"{folder}: no {BUILT_RECIPE} here (a build folder is "
+                              "engines/<recipe>/<gpu>/, written by `trtspec build`)")
+        recipe_path = str(folder / BUILT_RECIPE)
+    recipe = load_recipe(recipe_path, list(overrides))
+    if recipe.backend.kind != "torch":
+        raise RecipeError(f"{recipe_path}: this runs the torch backend; serve TensorRT-LLM "
+                          "builds with the trtllm-serve commands `trtspec build --dry-run` "
+                          "prints")
+    if folder is not None:
+        manifest = load_manifest(folder)
+        check_gpu(manifest, detect(), folder / "manifest.json")
+        problem = check_covers(manifest, recipe)
+        if problem:
+            raise ManifestError(f"{folder}: the build {problem} (--set overrides?)")
+    else:
+        manifest, _ = open_built(recipe, recipe_path, engines_root)
+    check_backend_device(recipe, recipe_path)
+    return OpenBuild(recipe, manifest, say), recipe_path

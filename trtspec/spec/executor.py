@@ -1,0 +1,257 @@
+"""SpecExecutor: propose → score → verify → commit / roll back, for a batch of requests.
+
+One round for request b, whose last emitted token x₀ the target has not seen yet::
+
+    drafts  d₁..d_D  ~ q             proposer.propose (D = draft_len, clipped to the budget)
+    logits  p₁..p_{D+1}              target.score([x₀, d₁..d_D])   — one call, D+1 positions
+    tokens  d₁..d_a, y               verify(): a accepted, y recovered (a < D) or bonus (a = D)
+    commit  stop handling            EOS / stop token / max_tokens inside the run truncates it
+    rollback target to prompt + output − y;  proposer.observe(a)
+
+The first output token is sampled from the prefill logits (it sets TTFT) and is in no counter.
+With no proposer, each round is a plain decoding step through the same verify() with D = 0:
+the baseline shares every line of sampling code with the speculative path.
+
+With an :class:`~trtspec.spec.adaptive.AdaptiveDraft` (``draft_len`` "adaptive"), each request's D
+for each round comes from the acceptance estimates and the cost of the round (at most the
+executor's ``draft_len``, K); verification is unchanged, so the output distribution is too.
+With a :class:`~trtspec.spec.adaptive.RoundCost`, a round with drafts is scored at the width it says
+is cheapest (one row's feed lengthened by repeats of its last token; the runner pads every row
+to the widest anyway): positions after a row's own tokens change none of its logits in exact
+arithmetic (in floating point, as any other batch shape, up to rounding), and what they wrote
+is rolled back with the rejections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from trtspec.runtime import Runner
+from trtspec.spec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState, RoundCost
+from trtspec.spec.counters import SpecStats
+from trtspec.spec.propose import Draft, Proposer
+from trtspec.spec.sample.probs import SamplingParams, make_generator, rows_to_probs
+from trtspec.spec.sample.verify import verify
+
+
+@dataclass
+class Delta:
+    """Tokens a request gained in one step (prefill or round), as a stream would send them."""
+
+    index: int
+    token_ids: list[int]
+    finish_reason: str | None  # None while running, then "stop" or "length"
+    num_draft: int = 0  # drafts proposed in this round (0 after prefill)
+    num_accepted: int = 0  # of which the target accepted
+    draft_len: int = 0  # the D asked of the proposer for this request in this round
+
+
+@dataclass
+class Completion:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str
+    stats: SpecStats
+
+
+@dataclass
+class Request:
+    """One request's state in an executor or a scheduler slot."""
+
+    prompt: list[int]
+    params: SamplingParams
+    stops: frozenset[int]
+    generator: torch.Generator
+    output: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    adaptive: AdaptiveState | None = None  # its acceptance estimates, under an adaptive D
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_tokens - len(self.output)
+
+    def commit(self, tokens: list[int]) -> list[int]:
+        """Append tokens up to the first stop token or the budget; return what was kept."""
+        kept = tokens[: self.remaining]
+        for i, tok in enumerate(kept):
+            if tok in self.stops:
+                kept, self.finish_reason = kept[: i + 1], "stop"
+                break
+        else:
+            if len(kept) == self.remaining:
+                self.finish_reason = "length"
+        self.output.extend(kept)
+        return kept
+
+
+class SpecExecutor:
+    """Runs exact speculative sampling (or, without a proposer, plain decoding) on a Runner.
+
+    ``clip_draft`` (default) never proposes more drafts than the remaining budget can emit
+    (D ≤ remaining − 1). With ``clip_draft=False`` every round proposes D, as vLLM and
+    TensorRT-LLM do; what lands past max_tokens is counted in ``discarded_tokens``.
+
+    With ``adaptive``, rounds choose D (see :mod:`trtspec.spec.adaptive`), at most ``draft_len``; a
+    round given a fixed ``draft_len`` drafts that instead. ``round_cost`` [default: the
+    chooser's] says at what width a round with drafts is scored.
+    """
+
+    def __init__(self, target: Runner, proposer: Proposer | None = None, draft_len: int = 4,
+                 clip_draft: bool = True, adaptive: AdaptiveDraft | None = None,
+                 eos_token_ids: Iterable[int] | None = None,
+                 round_cost: RoundCost | None = None) -> None:
+        if draft_len < 0:
+            raise ValueError(f"draft_len must be ≥ 0, got {draft_len}")
+        self.target, self.proposer, self.clip_draft = target, proposer, clip_draft
+        # every id that ends a request unless it ignores EOS [default: the target's one EOS]
+        eos = target.eos_token_id
+        self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else
+                                       () if eos is None else (eos,))
+        self.draft_len = draft_len if proposer is not None else 0
+        self.adaptive = adaptive if proposer is not None else None
+        self.round_cost = round_cost or (adaptive.round_cost if adaptive is not None else None)
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 on_step: Callable[[list[Delta]], None] | None = None) -> list[Completion]:
+        """Run the batch to completion; ``on_step`` sees the new tokens after every step."""
+        reqs = self._requests(prompts, params)
+        for deltas in self._run(reqs):
+            if on_step is not None:
+                on_step(deltas)
+        return [Completion(r.prompt, r.output, r.finish_reason or "length", r.stats) for r in reqs]
+
+    def stream(self, prompts: Sequence[Sequence[int]],
+               params: SamplingParams | Sequence[SamplingParams] | None = None
+               ) -> Iterator[list[Delta]]:
+        """Yield the batch's new tokens after prefill and after every round."""
+        yield from self._run(self._requests(prompts, params))
+
+    def _requests(self, prompts: Sequence[Sequence[int]],
+                  params: SamplingParams | Sequence[SamplingParams] | None) -> list[Request]:
+        params = SamplingParams() if params is None else params
+        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(plist) != len(prompts):
+            raise ValueError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
+        return [self.request(prompt, p, i)
+                for i, (prompt, p) in enumerate(zip(prompts, plist, strict=True))]
+
+    def request(self, prompt: Sequence[int], params: SamplingParams, i: int = 0) -> Request:
+        """A checked request with its own generator (seeded from params.seed)."""
+        vocab = self.target.vocab_size
+        if not prompt:
+            raise ValueError(f"prompt {i} is empty: give at least one token")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt {i} has token ids outside 0..{vocab - 1}")
+        return Request(list(prompt), params, self.stops(params), make_generator(params.seed))
+
+    def stops(self, params: SamplingParams) -> frozenset[int]:
+        """The token ids that end a request with these params: its stop_token_ids and,
+        unless it ignores EOS, every EOS id."""
+        ids = frozenset(params.stop_token_ids)
+        return ids if params.ignore_eos else ids | self.eos_token_ids
+
+    def claim_target(self) -> None:
+        """Before a batch starts on the target Runner (which other executors, e.g. the
+        baseline arm, share): keep the hidden states this proposer reads (heads), or none, so
+        no other arm pays for them."""
+        keep = getattr(self.target, "capture_hidden", None)
+        if keep is not None:
+            keep(list(getattr(self.proposer, "hidden_layers", [])))
+
+    def _run(self, reqs: list[Request]) -> Iterator[list[Delta]]:
+        if not reqs:
+            return
+        self.claim_target()
+        logits = self.target.prefill([r.prompt for r in reqs])  # [B, V]
+        if self.proposer is not None:
+            self.proposer.start([r.prompt for r in reqs])
+        yield self.first_tokens(reqs, list(range(len(reqs))), logits)
+        while True:
+            live = [i for i, r in enumerate(reqs) if r.finish_reason is None]
+            if not live:
+                return
+            yield self.round(reqs, live)
+
+    def first_tokens(self, reqs: list[Request], rows: list[int], logits: torch.Tensor
+                     ) -> list[Delta]:
+        """Each row's first output token from its prompt's logits [len(rows), V]: a round with
+        D = 0, so it draws one uniform from the request's generator, alone or in any batch."""
+        chosen = [reqs[b] for b in rows]
+        params = [r.params for r in chosen]
+        first = verify(rows_to_probs(logits, params)[:, None],  # [n, 1, V]
+                       torch.empty((len(rows), 0), dtype=torch.long), None,
+                       torch.zeros(len(rows), dtype=torch.long),
+                       [r.generator for r in chosen], torch.tensor([p.greedy for p in params]))
+        first_ids = first.token_ids[:, 0].tolist()  # one host copy, not one sync per row
+        return [Delta(b, r.commit([first_ids[i]]), r.finish_reason)
+                for i, (b, r) in enumerate(zip(rows, chosen, strict=True))]
+
+    def round(self, reqs: list[Request], live: list[int], draft_len: int | str | None = None
+              ) -> list[Delta]:
+        """One verification round for the rows ``live`` of a batch (other rows are left alone),
+        proposing ``draft_len`` tokens each [default: the executor's: adaptive when it has a
+        chooser], clipped to the budget; "adaptive": each row's own D (needs a chooser)."""
+        chooser = self.adaptive if draft_len in (None, ADAPTIVE) else None
+        if draft_len == ADAPTIVE and chooser is None and self.proposer is not None:
+            raise ValueError("draft_len adaptive needs an executor built with an AdaptiveDraft")
+        if not live:
+            return []
+        batch = len(reqs)
+        want = self.draft_len if draft_len in (None, ADAPTIVE) else int(draft_len)
+        if self.proposer is None:
+            want, chooser = 0, None
+        draft_len = [0] * batch
+        for i in live:
+            draft_len[i] = max(0, min(want, reqs[i].remaining - 1) if self.clip_draft else want)
+        span = live[-1] - live[0] + 1  # rows the target scores (its rows are contiguous)
+        if chooser is not None:  # choose within the budget: a probe that could draft
+            for i in live:  # nothing would teach nothing
+                if reqs[i].adaptive is None:
+                    reqs[i].adaptive = chooser.start()
+            chosen = chooser.choose_round([reqs[i].adaptive for i in live],
+                                          [draft_len[i] for i in live], span)
+            for i, d in zip(live, chosen, strict=True):
+                draft_len[i] = d
+        draft = Draft.empty(batch)
+        if self.proposer is not None and any(draft_len):
+            draft = self.proposer.propose([r.prompt + r.output for r in reqs], draft_len,
+                                          [r.params for r in reqs], [r.generator for r in reqs])
+        n_draft = draft.num_draft.tolist()
+        feed: list[list[int]] = [[] for _ in range(batch)]
+        for b in live:
+            feed[b] = [reqs[b].output[-1], *draft.token_ids[b, : n_draft[b]].tolist()]
+        k = max(n_draft[b] for b in live)  # the round's widest draft
+        if k and self.round_cost is not None:  # a wider call BLAS runs faster (the runner
+            longest = feed[max(live, key=lambda b: n_draft[b])]  # pads every row to it)
+            longest += longest[-1:] * (self.round_cost.width(span, k + 1) - k - 1)
+        logits = self.target.score(feed)[:, : k + 1]  # [B, k + 1, V]
+        rows = torch.tensor(live)
+        dev_rows = rows.to(logits.device)
+        out = verify(rows_to_probs(logits[dev_rows], [reqs[b].params for b in live]),  # [L,K+1,V]
+                     draft.token_ids[rows, :k],
+                     None if draft.probs is None else draft.probs[dev_rows, :k],
+                     draft.num_draft[rows], [reqs[b].generator for b in live],
+                     torch.tensor([reqs[b].params.greedy for b in live]))
+        deltas, accepted, lengths = [], [0] * batch, self.target.lengths()
+        emitted, num_accepted = out.token_ids.tolist(), out.num_accepted.tolist()  # to host once
+        for row, b in enumerate(live):
+            r, a = reqs[b], num_accepted[row]
+            if chooser is not None and r.adaptive is not None:
+                chooser.update(r.adaptive, n_draft[b], a)
+            kept = r.commit(emitted[row][: a + 1])
+            r.stats.record_round(n_draft[b], a, len(kept), draft_len[b])
+            if r.finish_reason is None:
+                lengths[b] = len(r.prompt) + len(r.output) - 1  # all but the new last token
+            else:
+                r.stats.close_request()
+            accepted[b] = a
+            deltas.append(Delta(b, kept, r.finish_reason, n_draft[b], a, draft_len[b]))
+        self.target.rollback(lengths)
+        if self.proposer is not None:
+            self.proposer.observe(accepted)
+        return deltas
