@@ -9,11 +9,12 @@ Part 1 simulates units directly: G independent units whose log ratios (log basel
 TPOT, the geometric-mean statistic's terms) are log 1.05 plus noise of sd 0.2, for G ∈ {8, 12,
 24, 48} and five noises; each cell counts, over ≥ 20,000 simulated evals, how often p_go ≤
 each level in {2.5e-4, 1e-3, 2.5e-3, 6e-3, 0.025}. trtspec's p-value is
-:func:`trtspec.analysis.stats.mean_log_interval` itself, batched over the simulated evals (Student's t ∧
-bootstrap-t, 20,000 resamples); the percentile bootstrap is the method trtspec used before
+:func:`trtspec.analysis.stats.mean_log_interval` itself, batched over the simulated evals (Student's
+t ∧ bootstrap-t, 20,000 resamples); the percentile bootstrap is the method trtspec used before
 (cluster bootstrap of the mean log ratio, replicates widened by √(G/(G − 1)), p = (1 + reps ≤
-log m) / (1 + R)), vectorised here and checked against :func:`trtspec.analysis.stats.percentile_interval`
-on the first evals of each cell. Power: the same at a true 1.3×.
+log m) / (1 + R)), vectorised here and checked against
+:func:`trtspec.analysis.stats.percentile_interval` on the first evals of each cell. Power: the same
+at a true 1.3×.
 
 Part 2 goes through ``decide``'s own code: seeded synthetic sequential evals
 (``until_decided`` + ``decide``) at the boundary null with the demo recipe's settings, and

@@ -95,8 +95,8 @@ def to_markdown(result: list[dict], repeats: int) -> str:
         "GB/s = bytes of the inputs handed to verify (p [B,K+1,V] fp32, plus q [B,K,V] in the "
         "sampled mode) / time. The sampled and point-mass paths read p and q only at the drafted "
         "tokens plus the one row where the round stops, so they can beat a full read; greedy "
-        "reads all of p once for a blocked argmax (trtspec.spec.sample.probs.argmax; torch's own CPU "
-        "argmax ran ~4× slower here). At B = 1 the time is per-op dispatch, not bytes.",
+        "reads all of p once for a blocked argmax (trtspec.spec.sample.probs.argmax; torch's own "
+        "CPU argmax ran ~4× slower here). At B = 1 the time is per-op dispatch, not bytes.",
         "",
         "| B | V | mode | ms / call | µs / request | p+q MB | GB/s | × copy GB/s |",
         "|---:|---:|---|---:|---:|---:|---:|---:|",

@@ -429,7 +429,7 @@ def test_repeat_copies_of_a_prompt_are_one_unit() -> None:
 
 
 def test_turns_that_share_prompts_are_one_unit() -> None:
-    from trtspec.analysis.gates import independent_units, prompt_of
+    from trtspec.analysis.units import independent_units, prompt_of
 
     assert [prompt_of({"request_id": x}) for x in ("a", "a#2", "a#12", "b#1", "#3", "x#y")] \
         == ["a", "a", "a", "b#1", "#3", "x#y"]  # records from before prompt_id

@@ -12,7 +12,7 @@ from broken_verifiers import naive_resample_verify
 from conftest import continuation_probs
 
 import trtspec.spec.executor
-from trtspec.analysis.stats import chi_square_gof
+from trtspec.analysis.gof import chi_square_gof
 from trtspec.runtime.toy import MarkovLM, ToyRunner
 from trtspec.spec.counters import SpecStats
 from trtspec.spec.executor import SpecExecutor

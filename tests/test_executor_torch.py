@@ -11,7 +11,7 @@ from broken_verifiers import naive_resample_verify
 from conftest import tiny_llama
 
 import trtspec.spec.executor
-from trtspec.analysis.stats import chi_square_gof
+from trtspec.analysis.gof import chi_square_gof
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner, layer_skip_view
 from trtspec.runtime.models import encode

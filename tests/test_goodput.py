@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from trtspec.analysis.decide import GO, INCONCLUSIVE, decide, judge, pairs
+from trtspec.analysis.decide import GO, INCONCLUSIVE, decide, judge
+from trtspec.analysis.extract import pairs
 from trtspec.analysis.goodput import goodput_ratio, goodput_table, meets_slo, signed_shares
 from trtspec.build.recipe import Decide, Slo
 

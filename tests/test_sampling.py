@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtspec.analysis.stats import chi_square_gof
+from trtspec.analysis.gof import chi_square_gof
 from trtspec.spec.sample.probs import (
     SAMPLE_BLOCK,
     SamplingParams,

@@ -6,14 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from trtspec.analysis.gof import chi_square_gof, chi_square_power, gof_bins, least_favourable
 from trtspec.analysis.stats import (
-    chi_square_gof,
-    chi_square_power,
     cluster_replicates,
-    gof_bins,
     holm,
     holm_threshold,
-    least_favourable,
     look_alphas,
     percentile_interval,
     speedup_interval,

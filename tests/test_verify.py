@@ -9,7 +9,7 @@ import pytest
 import torch
 from broken_verifiers import accept_if_p_ge_q_verify, naive_resample_verify
 
-from trtspec.analysis.stats import chi_square_gof
+from trtspec.analysis.gof import chi_square_gof
 from trtspec.spec.sample.probs import SamplingParams, logits_to_probs
 from trtspec.spec.sample.verify import verify
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtspec.analysis.stats import chi_square_gof
+from trtspec.analysis.gof import chi_square_gof
 from trtspec.runtime.hf import HFRunner, layer_skip_view
 from trtspec.spec.executor import SpecExecutor
 from trtspec.spec.propose.draft_model import DraftModelProposer

@@ -18,7 +18,7 @@ from test_executor_torch import exact_two_token_probs
 
 import trtspec.spec.executor
 import trtspec.spec.propose.heads.eagle
-from trtspec.analysis.stats import chi_square_gof
+from trtspec.analysis.gof import chi_square_gof
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner
 from trtspec.serve.scheduler import DraftPolicy, Scheduler

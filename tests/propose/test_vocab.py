@@ -13,7 +13,7 @@ from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
 import trtspec.spec.executor
-from trtspec.analysis.stats import chi_square_gof
+from trtspec.analysis.gof import chi_square_gof
 from trtspec.runtime.hf import HFRunner
 from trtspec.runtime.toy import MarkovLM, ToyRunner
 from trtspec.spec.executor import SpecExecutor

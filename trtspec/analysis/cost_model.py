@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.analysis.decide import paired_speedup, pairs, tpot
-from trtspec.analysis.gates import independent_units
+from trtspec.analysis.extract import paired_speedup, pairs, tpot
 from trtspec.analysis.records import condition_parts, failed
 from trtspec.analysis.stats import MIN_UNITS, ratio_of_medians
+from trtspec.analysis.units import independent_units
 
 
 def leviathan(alpha: float, d: int, c: float) -> float:

@@ -178,8 +178,8 @@ def curves(verdicts: Sequence[Any], threshold: float, seed: int = 0,
 
 def schedules(verdicts: Sequence[Any], fits: Sequence[Curve]) -> dict[str, Schedule]:
     """Per method, D per measured level: the GO D with the highest CI lower bound (as
-    :func:`trtspec.analysis.policy.apply_where`), 0 where none is GO or the level is above c* of that
-    D's curve ("all" bucket)."""
+    :func:`trtspec.analysis.policy.apply_where`), 0 where none is GO or the level is above c* of
+    that D's curve ("all" bucket)."""
     from trtspec.analysis.decide import GO
 
     rows = [v if isinstance(v, dict) else asdict(v) for v in verdicts]
@@ -233,9 +233,9 @@ def bucket_speedups(records: Sequence[dict[str, Any]], criteria: Any, seed: int 
     speedup of the primary metric and its 95 % CI, with decide's values, statistic and unit
     (only buckets with ≥ ``criteria.min_requests`` pairs; nothing when every request falls in
     one bucket)."""
-    from trtspec.analysis.decide import metric_values, paired_speedup, pairs, statistic_for
-    from trtspec.analysis.gates import independent_units
+    from trtspec.analysis.extract import metric_values, paired_speedup, pairs, statistic_for
     from trtspec.analysis.stats import MIN_UNITS
+    from trtspec.analysis.units import independent_units
 
     if len({bucket_of(r.get("context_tokens")) for r in records} - {None}) < 2:
         return {}

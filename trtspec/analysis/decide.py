@@ -9,11 +9,11 @@ category within it:
   context cancel, so a workload of unlike requests needs far fewer of them); ``tpot_p50``,
   ``e2e_p50`` and ``e2e_per_token_p50``, baseline / spec median of TPOT, E2E or E2E per output token
   (two benchmark runs' medians compared); ``goodput``, spec / baseline requests per second
-  that meet ``decide.slo`` (:mod:`trtspec.analysis.goodput`). With a 95 % CI from a *paired* bootstrap that
-  resamples the independent unit (:mod:`trtspec.analysis.stats`): the request at c = 1, where the arms
-  alternate request by request; the turn (the requests that ran together, ``block``) at c > 1
-  or with open-loop arrivals, where requests share batches and shocks. Each resampled unit
-  brings its baseline and spec measurements together (same prompt, seed). Fewer than
+  that meet ``decide.slo`` (:mod:`trtspec.analysis.goodput`). With a 95 % CI from a *paired*
+  bootstrap that resamples the independent unit (:mod:`trtspec.analysis.stats`): the request at
+  c = 1, where the arms alternate request by request; the turn (the requests that ran together,
+  ``block``) at c > 1 or with open-loop arrivals, where requests share batches and shocks. Each
+  resampled unit brings its baseline and spec measurements together (same prompt, seed). Fewer than
   ``MIN_UNITS`` units give no interval (INCONCLUSIVE, with how many more requests are needed).
 * **the speedup tests**: one-sided p-values against ``min_speedup`` from the same replicates,
   judged over every cell of the report at once (Holm), so the chance of any wrong GO, and of
@@ -41,9 +41,9 @@ category within it:
   units, no audit where one is required). When the arms do not differ, noise moves a verdict
   between GO and INCONCLUSIVE, not to NO-GO.
 
-The cost model (:mod:`trtspec.analysis.cost_model`) estimates a, the per-token acceptance probability of
-Leviathan et al. (their α; a here, so it is not confused with the tests' significance level α):
-accepted / (accepted + rejected rounds), the i.i.d. maximum-likelihood estimate, not the
+The cost model (:mod:`trtspec.analysis.cost_model`) estimates a, the per-token acceptance
+probability of Leviathan et al. (their α; a here, so it is not confused with the tests' significance
+level α): accepted / (accepted + rejected rounds), the i.i.d. maximum-likelihood estimate, not the
 acceptance *rate* accepted / proposed; and c, the cost of one drafted token in target steps
 from round times; and predicts the speedup from the drafts as proposed (= (1 − a^(D+1)) /
 ((1 − a)(D·c + 1)) when every round drafts D) next to the measured one.
@@ -51,46 +51,33 @@ from round times; and predicts the speedup from the drafts as proposed (= (1 −
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from trtspec.analysis.gates import greedy_gate, independent_units, latency_gates, memory_gate
-from trtspec.analysis.goodput import goodput_ratio, signed_shares
-from trtspec.analysis.records import RequestTiming, failed, unanswered
+from trtspec.analysis.extract import metric_values, pairs, statistic_for
+from trtspec.analysis.gates import greedy_gate, latency_gates, memory_gate
+from trtspec.analysis.records import unanswered
 from trtspec.analysis.stats import (
     ALPHA,
     MIN_UNITS,
     RESAMPLES,
     Interval,
     bootstrap_floor,
-    geomean_of_ratios,
     holm,
     holm_threshold,
-    ratio_of_medians,
     resamples_for,
     speedup_interval,
     units_at_level,
     units_for_floor,
     units_to_resolve,
 )
+from trtspec.analysis.units import independent_units
 from trtspec.build.recipe import Decide
 
 GO, NO_GO, INCONCLUSIVE = "GO", "NO-GO", "INCONCLUSIVE"
-
-
-def statistic_for(metric: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """The speedup statistic of a primary metric (see the module docstring)."""
-    return {"tpot": geomean_of_ratios, "goodput": goodput_ratio}.get(metric, ratio_of_medians)
-
-
-SPEEDUP_MEANS = {"tpot": "the geometric mean over requests of each one's baseline / spec TPOT",
-                 "tpot_p50": "baseline / spec median TPOT",
-                 "e2e_p50": "baseline / spec median E2E",
-                 "e2e_per_token_p50": "baseline / spec median E2E per output token",
-                 "goodput": "spec / baseline requests per second that meet decide.slo"}
 
 
 @dataclass
@@ -154,59 +141,6 @@ def no_interval_why(v: Verdict | dict[str, Any], criteria: Decide | None = None)
     if units < MIN_UNITS:
         return f"{units} independent {unit or 'unit'}s < {MIN_UNITS}"
     return "the interval could not be computed"
-
-
-def tpot(r: dict[str, Any]) -> float | None:
-    """A record's TPOT, by the one definition in trtspec.analysis.records.RequestTiming."""
-    return RequestTiming.from_record(r).tpot
-
-
-def _metric(r: dict[str, Any], name: str) -> float | None:
-    """Per-request seconds (lower is better) the speedup compares: TPOT, E2E, or E2E per
-    output token for ``e2e_per_token_p50`` (prefill included)."""
-    if name == "e2e_p50":  # tpot and tpot_p50: TPOT (below)
-        return r["e2e_s"]
-    if name == "e2e_per_token_p50":
-        return r["e2e_s"] / r["output_tokens"] if r["output_tokens"] else None
-    return tpot(r)
-
-
-def metric_values(matched: Sequence[tuple[dict[str, Any], dict[str, Any]]], criteria: Decide
-                  ) -> list[tuple[dict[str, Any], dict[str, Any], float, float]]:
-    """(baseline, spec, its value, spec's value) of the primary metric for the pairs that
-    have one: seconds (TPOT, E2E, E2E per token), or goodput's signed shares of each turn's
-    span (:mod:`trtspec.analysis.goodput`)."""
-    if criteria.primary_metric == "goodput":
-        return [(b, s, vb, vs) for (b, s), (vb, vs) in
-                zip(matched, signed_shares(matched, criteria.slo), strict=True)]
-    kept = [(b, s, _metric(b, criteria.primary_metric), _metric(s, criteria.primary_metric))
-            for b, s in matched]
-    return [k for k in kept if k[2] is not None and k[3] is not None and k[2] > 0 < k[3]]
-
-
-def pairs(records: Sequence[dict[str, Any]], condition: str, category: str | None = None
-          ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(baseline, spec) records of the same request in one condition; a request that failed in
-    either arm (an endpoint error) has no pair."""
-    arms: dict[str, dict[str, dict[str, Any]]] = {"baseline": {}, "spec": {}}
-    for r in records:
-        if r["condition"] == condition and (category is None or r["category"] == category) \
-                and not failed(r):
-            arms[r["arm"]][r["request_id"]] = r
-    return [(arms["baseline"][k], arms["spec"][k]) for k in sorted(arms["spec"])
-            if k in arms["baseline"]]
-
-
-def paired_speedup(base: np.ndarray, spec: np.ndarray, resamples: int = 2000, seed: int = 0,
-                   units: Sequence[Any] | None = None, statistic: Callable[
-                       [np.ndarray, np.ndarray], np.ndarray] = ratio_of_medians
-                   ) -> tuple[float, tuple[float, float]]:
-    """statistic(base, spec) (median(base) / median(spec) unless given) and its 95 %
-    paired-bootstrap CI, resampling ``units`` (default: each request its own)."""
-    units = list(range(len(base))) if units is None else units
-    iv = speedup_interval(base, spec, units, 1.0, resamples=resamples, seed=seed,
-                          statistic=statistic)
-    return iv.point, iv.ci
 
 
 @dataclass
@@ -399,7 +333,8 @@ def decide(records: Sequence[dict[str, Any]], criteria: Decide, greedy: bool, se
     ``--until-decided`` eval (the latency gates wait for the verdict at its end).
 
     Bootstrap resamples are as many as the smallest level a cell can be judged at needs
-    (:func:`trtspec.analysis.stats.resamples_for`), so a p-value's resolution never holds a verdict."""
+    (:func:`trtspec.analysis.stats.resamples_for`), so a p-value's resolution never holds a
+    verdict."""
     by_pair = {(d["condition"], d["request_id"]): d for d in divergences}
     keys = [(condition, category) for condition in sorted({r["condition"] for r in records})
             for category in [None, *sorted({r["category"] for r in records

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.analysis.gates import unit_of
 from trtspec.analysis.records import RequestTiming
+from trtspec.analysis.units import unit_of
 from trtspec.build.recipe.decide import Slo
 
 Pair = tuple[dict[str, Any], dict[str, Any]]

@@ -6,8 +6,8 @@
 * **serve policy** — the method with the most GO conditions and, per measured concurrency, its
   best GO D (0 where none is GO); more running requests than measured: plain decoding.
 * **policy file** — ``schedules/trtspec-policy.yaml`` beside a decided eval's report: the same
-  policy with the crossover applied (:mod:`trtspec.analysis.schedules`), in a form a deployment keeps
-  and ``trtspec serve --policy FILE`` reads.
+  policy with the crossover applied (:mod:`trtspec.analysis.schedules`), in a form a deployment
+  keeps and ``trtspec serve --policy FILE`` reads.
 """
 
 from __future__ import annotations

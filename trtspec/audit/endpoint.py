@@ -1,8 +1,8 @@
 """Exactness audit of any OpenAI-compatible server: does the speculating server emit the same
 output distribution as the same model served without speculation?
 
-The in-process audit (:mod:`trtspec.audit.inprocess`) knows the target's exact probabilities. A server
-does not tell them, so this audit compares two servers instead: the *endpoint* (speculating)
+The in-process audit (:mod:`trtspec.audit.inprocess`) knows the target's exact probabilities. A
+server does not tell them, so this audit compares two servers instead: the *endpoint* (speculating)
 and the *baseline* (plain decoding of the same model). It is a two-sample test, and it says
 nothing about which one is wrong, only that they differ.
 
@@ -63,8 +63,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.analysis.stats import chi_square_power as power
-from trtspec.analysis.stats import least_favourable
+from trtspec.analysis.gof import chi_square_power as power
+from trtspec.analysis.gof import least_favourable
 from trtspec.audit import AUDIT
 from trtspec.build.files import write_atomic
 

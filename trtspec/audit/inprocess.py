@@ -37,8 +37,8 @@ Terms:
               within a bin is invisible to the test, so binning can only hide one
 * power       the chance the method test fails when every test is off by r·ε: noncentral
               chi-square with the summed dof and λ = Σ_tests N·(r·ε)²·L, L = min over sets S of
-              bins of 1/P(S) + 1/(1 − P(S)) (:func:`~trtspec.analysis.stats.least_favourable`: the least
-              favourable difference of that size, so the power holds for every one)
+              bins of 1/P(S) + 1/(1 − P(S)) (:func:`~trtspec.analysis.gof.least_favourable`: the
+              least favourable difference of that size, so the power holds for every one)
 * weak        power < ``MIN_POWER`` or fewer than ``MIN_REJECTIONS`` recovered samples: the
               audit could not have seen a wrong residual. A weak PASS supports no GO
 """
@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.analysis.stats import chi_square_power
+from trtspec.analysis.gof import chi_square_power
 from trtspec.audit import AUDIT
 from trtspec.audit.sampling import MAX_BINS, TOKENS, draw, exact_fit
 from trtspec.build.files import write_atomic

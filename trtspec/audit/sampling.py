@@ -34,9 +34,9 @@ Terms, for one prompt:
 * bins        each cell expected ≥ ``MIN_EXPECTED`` is a bin, the rest pool into one tail
               bin; where that makes more than ``MAX_BINS``, the most probable half of the
               bins hold one cell each and the other cells are packed into the other half,
-              each bin expected ≥ ``MIN_EXPECTED`` (:func:`~trtspec.analysis.stats.gof_bins`). Cells and bins
-              are fixed by the exact P before counting. A difference between cells of one bin
-              is invisible to the test: the power is stated for what the bins see
+              each bin expected ≥ ``MIN_EXPECTED`` (:func:`~trtspec.analysis.gof.gof_bins`). Cells
+              and bins are fixed by the exact P before counting. A difference between cells of one
+              bin is invisible to the test: the power is stated for what the bins see
 * test        Pearson's chi-square of the counts per bin against N·P (dof = bins − 1); a
               sample whose token had probability 0 after a kept prefix is impossible: p = 0
 """
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtspec.analysis.stats import chi_square_gof, gof_bins, least_favourable
+from trtspec.analysis.gof import chi_square_gof, gof_bins, least_favourable
 from trtspec.runtime import Runner
 from trtspec.serve.scheduler import Scheduler, Ticket
 from trtspec.spec.executor import Delta, SpecExecutor
@@ -169,7 +169,7 @@ class Fit:
     dof: int
     p_value: float
     bins: int  # after pooling (module docstring)
-    least_favourable: float  # L of the bins (:func:`~trtspec.analysis.stats.least_favourable`)
+    least_favourable: float  # L of the bins (:func:`~trtspec.analysis.gof.least_favourable`)
     impossible: int  # samples with a token of probability 0 after a kept prefix
 
 

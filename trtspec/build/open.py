@@ -43,8 +43,8 @@ class OpenBuild:
         self._runner: Runner | None = None
 
     def model(self, path: str | None = None) -> Any:
-        """The target's loaded checkpoint (trtspec.runtime.models.LoadedModel), or another artifact's
-        (a draft model, in its method's dtype)."""
+        """The target's loaded checkpoint (trtspec.runtime.models.LoadedModel), or another
+        artifact's (a draft model, in its method's dtype)."""
         from trtspec.runtime.models import load
 
         key = path or self.manifest.artifact("target").path

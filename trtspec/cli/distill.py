@@ -1,4 +1,5 @@
-"""`trtspec distill`: train Medusa or EAGLE-3 heads for a recipe's target (trtspec.train.distill)."""
+"""`trtspec distill`: train Medusa or EAGLE-3 heads for a recipe's target
+(:mod:`trtspec.train.distill`)."""
 
 from __future__ import annotations
 

@@ -184,9 +184,9 @@ def _policy_arg(value: str | None) -> str | None:
 def policy_from_eval(folder: Path, method: str | None, notes: list[str],
                      label: str | None = None) -> tuple[str, DraftPolicy | None]:
     """(method, D by running requests) from ``folder``: a policy file
-    (``schedules/trtspec-policy.yaml``, :func:`trtspec.analysis.policy.read_policy`), or a decided eval
-    (its policy file, else :func:`trtspec.analysis.policy.serve_policy` of its decision.json; another
-    ``method`` than the file's is derived from decision.json). Says in ``notes`` what the
+    (``schedules/trtspec-policy.yaml``, :func:`trtspec.analysis.policy.read_policy`), or a decided
+    eval (its policy file, else :func:`trtspec.analysis.policy.serve_policy` of its decision.json;
+    another ``method`` than the file's is derived from decision.json). Says in ``notes`` what the
     eval did not measure. ``label`` names it in messages [default: the path] (a registered
     version: its models:/ reference)."""
     from trtspec.analysis.policy import POLICY, read_policy, serve_policy

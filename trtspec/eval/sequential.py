@@ -8,9 +8,9 @@ Terms:
   category), measured for the conditions whose verdict over all categories was INCONCLUSIVE.
 * **budget** N — the most paired requests a condition may get (``--max-requests``, default:
   4× the plan, at most every row of the workloads).
-* **α per look** — alpha spending (:func:`trtspec.analysis.stats.look_alphas`): look k of a condition
-  with n_k paired requests tests at spent(n_k / N) − spent(n_{k−1} / N), so over every look the
-  chance of a wrong GO (or a wrong NO-GO) stays ≤ α. Within a look, Holm over its cells.
+* **α per look** — alpha spending (:func:`trtspec.analysis.stats.look_alphas`): look k of a
+  condition with n_k paired requests tests at spent(n_k / N) − spent(n_{k−1} / N), so over every
+  look the chance of a wrong GO (or a wrong NO-GO) stays ≤ α. Within a look, Holm over its cells.
 
 New requests are rows of the workloads the eval has not measured (the built-in workload and
 SPEED-Bench hold more than a plan takes); when they run out, the eval says so and stops rather

@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trtspec.analysis.decide import SPEEDUP_MEANS, Verdict
+from trtspec.analysis.decide import Verdict
+from trtspec.analysis.extract import SPEEDUP_MEANS
 from trtspec.analysis.records import condition_parts
 from trtspec.analysis.stats import ALPHA
 from trtspec.build.recipe import Recipe

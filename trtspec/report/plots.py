@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtspec.analysis.decide import Verdict, tpot
+from trtspec.analysis.decide import Verdict
+from trtspec.analysis.extract import tpot
 from trtspec.analysis.records import condition_parts
 
 

@@ -14,15 +14,13 @@ from trtspec.analysis.decide import (
     GO,
     INCONCLUSIVE,
     NO_GO,
-    SPEEDUP_MEANS,
     Verdict,
     ci_phrase,
     ci_text,
     decide,
     no_interval_why,
-    pairs,
-    statistic_for,
 )
+from trtspec.analysis.extract import SPEEDUP_MEANS, pairs, statistic_for
 from trtspec.analysis.gates import P90_MIN, P99_MIN
 from trtspec.analysis.goodput import goodput_table
 from trtspec.analysis.goodput import markdown_lines as goodput_lines

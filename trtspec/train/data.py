@@ -236,8 +236,8 @@ def generate(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens:
              eos_token_id: int | None = None, progress: Progress | None = None
              ) -> list[list[int]]:
     """Each prompt followed by the target's own continuation (plain decoding through
-    :class:`~trtspec.spec.executor.SpecExecutor`, the eval's baseline code path, so greedy at T = 0),
-    cut to ``max_len`` tokens. Prompt i is sampled with seed ``sampling.seed + i``: a prompt's
+    :class:`~trtspec.spec.executor.SpecExecutor`, the eval's baseline code path, so greedy at T =
+    0), cut to ``max_len`` tokens. Prompt i is sampled with seed ``sampling.seed + i``: a prompt's
     text does not depend on the batch it ran in. With ``max_new_tokens`` 0 the prompts are the
     sequences."""
     from trtspec.runtime.compiled import CompiledRunner, unsupported

@@ -71,7 +71,7 @@ Backend = Annotated[TorchBackend | TrtllmBackend, Field(discriminator="kind")]
 
 
 class Gpu(Strict):
-    name: str = Field("auto", description="a profile in trtspec.build.gpu (H200, A100-80GB, …) or auto")
+    name: str = Field("auto", description="a GPU profile (H200, H100, A100-80GB, …) or auto")
     count: int = Field(1, ge=1, description="GPUs the target runs on (= tp_size × pp_size)")
 
 

@@ -11,9 +11,10 @@ Terms (per row b; the executor's round is described in :mod:`trtspec.spec.execut
 * pair t        (H_t, embed(s_{t+1})) at RoPE position t: EAGLE-3's alignment (a state and the
                 token it was followed by predict the next token). Pairs 0 … n−2 are known
                 once s_{n−1} is, so a state waits as *pending* until its next token is known
-* draft cache   the head's own KV cache (:class:`~trtspec.spec.propose.heads.eagle_model.DraftCache`),
-                pair t at slot t; it keeps *committed pairs* only (built from target states),
-                ``cache.lengths[b]`` of them; the chain's pairs lie past it as scratch
+* draft cache   the head's own KV cache
+                (:class:`~trtspec.spec.propose.heads.eagle_model.DraftCache`), pair t at slot t; it
+                keeps *committed pairs* only (built from target states), ``cache.lengths[b]`` of
+                them; the chain's pairs lie past it as scratch
 * chain step    after the last pending pair gives (g, logits of d₁), step i feeds
                 (g, embed(d_i)) at position n − 2 + i: the head's own output g, not a target
                 state, as in training-time test. The last draft is never fed
