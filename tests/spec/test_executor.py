@@ -3,16 +3,14 @@ batch independence, stop handling and the counters."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import pytest
 import torch
 from broken_verifiers import naive_resample_verify
-from conftest import continuation_probs
+from exactness import ALPHA, PROMPT, continuation_pvalue
 
 import trtspec.spec.executor
-from trtspec.analysis.gof import chi_square_gof
 from trtspec.runtime.toy import MarkovLM, ToyRunner
 from trtspec.spec.counters import SpecStats
 from trtspec.spec.executor import SpecExecutor
@@ -20,25 +18,10 @@ from trtspec.spec.propose import Draft
 from trtspec.spec.propose.draft_model import DraftModelProposer
 from trtspec.spec.sample.probs import SamplingParams
 
-ALPHA = 1e-3
-PROMPT = [1, 2]
-
 
 def spec(target: MarkovLM, draft: MarkovLM | None, d: int, clip: bool = True) -> SpecExecutor:
     proposer = DraftModelProposer(ToyRunner(draft)) if draft is not None else None
     return SpecExecutor(ToyRunner(target), proposer, draft_len=d, clip_draft=clip)
-
-
-def continuation_pvalue(executor: SpecExecutor, target: MarkovLM, n_tokens: int, trials: int,
-                        **sampling) -> float:
-    """Chi-square p-value of the executor's n-token continuations against exact probabilities."""
-    params = [SamplingParams(max_tokens=n_tokens, seed=i, **sampling) for i in range(trials)]
-    outs = executor.generate([PROMPT] * trials, params)
-    assert all(len(c.token_ids) == n_tokens for c in outs)
-    counts = Counter(tuple(c.token_ids) for c in outs)
-    exact = continuation_probs(target, PROMPT, n_tokens, SamplingParams(**sampling))
-    seqs = sorted(set(exact) | set(counts))
-    return chi_square_gof([counts.get(s, 0) for s in seqs], [exact.get(s, 0.0) for s in seqs])[2]
 
 
 SAMPLINGS = {"t1": {}, "t0.7_top_p0.9": {"temperature": 0.7, "top_p": 0.9}}

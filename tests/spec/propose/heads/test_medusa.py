@@ -12,8 +12,8 @@ import pytest
 import torch
 from broken_verifiers import naive_resample_verify
 from conftest import tiny_llama
+from exactness import exact_two_token_probs
 from safetensors.torch import save_file
-from test_executor_torch import exact_two_token_probs
 
 import trtspec.spec.executor
 from trtspec.analysis.gof import chi_square_gof

@@ -19,7 +19,7 @@ from trtspec.train.data import DistillError, Teacher, draft_vocab, load_prompts,
 from trtspec.train.distill import distill, expected_al
 from trtspec.train.trainers import eagle_step2
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from broken_verifiers import naive_resample_verify
-from test_executor import ALPHA, PROMPT, continuation_pvalue
+from exactness import ALPHA, PROMPT, continuation_pvalue
 
 import trtspec.spec.executor
 from trtspec.analysis.cost_model import recommend_d

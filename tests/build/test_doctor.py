@@ -7,7 +7,7 @@ from pathlib import Path
 from trtspec.build.doctor import machine, recipe_needs
 from trtspec.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_machine_rows_name_the_stack() -> None:

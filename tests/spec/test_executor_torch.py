@@ -9,6 +9,7 @@ import pytest
 import torch
 from broken_verifiers import naive_resample_verify
 from conftest import tiny_llama
+from exactness import exact_two_token_probs
 
 import trtspec.spec.executor
 from trtspec.analysis.gof import chi_square_gof
@@ -19,7 +20,7 @@ from trtspec.spec.executor import SpecExecutor
 from trtspec.spec.propose.draft_model import DraftModelProposer
 from trtspec.spec.propose.layer_skip import LayerSkipProposer
 from trtspec.spec.propose.ngram import NgramProposer
-from trtspec.spec.sample.probs import SamplingParams, logits_to_probs
+from trtspec.spec.sample.probs import SamplingParams
 
 PROMPTS = [
     "Repeat this sentence twice: the cat sat on the mat and looked at the door.",
@@ -72,16 +73,6 @@ def test_greedy_spec_equals_plain_greedy_on_smollm2(smollm2) -> None:
                   f"(top-2 logit gap < {NEAR_TIE})")
             assert excluded <= 0.01 * total
             assert sum(c.stats.accepted_draft_tokens for c in out) > 0
-
-
-def exact_two_token_probs(model, prompt: list[int], params: SamplingParams) -> torch.Tensor:
-    """[V, V] exact P(t1, t2 | prompt) from full forward passes (no cache)."""
-    vocab = model.config.vocab_size
-    with torch.inference_mode():
-        p1 = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)  # [V]
-        both = torch.tensor([[*prompt, t] for t in range(vocab)])  # [V, L+1]
-        p2 = logits_to_probs(model(both).logits[:, -1], params)  # [V, V]
-    return p1[:, None] * p2
 
 
 def two_token_pvalue(target, draft_layers: int, params: SamplingParams, trials: int,

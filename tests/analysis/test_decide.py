@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fake_records import paired, record
 
 from trtspec.analysis.decide import (
     GO,
@@ -18,28 +19,6 @@ from trtspec.build.recipe import Decide
 
 CRITERIA = Decide(min_speedup=1.05, max_ttft_p99_regression=0.10, max_e2e_p99_regression=0.10,
                   min_requests=20)
-
-
-def record(condition: str, arm: str, rid: str, tpot: float, ttft: float = 0.05, n: int = 64,
-           category: str = "c", digest: str = "x", rounds: int = 0, proposed: int = 0,
-           accepted: int = 0) -> dict:
-    times = [ttft + i * tpot for i in range(n)]
-    return {"condition": condition, "arm": arm, "request_id": rid, "category": category,
-            "token_times_s": times, "output_tokens": n, "e2e_s": times[-1], "ttft_s": ttft,
-            "output_digest": digest, "verification_rounds": rounds, "proposed_tokens": proposed,
-            "accepted_draft_tokens": accepted}
-
-
-def paired(condition: str, base_tpot: float, spec_tpot: float, n: int = 40, noise: float = 0.02,
-           seed: int = 0, **spec_kw) -> list[dict]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        b = base_tpot * (1 + noise * rng.standard_normal())
-        s = spec_tpot * (1 + noise * rng.standard_normal())
-        out += [record(condition, "baseline", f"r{i}", b),
-                record(condition, "spec", f"r{i}", s, **spec_kw)]
-    return out
 
 
 def test_clear_go_and_clear_no_go() -> None:
@@ -290,7 +269,7 @@ def test_decide_command_writes_report_and_exits_as_a_ci_gate(tmp_path, capsys) -
 
     from trtspec.cli import main
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "cpu-smollm2.yaml"
     audit = {"samples": 100, "draft_len": 1, "alpha": 1e-3, "sampling": {
         "temperature": 0.7, "top_k": 0, "top_p": 1.0}, "methods": {"ngram": {
             "passed": True, "weak": False, "p_value": 0.3, "threshold": 5e-4, "prompts": [

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_decide import paired
+from fake_records import paired
 
 from trtspec.build.recipe import load_recipe
 from trtspec.report.render import make_decision
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which(
     "google-chrome")
 

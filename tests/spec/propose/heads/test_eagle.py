@@ -14,7 +14,7 @@ import pytest
 import torch
 from broken_verifiers import naive_resample_verify
 from conftest import count_fed, tiny_llama
-from test_executor_torch import exact_two_token_probs
+from exactness import exact_two_token_probs
 
 import trtspec.spec.executor
 import trtspec.spec.propose.heads.eagle

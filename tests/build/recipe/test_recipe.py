@@ -11,7 +11,7 @@ import yaml
 from trtspec.build.recipe import RecipeError, load_recipe
 from trtspec.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 GOOD = yaml.safe_load((ROOT / "recipes" / "h200-llama31-8b-draft1b.yaml").read_text())
 

@@ -10,7 +10,7 @@ import pytest
 
 from trtspec.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"
 
 

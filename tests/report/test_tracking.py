@@ -13,13 +13,13 @@ from trtspec.cli import main
 from trtspec.eval.run import read_records, run_eval, summarize
 from trtspec.report.tracking import TrackingUnavailable, _origin_tags, condition_metrics, log_eval
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def toy_eval(out: Path) -> Path:
     import sys
 
-    sys.path.insert(0, str(Path(__file__).parent / "eval"))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "eval"))
     from eval_driver import toy_inputs
 
     inputs = toy_inputs(n_requests=4)

@@ -34,7 +34,7 @@ from trtspec.audit.endpoint import (
 )
 from trtspec.cli import main
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 PROMPT, TOKENS, SAMPLES, ALPHA = "1 14", "3", "1500", "0.01"
 
 
@@ -176,14 +176,14 @@ def test_decide_applies_an_endpoint_audit_to_an_endpoint_eval(tmp_path, passed, 
     shows the endpoint audit's statistic."""
     import shutil
 
-    from test_decide import paired
+    from fake_records import paired
 
     from trtspec.build.recipe import load_recipe
     from trtspec.report.render import make_decision
 
     out = tmp_path / "e"
     out.mkdir()
-    shutil.copyfile(Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml",
+    shutil.copyfile(Path(__file__).resolve().parents[2] / "recipes" / "cpu-smollm2.yaml",
                     out / "recipe.yaml")
     rows = paired("endpoint/D4/c1", 0.050, 0.025, n=30)
     prompt = {"prompt": "1 14", "samples": 1500, "outcomes": 300, "bins": 20, "tail": True,
@@ -212,14 +212,14 @@ def test_a_sampled_endpoint_eval_without_an_audit_of_its_servers_is_held(tmp_pat
     greedy-identity gate stands in for it."""
     import shutil
 
-    from test_decide import paired
+    from fake_records import paired
 
     from trtspec.build.recipe import load_recipe
     from trtspec.report.render import make_decision
 
     out = tmp_path / "e"
     out.mkdir()
-    shutil.copyfile(Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml",
+    shutil.copyfile(Path(__file__).resolve().parents[2] / "recipes" / "cpu-smollm2.yaml",
                     out / "recipe.yaml")
     (out / "eval.json").write_text(json.dumps({"endpoint": "http://a/v1",
                                                "baseline_endpoint": "http://b/v1"}))

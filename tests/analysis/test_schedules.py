@@ -160,7 +160,7 @@ def test_make_decision_writes_crossover_memory_and_schedules(tmp_path: Path) -> 
     from trtspec.build.recipe import load_recipe
     from trtspec.report.render import make_decision
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "e"
     out.mkdir()
     recipe = yaml.safe_load((root / "recipes" / "cpu-smollm2.yaml").read_text())

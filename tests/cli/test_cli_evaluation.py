@@ -10,7 +10,7 @@ import pytest
 from trtspec.cli import main
 from trtspec.cli.evaluation import engines_root
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_build_folder_comes_from_the_flag_the_environment_or_the_recipe_s_project(

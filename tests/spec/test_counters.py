@@ -81,7 +81,7 @@ def test_throughput_is_tokens_over_the_union_of_request_intervals() -> None:
 
 
 def test_report_throughput_is_tokens_over_wall_time() -> None:
-    from test_decide import record
+    from fake_records import record
 
     from trtspec.analysis.records import arm_throughput
 

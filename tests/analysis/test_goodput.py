@@ -96,7 +96,7 @@ def test_the_report_judges_goodput_and_shows_each_arm_s_rate(tmp_path) -> None:
 
     out = tmp_path / "e"
     out.mkdir()
-    shutil.copyfile(Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml",
+    shutil.copyfile(Path(__file__).resolve().parents[2] / "recipes" / "cpu-smollm2.yaml",
                     out / "recipe.yaml")
     rng = np.random.default_rng(1)
     rows = []

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from trtspec.build.recipe import Recipe
 from trtspec.build.recipe.reference import END, START, keys, main, reference_markdown
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
 FIX = "run `python -m trtspec.build.recipe.reference --write README.md`"
 

@@ -158,7 +158,7 @@ def test_a_kept_prompt_is_admitted_from_its_cache_with_the_same_outputs(method: 
 
 def test_kept_prompts_on_transformers() -> None:
     """The transformers runner's cache rolled back to a kept prompt: greedy outputs are the
-    ones alone (heads keep theirs too: tests/propose/test_eagle.py, test_medusa.py)."""
+    ones alone (heads keep theirs too: tests/spec/propose/heads/test_eagle.py, test_medusa.py)."""
     from trtspec.runtime.hf import HFRunner
 
     model = tiny_llama(vocab=48, layers=2, seed=3, logit_scale=4.0)

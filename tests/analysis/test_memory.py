@@ -133,7 +133,7 @@ def test_decide_sizes_the_memory_section_for_the_gpu_asked(tmp_path: Path, capsy
 
     out = tmp_path / "e"
     out.mkdir()
-    shutil.copyfile(Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml",
+    shutil.copyfile(Path(__file__).resolve().parents[2] / "recipes" / "cpu-smollm2.yaml",
                     out / "recipe.yaml")
     rows = paired("ngram/D4/c1", 0.050, 0.025, n=10)
     (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 from broken_verifiers import naive_resample_verify
-from test_executor import ALPHA, PROMPT, continuation_pvalue
+from exactness import ALPHA, PROMPT, continuation_pvalue
 
 import trtspec.spec.executor
 from trtspec.build.recipe import Recipe, Suffix
