@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.trtspec-installed
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: install test test-tf4 lint browser bench bench-heads heads demo clean
+.PHONY: install test test-tf4 lint docs browser bench bench-heads heads demo clean
 
 DEMO_ID := demo-$(shell date +%Y%m%d-%H%M%S)
 
@@ -26,10 +26,17 @@ browser:
 		chromium fonts-dejavu-core' >/dev/null 2>&1; } || \
 		echo "note: no chromium (apt-get install chromium): the browser checks will be skipped"
 
+# ruff, then the layers (import-linter: [tool.importlinter] in pyproject.toml)
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
-test: $(STAMP) lint browser
+# docs/ as a site (into site/): --strict turns a broken link or a page left out of the nav into
+# an error (never with --quiet: it hides the warnings strict mode counts)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+test: $(STAMP) lint docs browser
 	$(BIN)/python -m pytest -q
 	@$(MAKE) --no-print-directory test-tf4
 
@@ -98,4 +105,4 @@ demo: $(STAMP)
 	@echo "MLflow:  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db  → http://127.0.0.1:5000"
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .ruff_cache

@@ -63,7 +63,7 @@ from trtspec.spec.sample.probs import SamplingParams
 
 MIN_REJECTIONS = 50
 SAMPLES = 1600  # per test: power ≈ 0.89 at r = 0.87, 30 bins, one test a method (0.86 with
-# two: a fixed D and adaptive); the README says what the demo recipe's audit costs
+# two: a fixed D and adaptive); docs/audit.md says what the demo recipe's audit costs
 EFFECT = 0.1
 MIN_POWER = 0.8
 LONG_POSITIONS = 600

@@ -1,5 +1,6 @@
-"""The README's recipe reference is the models' own: the generated block matches them, every
-field is described and listed, and the table of names from other tools names real keys."""
+"""The documented recipe reference (docs/recipe-reference.md) is the models' own: the generated
+block matches them, every field is described and listed, and the table of names from other tools
+names real keys."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from trtspec.build.recipe import Recipe
 from trtspec.build.recipe.reference import END, START, keys, main, reference_markdown
 
 ROOT = Path(__file__).resolve().parents[3]
-README = ROOT / "README.md"
-FIX = "run `python -m trtspec.build.recipe.reference --write README.md`"
+PAGE = ROOT / "docs" / "recipe-reference.md"
+FIX = "run `python -m trtspec.build.recipe.reference --write docs/recipe-reference.md`"
 
 
 def _block(text: str) -> str:
-    assert text.count(START) == 1 and text.count(END) == 1, "README lost its reference markers"
+    assert text.count(START) == 1 and text.count(END) == 1, "the page lost its reference markers"
     return text.split(START, 1)[1].split(END, 1)[0]
 
 
@@ -35,7 +36,7 @@ def _models(tp: Any, seen: dict[str, type[BaseModel]]) -> dict[str, type[BaseMod
 
 
 def test_the_readme_block_is_the_models_reference() -> None:
-    assert _block(README.read_text()).strip() == reference_markdown().strip(), FIX
+    assert _block(PAGE.read_text()).strip() == reference_markdown().strip(), FIX
 
 
 def test_every_field_of_every_model_is_described_and_listed() -> None:
@@ -66,7 +67,7 @@ def test_rows_carry_type_default_and_variant() -> None:
 def test_the_names_table_names_keys_of_the_reference() -> None:
     """Each `key` (or `key: tag`) in the table's trtspec column is a key path of the reference;
     after `methods[].method: ngram`, keys of methods[] must be ngram's."""
-    text = README.read_text()
+    text = PAGE.read_text()
     header = "| you may know | in a trtspec recipe | note |"
     rows = text.split(header, 1)[1].split("\n\n", 1)[0].strip().splitlines()[1:]
     valid = {(k.dotted, k.variant) for k in keys()}

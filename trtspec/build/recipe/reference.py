@@ -1,8 +1,8 @@
 """The recipe reference: every key path of the recipe models, from one walk over them.
 
-The README's reference is rendered from it (``python -m trtspec.build.recipe.reference --write
-README.md``), so the docs cannot drift from the models (a test compares them). ``load_recipe``
-uses the same walk for its one-line errors: a key that belongs to another variant of
+The documented reference is rendered from it (``python -m trtspec.build.recipe.reference --write
+docs/recipe-reference.md``), so the docs cannot drift from the models (a test compares them).
+``load_recipe`` uses the same walk for its one-line errors: a key that belongs to another variant of
 ``backend`` or ``methods[]`` names that variant, and an unknown key gets the nearest valid path.
 """
 
@@ -104,7 +104,7 @@ def _unions() -> dict[tuple[str, ...], dict[str, list[Key]]]:
     return out
 
 
-# ---- the README reference -------------------------------------------------------------------
+# ---- the documented reference ----------------------------------------------------------------
 
 def reference_markdown() -> str:
     """One table per section (and per method and backend kind): key path, type, default or
@@ -117,7 +117,7 @@ def reference_markdown() -> str:
         title = f"`{_dotted(parent)}`" if parent else "Top level"
         if variant:
             title += f" with `{variant[0]}: {variant[1]}`"
-        out += ["", f"### {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        out += ["", f"## {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         out += [f"| `{k.dotted}` | {_cell(_type(k.field.annotation, k.field.metadata))} | "
                 f"{_default(k.field)} | {_cell(k.field.description or '')} |" for k in rows]
     return "\n".join(out).strip() + "\n"
@@ -175,7 +175,7 @@ def _yaml(value: Any) -> str:
     return str(value) if value != "" else '""'
 
 
-def write_readme(readme: Path) -> None:
+def write_page(readme: Path) -> None:
     """Rewrite the block between the markers with the current reference."""
     text = readme.read_text()
     start, end = text.find(START), text.find(END)
@@ -343,15 +343,15 @@ _HINTS = {"missing": " (add it to the recipe)"}
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trtspec.build.recipe.reference",
-        description="Print the recipe reference (markdown), or rewrite it in a README.")
-    parser.add_argument("--write", metavar="README", type=Path,
+        description="Print the recipe reference (markdown), or rewrite it in a docs page.")
+    parser.add_argument("--write", metavar="PAGE", type=Path,
                         help=f"rewrite the block between {START} and {END}")
     args = parser.parse_args(argv)
     if args.write is None:
         sys.stdout.write(reference_markdown())
         return 0
     try:
-        write_readme(args.write)
+        write_page(args.write)
     except OSError as e:
         print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
         return 2
