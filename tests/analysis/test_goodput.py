@@ -92,7 +92,7 @@ def test_the_report_judges_goodput_and_shows_each_arm_s_rate(tmp_path) -> None:
     from pathlib import Path
 
     from trtspec.build.recipe import load_recipe
-    from trtspec.report.render import make_decision
+    from trtspec.report.decision import make_decision
 
     out = tmp_path / "e"
     out.mkdir()

@@ -158,7 +158,7 @@ def test_make_decision_writes_crossover_memory_and_schedules(tmp_path: Path) -> 
     from test_decide import paired
 
     from trtspec.build.recipe import load_recipe
-    from trtspec.report.render import make_decision
+    from trtspec.report.decision import make_decision
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "e"

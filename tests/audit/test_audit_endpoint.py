@@ -179,7 +179,7 @@ def test_decide_applies_an_endpoint_audit_to_an_endpoint_eval(tmp_path, passed, 
     from fake_records import paired
 
     from trtspec.build.recipe import load_recipe
-    from trtspec.report.render import make_decision
+    from trtspec.report.decision import make_decision
 
     out = tmp_path / "e"
     out.mkdir()
@@ -215,7 +215,7 @@ def test_a_sampled_endpoint_eval_without_an_audit_of_its_servers_is_held(tmp_pat
     from fake_records import paired
 
     from trtspec.build.recipe import load_recipe
-    from trtspec.report.render import make_decision
+    from trtspec.report.decision import make_decision
 
     out = tmp_path / "e"
     out.mkdir()

@@ -7,7 +7,7 @@ import sys
 import time
 
 from trtspec.eval.run import Condition, EvalInputs, run_eval
-from trtspec.eval.workloads import WorkloadRequest
+from trtspec.eval.workloads.request import WorkloadRequest
 from trtspec.runtime.toy import MarkovLM, ToyRunner
 from trtspec.spec.executor import SpecExecutor
 from trtspec.spec.propose.draft_model import DraftModelProposer

@@ -11,7 +11,7 @@ import pytest
 
 from trtspec.eval.endpoint import counter_delta, counter_rates, run_endpoint_eval, scrape
 from trtspec.eval.run import read_records, summarize
-from trtspec.eval.workloads import WorkloadRequest
+from trtspec.eval.workloads.request import WorkloadRequest
 from trtspec.spec.sample.probs import SamplingParams
 
 

@@ -19,7 +19,7 @@ from trtspec.build.recipe import RecipeError, load_recipe
 from trtspec.cli import main
 from trtspec.eval.folder import Selection, load_requests, resumed_selection, spread_sample
 from trtspec.eval.run import read_records, summarize
-from trtspec.eval.workloads import WorkloadRequest
+from trtspec.eval.workloads.request import WorkloadRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "cpu-smollm2.yaml"  # eval.per_category: 1

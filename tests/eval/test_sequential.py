@@ -13,7 +13,7 @@ from trtspec.analysis.decide import decide
 from trtspec.build.recipe import Decide
 from trtspec.eval.run import read_records
 from trtspec.eval.sequential import read_sequential, until_decided, unused_rows
-from trtspec.eval.workloads import WorkloadRequest
+from trtspec.eval.workloads.request import WorkloadRequest
 
 CRITERIA = Decide(min_speedup=1.05, min_requests=6)
 POOL = [WorkloadRequest(id=f"{c}-{i}", category=c, prompt=f"{c} {i}")

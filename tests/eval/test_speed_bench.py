@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.eval.workloads import WorkloadError, load_workload, speed_bench
+from trtspec.eval.workloads import load_workload, speed_bench
+from trtspec.eval.workloads.request import WorkloadError
 
 
 def row(qid: str, category: str, turns: list[str], multiturn: bool = False) -> dict:

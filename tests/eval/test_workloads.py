@@ -7,15 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.eval.workloads import (
-    COPY_HEAVY,
-    WorkloadError,
-    builtin,
-    categories,
-    load_jsonl,
-    load_workload,
-    per_category,
-)
+from trtspec.eval.workloads import COPY_HEAVY, builtin, categories, load_workload, per_category
+from trtspec.eval.workloads.request import WorkloadError, load_jsonl
 
 
 def write(path: Path, rows: list) -> Path:

@@ -14,7 +14,7 @@ import pytest
 from fake_records import paired
 
 from trtspec.build.recipe import load_recipe
-from trtspec.report.render import make_decision
+from trtspec.report.decision import make_decision
 
 ROOT = Path(__file__).resolve().parents[2]
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which(

@@ -11,7 +11,8 @@ from conftest import free_port
 
 from trtspec.cli import main
 from trtspec.eval.run import read_records, run_eval, summarize
-from trtspec.report.tracking import TrackingUnavailable, _origin_tags, condition_metrics, log_eval
+from trtspec.report.tracking import _origin_tags, condition_metrics, log_eval
+from trtspec.report.tracking.client import TrackingUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -411,7 +412,7 @@ def test_decision_logs_a_verdict_table_and_the_schedules(tmp_path: Path,
 
 def test_relative_local_stores_are_made_absolute(tmp_path: Path, monkeypatch) -> None:
     """The URI printed and kept in the receipt names one store from any folder."""
-    from trtspec.report.tracking import tracking_uri
+    from trtspec.report.tracking.client import tracking_uri
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

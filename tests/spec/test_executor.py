@@ -14,8 +14,8 @@ import trtspec.spec.executor
 from trtspec.runtime.toy import MarkovLM, ToyRunner
 from trtspec.spec.counters import SpecStats
 from trtspec.spec.executor import SpecExecutor
-from trtspec.spec.propose import Draft
 from trtspec.spec.propose.draft_model import DraftModelProposer
+from trtspec.spec.propose.proposer import Draft
 from trtspec.spec.sample.probs import SamplingParams
 
 

@@ -13,9 +13,9 @@ import torch
 from conftest import tiny_llama
 
 from trtspec.eval.workloads import builtin
-from trtspec.report.tracking.views import log_distill
-from trtspec.train.config import DistillConfig
-from trtspec.train.data import DistillError, Teacher, draft_vocab, load_prompts, training_prompts
+from trtspec.report.tracking.distill import log_distill
+from trtspec.train.config import DistillConfig, DistillError
+from trtspec.train.data import Teacher, draft_vocab, load_prompts, training_prompts
 from trtspec.train.distill import distill, expected_al
 from trtspec.train.trainers import eagle_step2
 
@@ -162,7 +162,7 @@ def test_training_prompts_are_not_the_eval_s() -> None:
 
 
 def test_prompt_specs(tmp_path: Path) -> None:
-    from trtspec.eval.workloads import WorkloadError
+    from trtspec.eval.workloads.request import WorkloadError
 
     requests, warning = load_prompts("builtin")
     assert len(requests) == 48 and "in-distribution" in warning
@@ -192,7 +192,7 @@ def test_expected_acceptance_length() -> None:
 def test_mlflow_down_is_one_line_and_the_heads_stay(tmp_path: Path) -> None:
     from conftest import free_port
 
-    from trtspec.report.tracking import TrackingUnavailable
+    from trtspec.report.tracking.client import TrackingUnavailable
 
     result = distill(target(), prompts(12), tmp_path / "h", DistillConfig(
         method="medusa", epochs=1, max_new_tokens=4, max_len=16, minutes=None),

@@ -1,2 +1,5 @@
-"""From records to decisions: statistics, record schema and extraction, the verdict and its gates,
-goodput, the cost model, crossover, and the serving policy and schedules derived from them."""
+"""From records to decisions, with no model in sight: the record schema (``records``), what a
+verdict compares (``extract``: pairs, the primary metric, the speedup statistic) over which
+independent units (``units``), the statistics (``stats``; ``gof`` for the exactness tests and
+audits), the verdict and its gates (``decide``, ``gates``, ``goodput``), the cost model, and
+what a deployment applies (``crossover``, ``memory``, ``policy``, ``schedules``)."""

@@ -1,7 +1,7 @@
 """The statistics a verdict rests on: a paired speedup over independent units with p-values
 that hold at the small levels they are compared with, Holm's step-down over the cells a
-report judges, and alpha spending over repeated looks; and the chi-square goodness of fit
-that the exactness audit and tests judge samplers by.
+report judges, and alpha spending over repeated looks. (The chi-square goodness of fit that
+samplers are judged by is :mod:`trtspec.analysis.gof`.)
 
 Terms:
 

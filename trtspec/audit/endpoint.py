@@ -65,8 +65,7 @@ from typing import Any
 
 from trtspec.analysis.gof import chi_square_power as power
 from trtspec.analysis.gof import least_favourable
-from trtspec.audit import AUDIT
-from trtspec.build.files import write_atomic
+from trtspec.audit.file import write_audit
 
 SAMPLES = 2000  # per server and prompt: λ ≥ 4·0.1²·1000 = 40, power ≈ 0.9 at 20 bins, α 1e-3
 TOKENS = 3  # k: the first tokens compared
@@ -320,7 +319,7 @@ def run_endpoint_audit(endpoint: str, baseline: str, model: str | None = None,
     target = Path(out) if out else Path("reports") / (
         f"endpoint-audit-{time.strftime('%Y%m%d-%H%M%S')}")
     target.mkdir(parents=True, exist_ok=True)
-    write_atomic(target / AUDIT, json.dumps(report, indent=2) + "\n")
+    write_audit(target, report)
     return target, report
 
 

@@ -45,7 +45,6 @@ Terms:
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -54,9 +53,8 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.analysis.gof import chi_square_power
-from trtspec.audit import AUDIT
+from trtspec.audit.file import write_audit
 from trtspec.audit.sampling import MAX_BINS, TOKENS, draw, exact_fit
-from trtspec.build.files import write_atomic
 from trtspec.spec.adaptive import ADAPTIVE
 from trtspec.spec.executor import SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams
@@ -277,7 +275,7 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
               "tokens": TOKENS, "slots": slots, "sampling": params.model_dump(mode="json"),
               "methods": {r.method: asdict(r) for r in results}}
     target_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(target_dir / AUDIT, json.dumps(report, indent=2) + "\n")
+    write_audit(target_dir, report)
     return target_dir, report
 
 

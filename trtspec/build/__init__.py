@@ -15,6 +15,7 @@ from typing import Any
 
 from trtspec.build import gpu as gpus
 from trtspec.build.manifest import (
+    BUILT_RECIPE,
     MANIFEST,
     Artifact,
     GpuInfo,
@@ -115,7 +116,6 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
     return BuildResult(plan, manifest, path)
 
 
-BUILT_RECIPE = "recipe.yaml"
 
 
 def _cost_curve(recipe: Recipe, artifacts: list[Artifact], target: Any, model: Any,
@@ -123,9 +123,9 @@ def _cost_curve(recipe: Recipe, artifacts: list[Artifact], target: Any, model: A
     """The torch backend's cost curve for the adaptive draft length: t(T) for T = 1 … K + 1
     (K: the recipe's adaptive cap), each draft's one step, and the round cost t(B, W) for
     B = 1 … max_batch_size rows, measured once per build."""
-    from trtspec.spec.cost_curve import measure_build
+    from trtspec.build.torch import measure_costs
 
-    curve = measure_build(recipe, artifacts, recipe.adaptive_cap + 1, target, model)
+    curve = measure_costs(recipe, artifacts, recipe.adaptive_cap + 1, target, model)
     base = curve.target[1]
     steps = "".join(f"; {m} step {ms / base:.2f}" for m, ms in curve.draft.items())
     say(f"cost curve: t(1) = {base:.1f} ms; t(T)/t(1) for T = 1 … {len(curve.target)}: "
@@ -173,19 +173,10 @@ def _target_gpu(recipe: Recipe, flag: str | None, detected: list[gpus.DetectedGp
     return None  # the torch backend on this machine's CPU
 
 
-def check_backend_device(recipe: Recipe, recipe_path: str | Path) -> None:
-    """The torch backend's ``backend.device`` exists on this machine (build and eval)."""
-    from trtspec.runtime.models import check_device
-
-    try:
-        check_device(recipe.backend.device)
-    except ValueError as e:
-        raise RecipeError(f"{recipe_path}: backend.device: {e}") from None
-
-
 def _check_torch_inputs(recipe: Recipe, recipe_path: str | Path) -> None:
     """The torch backend runs here: its device must exist and its models must be on this
     machine (a TensorRT-LLM plan may name paths of the build machine instead)."""
+    from trtspec.build.open import check_backend_device
     from trtspec.runtime.models import check_spec
 
     check_backend_device(recipe, recipe_path)

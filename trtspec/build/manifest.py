@@ -25,6 +25,8 @@ from trtspec.spec.cost_curve import CostCurve
 MANIFEST = "manifest.json"
 
 
+BUILT_RECIPE = "recipe.yaml"  # the recipe as built, beside manifest.json in a build folder
+
 class ManifestError(ValueError):
     """A manifest that cannot be used here (one line)."""
 

@@ -19,7 +19,8 @@ from trtspec.build.recipe import DraftModel, Eagle, Medusa, Recipe, RecipeError,
 from trtspec.runtime import Runner
 from trtspec.spec.adaptive import ADAPTIVE, is_adaptive
 from trtspec.spec.executor import SpecExecutor
-from trtspec.spec.propose import Proposer, make_proposer
+from trtspec.spec.propose import make_proposer
+from trtspec.spec.propose.proposer import Proposer
 
 PLAIN = "none"  # the method name of plain decoding
 
@@ -184,15 +185,25 @@ def eos_token_ids(lm: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+def check_backend_device(recipe: Recipe, recipe_path: str | Path) -> None:
+    """The torch backend's ``backend.device`` exists on this machine (build and eval)."""
+    from trtspec.runtime.models import check_device
+
+    try:
+        check_device(recipe.backend.device)
+    except ValueError as e:
+        raise RecipeError(f"{recipe_path}: backend.device: {e}") from None
+
+
 def open_build(source: str | Path, overrides: Iterable[str] = (),
                engines_root: str | Path = "engines", say: Callable[[str], None] = _stderr
                ) -> tuple[OpenBuild, str]:
     """A recipe's build under ``engines_root``, or a build folder (engines/<recipe>/<gpu>/,
     which holds the recipe as built); checked against this machine and the recipe (with
     ``overrides``). Returns the opened build and the recipe's path."""
-    from trtspec.build import BUILT_RECIPE, check_backend_device
     from trtspec.build.gpu import detect
     from trtspec.build.manifest import (
+        BUILT_RECIPE,
         ManifestError,
         check_covers,
         check_gpu,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from trtspec.build.manifest import Artifact, RunnerInfo, file_digest
 from trtspec.build.recipe import DraftModel, Eagle, LayerSkip, Medusa, Recipe
 from trtspec.runtime.models import resolve
+from trtspec.spec.cost_curve import CostCurve
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 INDUCTOR = "inductor"  # inductor's cache, in the build folder
@@ -156,3 +158,30 @@ def target_runner(recipe: Recipe, artifacts: list[Artifact], out_dir: Path,
                                      compile_seconds=seconds,
                                      cache_dir=str(cache) if kind == "compiled" else None,
                                      note=notes[0] if notes else None)
+
+
+def measure_costs(recipe: Recipe, artifacts: list[Artifact], max_tokens: int, target: Any,
+                  model: Any) -> CostCurve:
+    """``trtspec build`` (torch): time the target Runner eval will use (and the drafts, made
+    the way eval makes them), then its round cost over max_batch_size rows; ``model`` is the
+    target's loaded transformers model."""
+    from trtspec.runtime.hf import HFRunner
+    from trtspec.runtime.models import load_model
+    from trtspec.spec.cost_curve import ROUND_CONTEXT, measure, measure_rounds
+
+    drafts: dict[str, Any] = {}
+    for m in recipe.methods:
+        if isinstance(m, LayerSkip):
+            drafts[m.method] = target.layer_skip(m.layers, share_cache=False)
+        elif isinstance(m, DraftModel):
+            draft = load_model(Path(_path(artifacts, "draft")), recipe.backend.device, m.dtype)
+            drafts[m.method] = HFRunner(draft)  # as make_proposer runs a draft model
+    curve = measure(target, max_tokens, drafts)
+    began = time.perf_counter()
+    rounds = measure_rounds(target, recipe.limits.max_batch_size, max_tokens, ROUND_CONTEXT)
+    return curve.model_copy(update={"rounds": rounds,
+                                    "rounds_seconds": time.perf_counter() - began})
+
+
+def _path(artifacts: list[Artifact], name: str) -> str:
+    return next(a.path for a in artifacts if a.name == name)

@@ -71,8 +71,8 @@ def distill(recipe: str, method: str | None, out: str | None, prompts_spec: str,
 
     from trtspec.build.recipe import load_recipe
     from trtspec.runtime.models import encode, load
-    from trtspec.train.config import DistillConfig
-    from trtspec.train.data import DistillError, load_prompts
+    from trtspec.train.config import DistillConfig, DistillError
+    from trtspec.train.data import load_prompts
     from trtspec.train.distill import STATE
     from trtspec.train.distill import distill as run_distill
 
@@ -131,7 +131,7 @@ def distill(recipe: str, method: str | None, out: str | None, prompts_spec: str,
                f"({last['al_note']}); {result.out / 'distill.json'}")
     if not no_mlflow:
         try:
-            from trtspec.report.tracking.views import log_distill
+            from trtspec.report.tracking.distill import log_distill
 
             run_id = log_distill(result, mlflow_uri)
         except Exception as e:  # the heads are on disk: a tracking failure costs nothing
@@ -139,7 +139,7 @@ def distill(recipe: str, method: str | None, out: str | None, prompts_spec: str,
             click.secho(f"MLflow: not logged ({reason}); the heads are in {result.out}",
                         fg="yellow", err=True)
         else:
-            from trtspec.report.tracking import tracking_uri
+            from trtspec.report.tracking.client import tracking_uri
 
             click.echo(f"MLflow: logged as run {run_id} at {tracking_uri(mlflow_uri)}")
 

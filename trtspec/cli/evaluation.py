@@ -246,7 +246,8 @@ def _duration(seconds: float) -> str:
 
 def log_to_mlflow(out: Path, uri: str | None, decision: bool = False) -> None:
     """Log after the measurements are on disk; a tracking failure costs nothing measured."""
-    from trtspec.report.tracking import log_decision, log_eval, tracking_uri
+    from trtspec.report.tracking import log_decision, log_eval
+    from trtspec.report.tracking.client import tracking_uri
 
     try:
         receipt = log_eval(out, uri)

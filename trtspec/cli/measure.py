@@ -308,7 +308,8 @@ def decide(eval_dir: str, mlflow_uri: str | None, no_mlflow: bool, gpu: str | No
     from trtspec.build.recipe import RecipeError
     from trtspec.eval import eval_recipe, require_files
     from trtspec.eval.run import read_records
-    from trtspec.report.render import all_go, incomplete_note, make_decision, unpaired_note
+    from trtspec.report.decision import make_decision
+    from trtspec.report.render import all_go, incomplete_note, unpaired_note
 
     out = Path(eval_dir)
     recipe = eval_recipe(out)

@@ -43,9 +43,8 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
     of the workloads]. A resumed eval goes on as it started (sequential, confirmation).
     ``confirm``: an eval folder whose chosen setting is measured again on requests it has not
     seen (:mod:`trtspec.eval.confirm`)."""
-    from trtspec.build import check_backend_device
     from trtspec.build.manifest import open_built
-    from trtspec.build.open import PLAIN, OpenBuild
+    from trtspec.build.open import PLAIN, OpenBuild, check_backend_device
     from trtspec.eval.run import Condition, EvalInputs, run_eval
 
     fresh, chosen, confirms = None, None, {}

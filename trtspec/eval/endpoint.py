@@ -52,7 +52,7 @@ from trtspec.eval.run import (
     read_jsonl,
     request_seed,
 )
-from trtspec.eval.workloads import WorkloadRequest
+from trtspec.eval.workloads.request import WorkloadRequest
 from trtspec.spec.sample.probs import SamplingParams
 
 COUNTERS = {  # Prometheus name (without _total) → our name

@@ -27,7 +27,7 @@ from typing import Any
 from trtspec.analysis.records import failed, on_eval_clock, unanswered
 from trtspec.build.files import write_atomic
 from trtspec.eval.clients import cuda_in_use, peak_rss_mb, reset_peak_rss
-from trtspec.eval.workloads import WorkloadRequest
+from trtspec.eval.workloads.request import WorkloadRequest
 from trtspec.spec.executor import SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams
 

@@ -53,7 +53,8 @@ def approve(eval_dir: str | Path, reviewer: str, note: str | None = None,
     """Check the eval may be approved, then register its decision (see the module doc).
     Nothing is written to MLflow when a check fails."""
     from trtspec.eval import require_files
-    from trtspec.report.tracking import RECEIPT, check_reachable, tracking_uri
+    from trtspec.report.tracking import RECEIPT
+    from trtspec.report.tracking.client import check_reachable, tracking_uri
 
     out = require_files(eval_dir, "eval.json", "summary.json", "records.jsonl")
     if not (out / "decision.json").is_file():
@@ -157,7 +158,7 @@ def _register(out: Path, name: str, uri: str, receipt: dict[str, Any], tags: dic
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from trtspec.report.tracking import TrackingUnavailable
+    from trtspec.report.tracking.client import TrackingUnavailable
 
     client = MlflowClient(tracking_uri=uri)
     try:
@@ -191,7 +192,7 @@ def _approval_run(client: Any, out: Path, name: str, uri: str, receipt: dict[str
     a run of its own in the recipe's experiment, so the version links to a run either way."""
     from mlflow.exceptions import MlflowException
 
-    from trtspec.report.tracking import absolute_uri
+    from trtspec.report.tracking.client import absolute_uri
     from trtspec.report.tracking.views import EXPERIMENT_KIND
 
     if receipt.get("run_id") and absolute_uri(receipt.get("uri", "")) == uri:
@@ -265,7 +266,7 @@ def fetch_approved(ref: str, uri: str | None = None, dst: str | Path | None = No
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from trtspec.report.tracking import check_reachable, tracking_uri
+    from trtspec.report.tracking.client import check_reachable, tracking_uri
 
     name, alias, number = parse_ref(ref)
     uri = tracking_uri(uri)

@@ -147,35 +147,6 @@ def measure(target: Any, max_tokens: int, drafts: dict[str, Any] | None = None,
                      device=str(getattr(target, "device", "")), context=context)
 
 
-def measure_build(recipe: Any, artifacts: list[Any], max_tokens: int, target: Any,
-                  model: Any) -> CostCurve:
-    """``trtspec build`` (torch): time the target Runner eval will use (and the drafts, made
-    the way eval makes them), then its round cost over max_batch_size rows; ``model`` is the
-    target's loaded transformers model."""
-    from pathlib import Path
-
-    from trtspec.runtime.hf import HFRunner
-    from trtspec.runtime.models import load_model
-    from trtspec.spec.methods import DraftModel, LayerSkip
-
-    drafts: dict[str, Any] = {}
-    for m in recipe.methods:
-        if isinstance(m, LayerSkip):
-            drafts[m.method] = target.layer_skip(m.layers, share_cache=False)
-        elif isinstance(m, DraftModel):
-            draft = load_model(Path(_path(artifacts, "draft")), recipe.backend.device, m.dtype)
-            drafts[m.method] = HFRunner(draft)  # as make_proposer runs a draft model
-    curve = measure(target, max_tokens, drafts)
-    began = time.perf_counter()
-    rounds = measure_rounds(target, recipe.limits.max_batch_size, max_tokens, ROUND_CONTEXT)
-    return curve.model_copy(update={"rounds": rounds,
-                                    "rounds_seconds": time.perf_counter() - began})
-
-
-def _path(artifacts: list[Any], name: str) -> str:
-    return next(a.path for a in artifacts if a.name == name)
-
-
 _MEASURED: dict[tuple[int, str, int], tuple[list[float], float]] = {}
 _SAID: set[str] = set()
 
@@ -212,7 +183,7 @@ def chooser(method: str, max_draft_len: int, curve: CostCurve | None = None,
         return AdaptiveDraft(max_draft_len, *fallback(max_draft_len + 1, method),
                              round_cost=rounds or RoundCost.linear(FALLBACK_SLOPE, 64,
                                                                    max_draft_len + 1), **knobs)
-    key = (id(target), method, max_draft_len)  # one target runner per process (engine.py)
+    key = (id(target), method, max_draft_len)  # one target runner per process (build/open.py)
     if key not in _MEASURED:
         _say_once(say, "no cost curve from a build (one built by an older trtspec has none): "
                   "timing the models now for the adaptive draft length (chosen per request)")

@@ -32,7 +32,7 @@ import torch
 from trtspec.runtime import Runner
 from trtspec.spec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState, RoundCost
 from trtspec.spec.counters import SpecStats
-from trtspec.spec.propose import Draft, Proposer
+from trtspec.spec.propose.proposer import Draft, Proposer
 from trtspec.spec.sample.probs import SamplingParams, make_generator, rows_to_probs
 from trtspec.spec.sample.verify import verify
 

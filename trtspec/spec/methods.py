@@ -1,14 +1,12 @@
-"""The speculation methods a recipe can name (a discriminated union on ``method``), the strict
-base every recipe model shares and the field types of dtypes, draft lengths and category
-groups. Re-exported by :mod:`trtspec.build.recipe`."""
+"""The speculation methods a recipe can name (a discriminated union on ``method``) and the strict
+base every recipe model shares. They live beside the proposers they configure
+(``make_proposer`` matches on them); :mod:`trtspec.build.recipe` re-exports them."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
-
-from trtspec.spec.adaptive import ADAPTIVE
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Strict(BaseModel):
@@ -92,41 +90,3 @@ class Eagle(Strict):
 
 Method = Annotated[DraftModel | LayerSkip | Ngram | Suffix | Medusa | Eagle,
                    Field(discriminator="method")]
-
-
-def _draft_length(value: Any) -> int | str:
-    """One entry of draft_lengths: an integer 1..64, or adaptive."""
-    if value == ADAPTIVE:
-        return ADAPTIVE
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{value!r} is not a draft length: give an integer 1..64 or adaptive")
-    if not 1 <= value <= 64:
-        raise ValueError(f"Input should be {'greater' if value < 1 else 'less'} than or equal "
-                         f"to {1 if value < 1 else 64}")
-    return value
-
-
-DraftLength = Annotated[Annotated[int, Field(ge=1, le=64)] | Literal["adaptive"],
-                        PlainValidator(_draft_length)]
-
-
-def _disjoint_groups(groups: dict[str, list[str]]) -> dict[str, list[str]]:
-    """eval.categories: every group lists categories, each category in one group at most, and
-    none is named 'all' (the report's cell over every category)."""
-    seen: dict[str, str] = {}
-    for name, members in groups.items():
-        if not members:
-            raise ValueError(f"group {name!r} lists no category")
-        if name == "all":
-            raise ValueError("a group cannot be named 'all' (the report's cell over every "
-                             "category)")
-        for c in members:
-            if c in seen:
-                raise ValueError(f"group {name!r} lists a category twice" if seen[c] == name
-                                 else f"category {c!r} is in two groups ({seen[c]!r} and "
-                                 f"{name!r})")
-            seen[c] = name
-    return groups
-
-
-CategoryGroups = Annotated[dict[str, list[str]], AfterValidator(_disjoint_groups)]

@@ -1,12 +1,17 @@
-"""How to distill: the method, budgets and the settings a resume must match."""
+"""How to distill: the method, budgets and the settings a resume must match, and the one-line
+error for settings no run can use. Apart from the data and the trainers (both read it) so that
+neither imports the other, and the CLI checks settings before torch loads."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trtspec.train.data import TOP_K, DistillError
-
 METHODS = ("eagle", "medusa")
+TOP_K = 32  # teacher probabilities kept per position: full rows of V would not fit in memory
+
+
+class DistillError(ValueError):
+    """A distill problem with the input (method, prompts, budget, output folder): one line."""
 
 
 @dataclass

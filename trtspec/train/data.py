@@ -29,16 +29,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from trtspec.eval.workloads import WorkloadError, WorkloadRequest, builtin, load_jsonl
+from trtspec.eval.workloads import builtin
+from trtspec.eval.workloads.request import WorkloadError, WorkloadRequest, load_jsonl
 from trtspec.spec.sample.probs import SamplingParams
-
-TOP_K = 32  # teacher probabilities kept per position: full rows of V would not fit in memory
+from trtspec.train.config import TOP_K, DistillError
 
 Progress = Callable[[str, int, int, str], None]  # (phase, done, total, note)
-
-
-class DistillError(ValueError):
-    """A distill problem with the input (method, prompts, budget, output folder): one line."""
 
 
 # ---- the built-in training prompts --------------------------------------------------------

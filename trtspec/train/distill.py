@@ -49,9 +49,8 @@ from torch import nn
 
 from trtspec.build.files import write_atomic
 from trtspec.spec.sample.probs import SamplingParams
-from trtspec.train.config import DistillConfig
+from trtspec.train.config import DistillConfig, DistillError
 from trtspec.train.data import (
-    DistillError,
     Progress,
     Teacher,
     digest,

@@ -8,16 +8,14 @@ import contextlib
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtspec.train.config import DistillConfig
 from trtspec.train.data import Teacher, draft_vocab
-
-if TYPE_CHECKING:
-    from trtspec.train.config import DistillConfig
 
 MAX_LOGITS = 1 << 26  # logits elements per training batch (256 MB in fp32), whatever V is
 

@@ -13,21 +13,55 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     Field,
+    PlainValidator,
     field_validator,
     model_validator,
 )
 
 from trtspec.build.recipe.decide import Decide
 from trtspec.spec.adaptive import ADAPTIVE, DEFAULT_MAX_DRAFT_LEN
-from trtspec.spec.methods import (
-    CategoryGroups,
-    DraftLength,
-    Dtype,
-    Method,
-    Strict,
-)
+from trtspec.spec.methods import Dtype, Method, Strict
 from trtspec.spec.sample.probs import SamplingParams
+
+
+def _draft_length(value: Any) -> int | str:
+    """One entry of draft_lengths: an integer 1..64, or adaptive."""
+    if value == ADAPTIVE:
+        return ADAPTIVE
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not a draft length: give an integer 1..64 or adaptive")
+    if not 1 <= value <= 64:
+        raise ValueError(f"Input should be {'greater' if value < 1 else 'less'} than or equal "
+                         f"to {1 if value < 1 else 64}")
+    return value
+
+
+DraftLength = Annotated[Annotated[int, Field(ge=1, le=64)] | Literal["adaptive"],
+                        PlainValidator(_draft_length)]
+
+
+def _disjoint_groups(groups: dict[str, list[str]]) -> dict[str, list[str]]:
+    """eval.categories: every group lists categories, each category in one group at most, and
+    none is named 'all' (the report's cell over every category)."""
+    seen: dict[str, str] = {}
+    for name, members in groups.items():
+        if not members:
+            raise ValueError(f"group {name!r} lists no category")
+        if name == "all":
+            raise ValueError("a group cannot be named 'all' (the report's cell over every "
+                             "category)")
+        for c in members:
+            if c in seen:
+                raise ValueError(f"group {name!r} lists a category twice" if seen[c] == name
+                                 else f"category {c!r} is in two groups ({seen[c]!r} and "
+                                 f"{name!r})")
+            seen[c] = name
+    return groups
+
+
+CategoryGroups = Annotated[dict[str, list[str]], AfterValidator(_disjoint_groups)]
 
 
 class RecipeError(ValueError):

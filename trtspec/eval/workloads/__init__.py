@@ -16,12 +16,7 @@ import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from trtspec.eval.workloads.request import (  # noqa: F401 — re-exported
-    Message,
-    WorkloadError,
-    WorkloadRequest,
-    load_jsonl,
-)
+from trtspec.eval.workloads.request import WorkloadRequest, load_jsonl
 
 
 def per_category(requests: Sequence[WorkloadRequest], n: int, seed: int = 0

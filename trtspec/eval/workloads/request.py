@@ -1,4 +1,6 @@
-"""One request of a workload, and custom workloads as JSONL files of them."""
+"""One request of a workload, and custom workloads as JSONL files of them: what every loader
+(the built-in set, SPEED-Bench, JSONL) produces, apart from the loaders so that each imports only
+this."""
 
 from __future__ import annotations
 

@@ -21,12 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.build.files import write_atomic
-from trtspec.report.tracking.client import (  # noqa: F401 — re-exported for callers
-    TrackingUnavailable,
-    absolute_uri,
-    check_reachable,
-    tracking_uri,
-)
+from trtspec.report.tracking.client import TrackingUnavailable, check_reachable, tracking_uri
 from trtspec.report.tracking.views import (
     EXPERIMENT_KIND,
     datasets,

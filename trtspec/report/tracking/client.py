@@ -1,5 +1,6 @@
 """Where MLflow is: the tracking URI every command logs to, and a fast check that a server
-answers before a run starts logging to it."""
+answers before a run starts logging to it. Apart from the eval sync (``tracking``) because
+approve and distill need where MLflow is, not how an eval is logged."""
 
 from __future__ import annotations
 

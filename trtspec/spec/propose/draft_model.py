@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from trtspec.runtime import Runner
-from trtspec.spec.propose import Draft
+from trtspec.spec.propose.proposer import Draft
 from trtspec.spec.sample.probs import SamplingParams, rows_to_probs, sample, uniforms
 
 

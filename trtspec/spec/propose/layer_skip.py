@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trtspec.spec.propose import Draft
 from trtspec.spec.propose.draft_model import sample_drafts
+from trtspec.spec.propose.proposer import Draft
 from trtspec.spec.sample.probs import SamplingParams
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from trtspec.spec.propose import Draft
+from trtspec.spec.propose.proposer import Draft
 from trtspec.spec.sample.probs import SamplingParams
 
 

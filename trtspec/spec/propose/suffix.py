@@ -53,7 +53,7 @@ from typing import Literal
 
 import torch
 
-from trtspec.spec.propose import Draft
+from trtspec.spec.propose.proposer import Draft
 from trtspec.spec.sample.probs import SamplingParams
 
 Scope = Literal["request", "server"]

@@ -59,7 +59,6 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from trtspec.runtime import Runner
-from trtspec.spec.propose import Draft
 from trtspec.spec.propose.heads import Captured, captured, llama_decoder
 from trtspec.spec.propose.heads.eagle_model import (
     DraftCache,
@@ -69,6 +68,7 @@ from trtspec.spec.propose.heads.eagle_model import (
     load_eagle3,
     save_eagle3,
 )
+from trtspec.spec.propose.proposer import Draft
 from trtspec.spec.sample.probs import SamplingParams, rows_to_probs, sample, uniforms
 
 __all__ = ["DraftCache", "Eagle3Config", "Eagle3Draft", "EagleProposer", "default_aux_layers",

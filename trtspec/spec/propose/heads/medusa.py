@@ -41,7 +41,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from trtspec.spec.propose import Draft
 from trtspec.spec.propose.draft_model import fit_vocab
 from trtspec.spec.propose.heads import (
     HeadsError,
@@ -51,6 +50,7 @@ from trtspec.spec.propose.heads import (
     read_weights,
     take,
 )
+from trtspec.spec.propose.proposer import Draft
 from trtspec.spec.sample.probs import SamplingParams, rows_to_probs, sample, uniforms
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
