@@ -35,6 +35,36 @@ def smollm2():
     return load("smollm2-135m-instruct", device="cpu")
 
 
+@pytest.fixture(scope="session")
+def cpu_build(tmp_path_factory, smollm2):
+    """The CPU recipe (recipes/cpu-smollm2.yaml, every method it has) built once per session by
+    `trtspec build`, eagerly (TRTSPEC_COMPILE=0, as every test but the compiled ones): the
+    engines root, and the build's result and messages. A build is a manifest, the recipe as
+    built and (compiled) an inductor cache, next to the converted model in the shared model
+    cache, so a test takes a private copy (:func:`copy_build`) and may edit it."""
+    from pathlib import Path
+
+    import trtspec.build.gpu
+    from trtspec.build import build
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml"
+    engines = tmp_path_factory.mktemp("cpu-build") / "engines"
+    messages: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRTSPEC_COMPILE", "0")
+        mp.setattr(trtspec.build.gpu, "detect", lambda: [])  # engines/cpu-smollm2/cpu/ anywhere
+        result = build(recipe, engines_root=engines, say=messages.append)
+    return engines, result, messages
+
+
+def copy_build(cpu_build, engines):
+    """A private copy of the session's CPU build under ``engines`` (an engines root)."""
+    import shutil
+
+    shutil.copytree(cpu_build[0], engines, dirs_exist_ok=True)
+    return engines
+
+
 def tiny_llama(vocab: int = 32, layers: int = 2, seed: int = 0, logit_scale: float = 1.0,
                attn: str = "sdpa", positions: int = 256):
     """A random-weight Llama small enough to enumerate its outputs exactly."""
@@ -153,3 +183,28 @@ def continuation_probs(model, prompt, n, params):
         if prob > 0.0:
             out[seq] = prob
     return out
+
+
+def launch(*args: str, **env: str):
+    """`trtspec serve ARGS` on a free port in a subprocess (``env`` added to the environment),
+    returned once /health answers (or it exits, or 120 s pass): (process, its …/v1 URL)."""
+    import contextlib
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import requests
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "trtspec", "serve", *args, "--port",
+                             str(port)], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        with contextlib.suppress(requests.ConnectionError):
+            if requests.get(url.removesuffix("/v1") + "/health", timeout=2).ok:
+                break
+        time.sleep(0.1)
+    return proc, url

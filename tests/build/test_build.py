@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import copy_build
 
 from trtspec.build import build
 from trtspec.build.manifest import ManifestError, check_gpu, load_manifest
@@ -25,10 +26,16 @@ def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trtspec.build.gpu, "detect", lambda: [])
 
 
-def test_cpu_recipe_builds_then_is_a_no_op(tmp_path: Path, smollm2) -> None:
-    first = build(CPU_RECIPE, engines_root=tmp_path, say=lambda _: None)
-    path = tmp_path / "cpu-smollm2" / "cpu" / "manifest.json"
+def test_cpu_recipe_builds_then_is_a_no_op(tmp_path: Path, cpu_build) -> None:
+    """The session's build (conftest.cpu_build: `build` of the CPU recipe into a fresh
+    folder, as here), then builds of a private copy of it."""
+    engines, first, said = cpu_build
+    path = engines / "cpu-smollm2" / "cpu" / "manifest.json"
     assert first.manifest_path == path and path.is_file() and not first.up_to_date
+    assert any(m.startswith("round cost: t(B, W)/t(1, 1) for B = 1 … 4 rows × W = 1 … 9 "
+                            "tokens, measured in ") for m in said)
+    copy_build(cpu_build, tmp_path)
+    path = tmp_path / "cpu-smollm2" / "cpu" / "manifest.json"
     manifest = load_manifest(path)
     assert manifest.backend == "torch" and manifest.gpu is None
     assert manifest.draft_lengths == [2, 4] and manifest.d0 == 41
@@ -78,11 +85,12 @@ def test_cpu_recipe_builds_then_is_a_no_op(tmp_path: Path, smollm2) -> None:
     assert load_manifest(path).created == forced.manifest.created  # untouched
 
 
-def test_an_edited_recipe_replaces_its_build_and_says_why(tmp_path: Path, smollm2) -> None:
+def test_an_edited_recipe_replaces_its_build_and_says_why(tmp_path: Path, cpu_build) -> None:
     recipe = tmp_path / "cpu-smollm2.yaml"
     recipe.write_text(CPU_RECIPE.read_text())
-    engines = tmp_path / "engines"
+    engines = copy_build(cpu_build, tmp_path / "engines")  # the recipe as written: built
     first = build(recipe, engines_root=engines, say=lambda _: None)
+    assert first.up_to_date
     recipe.write_text(CPU_RECIPE.read_text().replace("dtype: float32", "dtype: bfloat16"))
     messages: list[str] = []
     second = build(recipe, engines_root=engines, say=messages.append)
@@ -92,8 +100,8 @@ def test_an_edited_recipe_replaces_its_build_and_says_why(tmp_path: Path, smollm
 
 
 def test_manifest_edited_to_another_compute_capability_is_refused(tmp_path: Path,
-                                                                  smollm2) -> None:
-    build(CPU_RECIPE, engines_root=tmp_path, say=lambda _: None)
+                                                                  cpu_build) -> None:
+    copy_build(cpu_build, tmp_path)
     path = tmp_path / "cpu-smollm2" / "cpu" / "manifest.json"
     data = json.loads(path.read_text())
     data["gpu"] = {"name": "H200", "compute_capability": "9.0", "driver": "580.82",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import copy_build
 
 from trtspec.cli import main
 from trtspec.eval.run import read_records
@@ -17,7 +18,8 @@ SMALL = ("methods=[{method: ngram}]", "draft_lengths=[4]", "sampling.max_tokens=
          "eval.concurrency=[1]", "eval.warmup=1", "eval.per_category=null")
 
 
-def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys) -> None:
+def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, cpu_build, mlflow_server,
+                                 capsys) -> None:
     from mlflow.tracking import MlflowClient
 
     workload = tmp_path / "w.jsonl"
@@ -29,6 +31,7 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys)
                                     "Name a fruit."])]
     workload.write_text("".join(json.dumps(r) + "\n" for r in rows))
     sets = [a for s in SMALL for a in ("--set", s)]
+    copy_build(cpu_build, tmp_path / "engines")  # the session's build: this one is up to date
     main(["build", str(RECIPE), "--engines", str(tmp_path / "engines"), *sets])
     main(["eval", str(RECIPE), "--engines", str(tmp_path / "engines"), "--reports",
           str(tmp_path / "reports"), "--eval-id", "e1", "-w", str(workload), *sets,
@@ -94,13 +97,14 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, mlflow_server, capsys)
     assert len(read_records(out)) == 16
 
 
-def test_eval_with_mlflow_down_keeps_everything_then_syncs(tmp_path: Path, smollm2,
+def test_eval_with_mlflow_down_keeps_everything_then_syncs(tmp_path: Path, smollm2, cpu_build,
                                                          mlflow_server, capsys) -> None:
     from conftest import free_port
 
     sets = [a for s in (*SMALL, "eval.warmup=0") for a in ("--set", s)]
     workload = tmp_path / "w.jsonl"
     workload.write_text(json.dumps({"id": "a", "category": "c", "prompt": "Say hi."}) + "\n")
+    copy_build(cpu_build, tmp_path / "engines")  # the session's build: this one is up to date
     main(["build", str(RECIPE), "--engines", str(tmp_path / "engines"), *sets])
     main(["eval", str(RECIPE), "--engines", str(tmp_path / "engines"), "--reports",
           str(tmp_path / "reports"), "--eval-id", "down", "-w", str(workload), *sets,
@@ -120,10 +124,11 @@ def test_eval_needs_a_current_build(tmp_path: Path, capsys) -> None:
     assert exit_info.value.code == 2 and "run `trtspec build RECIPE` first" in err
 
 
-def test_an_eval_id_in_use_is_refused_before_anything_is_written(tmp_path: Path, smollm2,
+def test_an_eval_id_in_use_is_refused_before_anything_is_written(tmp_path: Path, smollm2, cpu_build,
                                                                  capsys) -> None:
     sets = [a for s in SMALL for a in ("--set", s)]
     engines, reports = tmp_path / "engines", tmp_path / "reports"
+    copy_build(cpu_build, engines)  # the session's build: this one is up to date
     main(["build", str(RECIPE), "--engines", str(engines), *sets])
     old = reports / "e1"
     old.mkdir(parents=True)
@@ -138,11 +143,13 @@ def test_an_eval_id_in_use_is_refused_before_anything_is_written(tmp_path: Path,
     assert sorted(p.name for p in old.iterdir()) == ["eval.json", "recipe.yaml"]
 
 
-def test_resume_refuses_another_workload_or_recipe(tmp_path: Path, smollm2, capsys) -> None:
+def test_resume_refuses_another_workload_or_recipe(tmp_path: Path, smollm2, cpu_build,
+                                                  capsys) -> None:
     sets = [a for s in (*SMALL, "eval.warmup=0", "sampling.max_tokens=4") for a in ("--set", s)]
     engines, reports = tmp_path / "engines", tmp_path / "reports"
     workload = tmp_path / "w.jsonl"
     workload.write_text(json.dumps({"id": "a", "category": "c", "prompt": "Say hi."}) + "\n")
+    copy_build(cpu_build, engines)  # the session's build: this one is up to date
     main(["build", str(RECIPE), "--engines", str(engines), *sets])
     main(["eval", str(RECIPE), "--engines", str(engines), "--reports", str(reports),
           "--eval-id", "e1", "-w", str(workload), *sets, "--no-mlflow"])
@@ -197,7 +204,8 @@ def test_the_recipe_s_device_and_dtype_reach_the_models(tmp_path: Path, smollm2)
     open_built(load_recipe(RECIPE, [*bf16, "methods.0.max_n=5"]), RECIPE, tmp_path)  # run time
 
 
-def test_benchmark_knobs_drive_an_in_process_eval(tmp_path: Path, smollm2, capsys) -> None:
+def test_benchmark_knobs_drive_an_in_process_eval(tmp_path: Path, smollm2, cpu_build,
+                                                 capsys) -> None:
     """--num-prompts, --concurrency, --max-tokens and --ignore-eos through the CLI, in process:
     the recipe's concurrency list is replaced and every request emits exactly max tokens."""
     sets = [a for s in (*SMALL, "eval.warmup=0") for a in ("--set", s)]
@@ -206,6 +214,7 @@ def test_benchmark_knobs_drive_an_in_process_eval(tmp_path: Path, smollm2, capsy
     workload.write_text("".join(json.dumps({"id": f"{c}{i}", "category": c,
                                             "prompt": f"Say {c} {i}."}) + "\n"
                                 for c in "ab" for i in range(3)))
+    copy_build(cpu_build, engines)  # the session's build: this one is up to date
     main(["build", str(RECIPE), "--engines", str(engines), *sets])
     main(["eval", str(RECIPE), "--engines", str(engines), "--reports", str(reports),
           "--eval-id", "k", "-w", str(workload), *sets, "--num-prompts", "4",

@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import copy_build
 
 from trtspec.build.recipe import RecipeError, load_recipe
 from trtspec.cli import main
@@ -157,13 +158,14 @@ def test_summary_and_decide_ignore_a_request_measured_in_one_arm(tmp_path: Path,
 
 
 def test_ctrl_c_says_how_to_resume_and_the_readme_command_finishes_the_same_eval(
-        tmp_path: Path, smollm2) -> None:
+        tmp_path: Path, smollm2, cpu_build) -> None:
     """A custom workload sampled with --per-category, interrupted with SIGINT from another
     folder; the printed command (no -w, no --per-category, no --set) completes the same eval:
     every record once, one workload, no request measured in one arm only."""
     engines, elsewhere = tmp_path / "engines", tmp_path / "elsewhere"
     elsewhere.mkdir()
     sets = [a for s in SMALL for a in ("--set", s)]
+    copy_build(cpu_build, engines)  # the session's build: this one is up to date
     main(["build", str(RECIPE), "--engines", str(engines), *sets])
     workload = _workload(tmp_path / "my.jsonl")
     env = {**os.environ, "TRTSPEC_ENGINES": str(engines)}

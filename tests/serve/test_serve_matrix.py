@@ -97,7 +97,7 @@ D_FLAGS = {"fixed": ["--draft-len", "3"], "adaptive": ["--draft-len", "adaptive"
                          ids=[f"{m}-{d}-slots{s}" for m, d, s in SERVERS])
 def test_a_served_build_survives_short_dropped_and_concurrent_requests(built, method, mode,
                                                                        slots) -> None:
-    from test_server import launch
+    from conftest import launch
 
     recipe, model, _ = built
     flags = ["--method", method, "--slots", str(slots), "--engines",

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 import requests
-from conftest import free_port
+from conftest import free_port, launch
 
 from trtspec.cli import main
 from trtspec.cli.serve import toy_engine
@@ -552,27 +552,6 @@ def test_policy_from_the_file_decide_writes(tmp_path) -> None:
     assert exit_info.value.code == 2
     out = serve_toy("--policy", str(file))
     assert "policy: ngram, D = 4 at 1, D = 2 at 2–3, plain decoding at 4–8 running" in out, out
-
-
-def launch(*args: str, **env: str):
-    """`trtspec serve ARGS` on a free port in a subprocess (``env`` added to the environment),
-    returned once /health answers (or it exits, or 120 s pass): (process, its …/v1 URL)."""
-    import os
-    import subprocess
-    import sys
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "trtspec", "serve", *args, "--port",
-                             str(port)], env={**os.environ, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        with contextlib.suppress(requests.ConnectionError):
-            if requests.get(url.removesuffix("/v1") + "/health", timeout=2).ok:
-                break
-        time.sleep(0.1)
-    return proc, url
 
 
 def serve_toy(*flags: str) -> str:
