@@ -36,8 +36,12 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
+# Two workers (pytest-xdist), a test file each at a time so a module's build is made once; one
+# torch thread each, so the two share the 2 cores instead of fighting over them
+# (`make test PYTEST_WORKERS=0` runs in one process).
+PYTEST_WORKERS ?= 2
 test: $(STAMP) lint docs browser
-	$(BIN)/python -m pytest -q
+	$(if $(filter 0,$(PYTEST_WORKERS)),,OMP_NUM_THREADS=1) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15
 	@$(MAKE) --no-print-directory test-tf4
 
 # The HF runner on transformers 4.x too (TensorRT-LLM 1.2 pins it): the pins in

@@ -149,7 +149,7 @@ def decide_part(evals: int, seed: int) -> dict[str, int | float | str]:
     from trtspec.build.recipe import Decide
     from trtspec.eval.run import read_records
     from trtspec.eval.sequential import read_sequential, until_decided
-    from trtspec.eval.workloads import WorkloadRequest
+    from trtspec.eval.workloads.request import WorkloadRequest
 
     criteria = Decide(primary_metric="tpot", min_speedup=NULL, min_requests=6)
     conditions = ["eagle/D4/c1", "ngram/D4/c1"]

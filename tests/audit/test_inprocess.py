@@ -273,15 +273,19 @@ def test_audit_needs_a_distribution_and_audits_the_eval_s_lengths() -> None:
 
 def test_audit_on_smollm2_ngram_passes_real_and_flags_an_error_past_512(smollm2,
                                                                         monkeypatch) -> None:
-    """The actual model through the scheduler: n-gram lookup at D = 4 on the built-in long
+    """The actual model on the runner users get (trtspec's decoder; eager here, as every test
+    but the compiled ones) through the scheduler: n-gram lookup at D = 4 on the built-in long
     prompt (its KV cache kept between samples), the real verifier and one that accepts when
     p ≥ q only once the rows hold more than 512 positions (the subtler resampling error needs
-    the default sample count there: the toy test above)."""
+    the default sample count there: the toy test above). The transformers runner's KV caches
+    are audited in test_the_audit_runs_on_a_transformer_s_kv_caches."""
+    from trtspec.runtime.compiled import CompiledRunner
     from trtspec.runtime.models import encode
 
     ids = encode(smollm2.tokenizer, car_park(lambda t: encode(smollm2.tokenizer, t,
                                                                 chat=False)), chat=False)
-    runner = HFRunner(smollm2.model, eos_token_id=smollm2.tokenizer.eos_token_id)
+    runner = CompiledRunner(smollm2.model, eos_token_id=smollm2.tokenizer.eos_token_id,
+                            compile=False, capacity=1024)
     executor = SpecExecutor(runner, make_proposer(method_named("ngram")), 4)
     real = audit_prompt(executor, ids, PARAMS, 300, SLOTS)
     assert real.p_value >= 1e-3 and real.recovered > 0.5 and real.staggered > 0.9, real
