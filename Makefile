@@ -36,12 +36,13 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# Two workers (pytest-xdist), a test file each at a time so a module's build is made once; one
-# torch thread each, so the two share the 2 cores instead of fighting over them
+# Three workers (pytest-xdist) on the 2 cores: a third keeps them busy while another waits on a
+# subprocess or a server. A test file each at a time, so a module's build is made once; one
+# torch thread each, so the workers share the cores instead of fighting over them
 # (`make test PYTEST_WORKERS=0` runs in one process).
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 test: $(STAMP) lint docs browser
-	$(if $(filter 0,$(PYTEST_WORKERS)),,OMP_NUM_THREADS=1) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15
+	$(if $(filter 0,$(PYTEST_WORKERS)),,OMP_NUM_THREADS=1) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 	@$(MAKE) --no-print-directory test-tf4
 
 # The HF runner on transformers 4.x too (TensorRT-LLM 1.2 pins it): the pins in

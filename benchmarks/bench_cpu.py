@@ -16,7 +16,8 @@ cold and from the cache in a new process, the bandwidth floor, and each decoder'
 ideal: the speedup over plain decoding if nothing but the target's forwards cost time, each round
 charged its measured t(n + 1)/t(1) (plus n draft steps for a model draft).
 
-Writes reports/bench-cpu.md. ``--quick``: 1 prompt per set, 8 tokens, no compiling (a smoke test).
+Writes reports/bench-cpu.md. ``--quick``: 1 prompt per set, 8 tokens, no compiling and no
+warm-up (a smoke test: every decoder runs, no number means anything).
 """
 
 from __future__ import annotations
@@ -255,7 +256,8 @@ def main() -> None:
             runner = runners[runner_kind]
             proposer = factory() if factory else None  # one per prompt set: suffix remembers
             chooser = adaptive(method) if method else None
-            run_trtspec(runner, warm, warm_params, proposer, d, chooser)  # untimed warm-up
+            if not args.quick:  # a smoke run times nothing that matters: no warm-up
+                run_trtspec(runner, warm, warm_params, proposer, d, chooser)  # untimed
             if hasattr(proposer, "forget"):
                 proposer.forget()  # suffix drafts nothing from the warm-up
             seconds, outputs, stats, decode = run_trtspec(runner, prompts, params, proposer, d,
@@ -268,7 +270,8 @@ def main() -> None:
             print(f"{set_name:>16} {name:<34} {seconds * 1e3 / tokens:7.1f} ms/token", flush=True)
         for name, (hf_model, kwargs) in hf.items():
             t0 = time.perf_counter()
-            run_hf(hf_model, warm, 8, **kwargs)  # untimed warm-up (compiles HF static)
+            if not args.quick:
+                run_hf(hf_model, warm, 8, **kwargs)  # untimed warm-up (compiles HF static)
             if name.startswith("HF static") and "hf_compile" not in notes:
                 notes["hf_compile"] = f"{time.perf_counter() - t0:.0f} s"
             seconds, outputs = run_hf(hf_model, prompts, new_tokens, **kwargs)

@@ -37,24 +37,38 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def cpu_build(tmp_path_factory, smollm2):
-    """The CPU recipe (recipes/cpu-smollm2.yaml, every method it has) built once per session by
-    `trtspec build`, eagerly (TRTSPEC_COMPILE=0, as every test but the compiled ones): the
-    engines root, and the build's result and messages. A build is a manifest, the recipe as
-    built and (compiled) an inductor cache, next to the converted model in the shared model
-    cache, so a test takes a private copy (:func:`copy_build`) and may edit it."""
+    """The CPU recipe (recipes/cpu-smollm2.yaml, every method it has) built once per test run
+    by `trtspec build`, eagerly (TRTSPEC_COMPILE=0, as every test but the compiled ones), as
+    on a machine without a GPU: (engines root, what the build said: ``up_to_date``,
+    ``manifest_path``, ``messages``). Built by whichever xdist worker comes first, under a
+    lock; the others wait and read it. A build is a manifest, the recipe as built and
+    (compiled) an inductor cache, next to the converted model in the shared model cache, so a
+    test takes a private copy (:func:`copy_build`) and may edit it."""
+    import json
+    import os
     from pathlib import Path
+
+    from filelock import FileLock
 
     import trtspec.build.gpu
     from trtspec.build import build
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml"
-    engines = tmp_path_factory.mktemp("cpu-build") / "engines"
-    messages: list[str] = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRTSPEC_COMPILE", "0")
-        mp.setattr(trtspec.build.gpu, "detect", lambda: [])  # engines/cpu-smollm2/cpu/ anywhere
-        result = build(recipe, engines_root=engines, say=messages.append)
-    return engines, result, messages
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cpu-build"
+    root.mkdir(exist_ok=True)
+    engines, said = root / "engines", root / "said.json"
+    with FileLock(str(root / "lock")):
+        if not said.is_file():
+            recipe = Path(__file__).resolve().parents[1] / "recipes" / "cpu-smollm2.yaml"
+            messages: list[str] = []
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("TRTSPEC_COMPILE", "0")
+                mp.setattr(trtspec.build.gpu, "detect", lambda: [])  # engines/…/cpu/ anywhere
+                result = build(recipe, engines_root=engines, say=messages.append)
+            said.write_text(json.dumps({"up_to_date": result.up_to_date,
+                                        "manifest_path": str(result.manifest_path),
+                                        "messages": messages}))
+    return engines, json.loads(said.read_text())
 
 
 def copy_build(cpu_build, engines):

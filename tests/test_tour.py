@@ -47,6 +47,10 @@ def test_the_tour_is_six_steps_of_one_command() -> None:
 
 def test_the_readme_tour_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                         cpu_build, capsys: pytest.CaptureFixture[str]) -> None:
+    import trtspec.build.gpu
+
+    if trtspec.build.gpu.detect():  # the build folder would be engines/cpu-smollm2/<gpu>/
+        pytest.skip("the tour as written is for a machine without an NVIDIA GPU")
     (tmp_path / "recipes").mkdir()
     shutil.copy(ROOT / "recipes" / "cpu-smollm2.yaml", tmp_path / "recipes")
     copy_build(cpu_build, tmp_path / "engines")
@@ -60,12 +64,13 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path, monkeypatch: pytest.Mon
     assert run(evaluate) == 0
     out = tmp_path / "reports" / "tour"
     assert (out / "records.jsonl").is_file() and (out / "mlflow.json").is_file()
-    assert run(audit) in (0, 1)  # 1: a method failed or is weak; the tour says it is weak
-    assert json.loads((out / "audit.json").read_text())["methods"]["ngram"]["weak"]
-    assert run(decide) in (0, 1)
+    assert run(audit) == 1  # a weak PASS: the sampler is right, 200 samples cannot say so
+    ngram = json.loads((out / "audit.json").read_text())["methods"]["ngram"]
+    assert ngram["passed"] and ngram["weak"] and ngram["power"] < 0.8, ngram
+    assert run(decide) == 1  # not every condition GO
     decision = json.loads((out / "decision.json").read_text())
-    assert (out / "report.html").is_file()
     assert all(v["verdict"] != "GO" for v in decision["verdicts"])  # a weak audit holds GO
+    assert "weak" in (out / "report.md").read_text() and (out / "report.html").is_file()
     capsys.readouterr()
 
     port = serve[serve.index("--port") + 1]

@@ -145,6 +145,20 @@ def test_the_audit_runs_on_a_transformer_s_kv_caches() -> None:
     assert result.p_value >= 1e-3 and result.rejected > 0.1 and result.staggered > 0.9, result
 
 
+def test_the_transformers_runner_keeps_a_long_prompt_and_an_error_past_512_shows(
+        monkeypatch) -> None:
+    """The transformers runner (``backend.runner: transformers``, and the fallback for models
+    trtspec's decoder does not run) on the long prompt, kept between samples: the real sampler
+    passes, a verifier wrong only past 512 positions fails."""
+    runner = HFRunner(tiny_llama(vocab=32, seed=0, logit_scale=25.0, positions=1024))
+    executor = SpecExecutor(runner, make_proposer(method_named("ngram")), 4)
+    real = audit_prompt(executor, LONG, PARAMS, 600, SLOTS)
+    assert real.p_value >= 1e-3 and real.kept_prompt and real.positions > 600, real
+    monkeypatch.setattr(trtspec.spec.executor, "verify", wrong_past(512, accept_if_p_ge_q_verify))
+    broken = audit_prompt(executor, LONG, PARAMS, 600, SLOTS)
+    assert broken.p_value < 1e-3, broken  # the audit's level with one method
+
+
 def test_exact_fit_against_sequences_drawn_from_the_enumerated_distribution() -> None:
     """Without the sampler: sequences drawn from the target's enumerated P(x₀ … x₃) pass,
     sequences from the draft's fail, and a token top-k filters out is impossible (p = 0)."""
@@ -271,14 +285,15 @@ def test_audit_needs_a_distribution_and_audits_the_eval_s_lengths() -> None:
     assert audit_lengths([ADAPTIVE]) == [ADAPTIVE]
 
 
-def test_audit_on_smollm2_ngram_passes_real_and_flags_an_error_past_512(smollm2,
-                                                                        monkeypatch) -> None:
+def test_audit_on_smollm2_flags_an_error_past_512(smollm2, monkeypatch) -> None:
     """The actual model on the runner users get (trtspec's decoder; eager here, as every test
     but the compiled ones) through the scheduler: n-gram lookup at D = 4 on the built-in long
-    prompt (its KV cache kept between samples), the real verifier and one that accepts when
-    p ≥ q only once the rows hold more than 512 positions (the subtler resampling error needs
-    the default sample count there: the toy test above). The transformers runner's KV caches
-    are audited in test_the_audit_runs_on_a_transformer_s_kv_caches."""
+    prompt (its KV cache kept between samples) with a verifier that accepts when p ≥ q only
+    once the rows hold more than 512 positions (the subtler resampling error needs the default
+    sample count there: the toy test above). The real sampler passes the same audit on this
+    model in tests/eval/test_evaluate.py (through `trtspec audit`, 300 samples of this prompt)
+    and tests/test_tour.py; the transformers runner's caches on a long prompt are audited in
+    test_the_transformers_runner_keeps_a_long_prompt_and_an_error_past_512_shows."""
     from trtspec.runtime.compiled import CompiledRunner
     from trtspec.runtime.models import encode
 
@@ -287,11 +302,9 @@ def test_audit_on_smollm2_ngram_passes_real_and_flags_an_error_past_512(smollm2,
     runner = CompiledRunner(smollm2.model, eos_token_id=smollm2.tokenizer.eos_token_id,
                             compile=False, capacity=1024)
     executor = SpecExecutor(runner, make_proposer(method_named("ngram")), 4)
-    real = audit_prompt(executor, ids, PARAMS, 300, SLOTS)
-    assert real.p_value >= 1e-3 and real.recovered > 0.5 and real.staggered > 0.9, real
-    assert real.kept_prompt and real.positions >= 600, real
     monkeypatch.setattr(trtspec.spec.executor, "verify", wrong_past(512, accept_if_p_ge_q_verify))
     broken = audit_prompt(executor, ids, PARAMS, 300, SLOTS)
+    assert broken.kept_prompt and broken.positions >= 600 and broken.staggered > 0.9, broken
     assert broken.p_value < 1e-6, broken
 
 

@@ -29,11 +29,11 @@ def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cpu_recipe_builds_then_is_a_no_op(tmp_path: Path, cpu_build) -> None:
     """The session's build (conftest.cpu_build: `build` of the CPU recipe into a fresh
     folder, as here), then builds of a private copy of it."""
-    engines, first, said = cpu_build
+    engines, first = cpu_build
     path = engines / "cpu-smollm2" / "cpu" / "manifest.json"
-    assert first.manifest_path == path and path.is_file() and not first.up_to_date
+    assert first["manifest_path"] == str(path) and path.is_file() and not first["up_to_date"]
     assert any(m.startswith("round cost: t(B, W)/t(1, 1) for B = 1 … 4 rows × W = 1 … 9 "
-                            "tokens, measured in ") for m in said)
+                            "tokens, measured in ") for m in first["messages"])
     copy_build(cpu_build, tmp_path)
     path = tmp_path / "cpu-smollm2" / "cpu" / "manifest.json"
     manifest = load_manifest(path)

@@ -33,6 +33,7 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, cpu_build, mlflow_serv
     sets = [a for s in SMALL for a in ("--set", s)]
     copy_build(cpu_build, tmp_path / "engines")  # the session's build: this one is up to date
     main(["build", str(RECIPE), "--engines", str(tmp_path / "engines"), *sets])
+    assert "up to date" in capsys.readouterr().out  # a subset of the built methods
     main(["eval", str(RECIPE), "--engines", str(tmp_path / "engines"), "--reports",
           str(tmp_path / "reports"), "--eval-id", "e1", "-w", str(workload), *sets,
           "--mlflow-uri", mlflow_server])
@@ -60,6 +61,8 @@ def test_eval_smollm2_end_to_end(tmp_path: Path, smollm2, cpu_build, mlflow_serv
     audit = json.loads((out / "audit.json").read_text())
     assert audit["methods"]["ngram"]["passed"] and audit["sampling"]["temperature"] == 1.0
     assert audit["methods"]["ngram"]["prompts"][0]["rejected"] > 0.05
+    assert audit["methods"]["ngram"]["prompts"][0]["positions"] >= 600  # the long prompt,
+    assert audit["methods"]["ngram"]["prompts"][0]["kept_prompt"]  # kept between samples
     assert not audit["methods"]["ngram"]["weak"] and audit["effect"] == 0.3
     # criteria that this run must clear whatever the machine's speed: any speedup, loose
     # latency gates, few requests; greedy identity and the audit are still required
@@ -106,6 +109,7 @@ def test_eval_with_mlflow_down_keeps_everything_then_syncs(tmp_path: Path, smoll
     workload.write_text(json.dumps({"id": "a", "category": "c", "prompt": "Say hi."}) + "\n")
     copy_build(cpu_build, tmp_path / "engines")  # the session's build: this one is up to date
     main(["build", str(RECIPE), "--engines", str(tmp_path / "engines"), *sets])
+    assert "up to date" in capsys.readouterr().out  # a subset of the built methods
     main(["eval", str(RECIPE), "--engines", str(tmp_path / "engines"), "--reports",
           str(tmp_path / "reports"), "--eval-id", "down", "-w", str(workload), *sets,
           "--mlflow-uri", f"http://127.0.0.1:{free_port()}"])
@@ -130,6 +134,7 @@ def test_an_eval_id_in_use_is_refused_before_anything_is_written(tmp_path: Path,
     engines, reports = tmp_path / "engines", tmp_path / "reports"
     copy_build(cpu_build, engines)  # the session's build: this one is up to date
     main(["build", str(RECIPE), "--engines", str(engines), *sets])
+    assert "up to date" in capsys.readouterr().out  # a subset of the built methods
     old = reports / "e1"
     old.mkdir(parents=True)
     (old / "eval.json").write_text('{"recipe": "an older eval"}')
@@ -151,6 +156,7 @@ def test_resume_refuses_another_workload_or_recipe(tmp_path: Path, smollm2, cpu_
     workload.write_text(json.dumps({"id": "a", "category": "c", "prompt": "Say hi."}) + "\n")
     copy_build(cpu_build, engines)  # the session's build: this one is up to date
     main(["build", str(RECIPE), "--engines", str(engines), *sets])
+    assert "up to date" in capsys.readouterr().out  # a subset of the built methods
     main(["eval", str(RECIPE), "--engines", str(engines), "--reports", str(reports),
           "--eval-id", "e1", "-w", str(workload), *sets, "--no-mlflow"])
     out = reports / "e1"
@@ -165,8 +171,8 @@ def test_resume_refuses_another_workload_or_recipe(tmp_path: Path, smollm2, cpu_
                   *extra, "--no-mlflow"])
         assert exit_info.value.code == 2 and text in capsys.readouterr().err
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    # the README's form: the folder's workload, overrides and knobs; nothing left to measure;
-    # --per-category 2 of a one-request workload changes nothing, so it is accepted
+    # the documented form (docs/eval.md): the folder's workload, overrides and knobs; nothing
+    # left to measure; --per-category 2 of a one-request workload changes nothing, so it is accepted
     main(["eval", str(RECIPE), "--engines", str(engines), "--resume", str(out), "--no-mlflow"])
     main(["eval", str(RECIPE), "--engines", str(engines), "--resume", str(out),
           "--per-category", "2", "--no-mlflow"])
@@ -216,6 +222,7 @@ def test_benchmark_knobs_drive_an_in_process_eval(tmp_path: Path, smollm2, cpu_b
                                 for c in "ab" for i in range(3)))
     copy_build(cpu_build, engines)  # the session's build: this one is up to date
     main(["build", str(RECIPE), "--engines", str(engines), *sets])
+    assert "up to date" in capsys.readouterr().out  # a subset of the built methods
     main(["eval", str(RECIPE), "--engines", str(engines), "--reports", str(reports),
           "--eval-id", "k", "-w", str(workload), *sets, "--num-prompts", "4",
           "--concurrency", "2", "--max-tokens", "5", "--ignore-eos", "--no-mlflow"])

@@ -157,8 +157,8 @@ def test_summary_and_decide_ignore_a_request_measured_in_one_arm(tmp_path: Path,
     assert summarize(spec_only)["ngram/D2/c1"]["unpaired_records"] == 2
 
 
-def test_ctrl_c_says_how_to_resume_and_the_readme_command_finishes_the_same_eval(
-        tmp_path: Path, smollm2, cpu_build) -> None:
+def test_ctrl_c_says_how_to_resume_and_the_printed_command_finishes_the_same_eval(
+        tmp_path: Path, smollm2, cpu_build, capsys) -> None:
     """A custom workload sampled with --per-category, interrupted with SIGINT from another
     folder; the printed command (no -w, no --per-category, no --set) completes the same eval:
     every record once, one workload, no request measured in one arm only."""
@@ -167,6 +167,7 @@ def test_ctrl_c_says_how_to_resume_and_the_readme_command_finishes_the_same_eval
     sets = [a for s in SMALL for a in ("--set", s)]
     copy_build(cpu_build, engines)  # the session's build: this one is up to date
     main(["build", str(RECIPE), "--engines", str(engines), *sets])
+    assert "up to date" in capsys.readouterr().out  # a subset of the built methods
     workload = _workload(tmp_path / "my.jsonl")
     env = {**os.environ, "TRTSPEC_ENGINES": str(engines)}
     trtspec = [sys.executable, "-m", "trtspec"]

@@ -54,9 +54,9 @@ def test_every_field_of_every_model_is_described_and_listed() -> None:
 
 def test_rows_carry_type_default_and_variant() -> None:
     markdown = reference_markdown()
-    ngram = markdown.split("### `methods[]` with `method: ngram`", 1)[1].split("###", 1)[0]
+    ngram = markdown.split("## `methods[]` with `method: ngram`", 1)[1].split("\n## ", 1)[0]
     assert "| `methods[].min_n` | int (≥ 1) | `1` | shortest n-gram" in ngram
-    torch = markdown.split("### `backend` with `kind: torch`", 1)[1].split("###", 1)[0]
+    torch = markdown.split("## `backend` with `kind: torch`", 1)[1].split("\n## ", 1)[0]
     assert "| `backend.device` | str | `auto` |" in torch and "workflow" not in torch
     assert "| `target.model` | str | required |" in markdown
     assert "| `draft_lengths` | list of (int (≥ 1, ≤ 64) or `adaptive`) or `auto` | `auto` |" \

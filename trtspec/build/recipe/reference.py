@@ -175,13 +175,13 @@ def _yaml(value: Any) -> str:
     return str(value) if value != "" else '""'
 
 
-def write_page(readme: Path) -> None:
+def write_page(page: Path) -> None:
     """Rewrite the block between the markers with the current reference."""
-    text = readme.read_text()
+    text = page.read_text()
     start, end = text.find(START), text.find(END)
     if start < 0 or end < start:
-        raise RecipeError(f"{readme}: no {START} … {END} block to rewrite")
-    readme.write_text(f"{text[:start]}{START}\n\n{reference_markdown()}\n{text[end:]}")
+        raise RecipeError(f"{page}: no {START} … {END} block to rewrite")
+    page.write_text(f"{text[:start]}{START}\n\n{reference_markdown()}\n{text[end:]}")
 
 
 # ---- one-line errors for keys that do not fit ------------------------------------------------
