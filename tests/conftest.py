@@ -16,9 +16,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _eager_unless_marked(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     """Builds, evals and servers in tests run trtspec's decoder eagerly (TRTSPEC_COMPILE=0):
-    compiling costs about a minute per model on 2 cores. Tests marked ``compile`` compile."""
+    compiling costs about a minute per model on 2 cores. Tests marked ``compile`` compile.
+    A build in a test times its cost curve once, not five times (TRTSPEC_COST_REPEATS=1: the
+    session's build, conftest.cpu_build, measures at the default)."""
     if request.node.get_closest_marker("compile") is None:
         monkeypatch.setenv("TRTSPEC_COMPILE", "0")
+    monkeypatch.setenv("TRTSPEC_COST_REPEATS", "1")
     import os  # a compiled runner points inductor at its cache: put it back after the test
 
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -63,6 +66,7 @@ def cpu_build(tmp_path_factory, smollm2):
             messages: list[str] = []
             with pytest.MonkeyPatch.context() as mp:
                 mp.setenv("TRTSPEC_COMPILE", "0")
+                mp.delenv("TRTSPEC_COST_REPEATS", raising=False)  # measured at the default
                 mp.setattr(trtspec.build.gpu, "detect", lambda: [])  # engines/…/cpu/ anywhere
                 result = build(recipe, engines_root=engines, say=messages.append)
             said.write_text(json.dumps({"up_to_date": result.up_to_date,

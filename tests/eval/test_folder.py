@@ -173,7 +173,7 @@ def test_ctrl_c_says_how_to_resume_and_the_printed_command_finishes_the_same_eva
     trtspec = [sys.executable, "-m", "trtspec"]
     first = subprocess.Popen(
         [*trtspec, "eval", str(RECIPE), *sets, "-w", str(workload), "--per-category", "2",
-         "--max-tokens", "64", "--ignore-eos", "--eval-id", "e1", "--no-mlflow"],
+         "--max-tokens", "24", "--ignore-eos", "--eval-id", "e1", "--no-mlflow"],
         cwd=elsewhere, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # as from a shell: Ctrl-C not ignored (an ignored SIGINT is inherited, and Python then
         # installs no KeyboardInterrupt handler; in the full suite the eval ran to the end)
@@ -200,7 +200,7 @@ def test_ctrl_c_says_how_to_resume_and_the_printed_command_finishes_the_same_eva
     keys = Counter((r["condition"], r["arm"], r["request_id"]) for r in records)
     assert len(keys) == 12 and set(keys.values()) == {1}  # 6 requests × 2 arms, once each
     assert {r["request_id"][0] for r in records} == set("abc")  # one workload, whole
-    assert all(r["output_tokens"] == 64 for r in records)  # --ignore-eos --max-tokens 64
+    assert all(r["output_tokens"] == 24 for r in records)  # --ignore-eos --max-tokens 24
     assert (out / "eval.json").read_text() == before
     summary = json.loads((out / "summary.json").read_text())
     assert "unpaired_records" not in summary["ngram/D2/c1"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -164,7 +165,9 @@ def measure_costs(recipe: Recipe, artifacts: list[Artifact], max_tokens: int, ta
                   model: Any) -> CostCurve:
     """``trtspec build`` (torch): time the target Runner eval will use (and the drafts, made
     the way eval makes them), then its round cost over max_batch_size rows; ``model`` is the
-    target's loaded transformers model."""
+    target's loaded transformers model. ``$TRTSPEC_COST_REPEATS`` (default 5) sets the timings
+    each figure is the median of: 1 measures in a fifth of the time, with more noise (the
+    tests' builds use it; a build for an eval should not)."""
     from trtspec.runtime.hf import HFRunner
     from trtspec.runtime.models import load_model
     from trtspec.spec.cost_curve import ROUND_CONTEXT, measure, measure_rounds
@@ -176,9 +179,11 @@ def measure_costs(recipe: Recipe, artifacts: list[Artifact], max_tokens: int, ta
         elif isinstance(m, DraftModel):
             draft = load_model(Path(_path(artifacts, "draft")), recipe.backend.device, m.dtype)
             drafts[m.method] = HFRunner(draft)  # as make_proposer runs a draft model
-    curve = measure(target, max_tokens, drafts)
+    repeats = int(os.environ.get("TRTSPEC_COST_REPEATS") or 5)
+    curve = measure(target, max_tokens, drafts, repeats=repeats)
     began = time.perf_counter()
-    rounds = measure_rounds(target, recipe.limits.max_batch_size, max_tokens, ROUND_CONTEXT)
+    rounds = measure_rounds(target, recipe.limits.max_batch_size, max_tokens, ROUND_CONTEXT,
+                            repeats=repeats)
     return curve.model_copy(update={"rounds": rounds,
                                     "rounds_seconds": time.perf_counter() - began})
 

@@ -136,13 +136,13 @@ def _sync(logits: Any) -> None:
 
 
 def measure(target: Any, max_tokens: int, drafts: dict[str, Any] | None = None,
-            context: int = 64) -> CostCurve:
+            context: int = 64, repeats: int = 5) -> CostCurve:
     """The curve of a target Runner for T = 1 … max_tokens and of each draft Runner's one
-    step (``drafts``: method → Runner)."""
+    step (``drafts``: method → Runner), from the median of ``repeats`` timings."""
     drafts = drafts or {}
     runners = {"": target, **drafts}
     lengths = {"": list(range(1, max_tokens + 1)), **{m: [1] for m in drafts}}
-    ms = time_score(runners, lengths, context)
+    ms = time_score(runners, lengths, context, repeats=repeats)
     return CostCurve(target=ms[""], draft={m: ms[m][1] for m in drafts},
                      device=str(getattr(target, "device", "")), context=context)
 
