@@ -39,10 +39,11 @@ docs: $(STAMP)
 # Two workers (pytest-xdist), one per core: measured on 2 cores, three ran 4 % slower than two
 # (more switching, no idle core to fill). A test file each at a time, so a module's build is
 # made once; one torch thread each, so the two share the cores instead of fighting over them
-# (`make test PYTEST_WORKERS=0` runs in one process).
+# (`make test PYTEST_WORKERS=0` runs in one process). Files go out in collection order, which
+# tests/conftest.py makes slowest first (xdist would otherwise order them by test count).
 PYTEST_WORKERS ?= 2
 test: $(STAMP) lint docs browser
-	$(if $(filter 0,$(PYTEST_WORKERS)),,OMP_NUM_THREADS=1) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+	$(if $(filter 0,$(PYTEST_WORKERS)),,OMP_NUM_THREADS=1) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 	@$(MAKE) --no-print-directory test-tf4
 
 # The HF runner on transformers 4.x too (TensorRT-LLM 1.2 pins it): the pins in

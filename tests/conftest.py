@@ -1,10 +1,35 @@
+from pathlib import Path
+
 import pytest
+
+# The slowest test files, slowest first (pytest --durations, 2 cores): `make test` hands files
+# to its two workers in collection order (--no-loadscope-reorder), so the long ones start first
+# and short ones fill the end, instead of one worker running a two-minute file while the other
+# idles. The first two differ in what they wait for: the serve matrix compiles its own build,
+# the tour starts the session's CPU build (conftest.cpu_build) that later files reuse.
+SLOWEST_FIRST = (
+    "serve/test_serve_matrix.py", "test_tour.py", "audit/test_inprocess.py",
+    "spec/test_executor_torch.py", "eval/test_evaluate.py", "test_benchmarks.py",
+    "runtime/test_compiled.py", "build/test_build.py", "eval/test_folder.py",
+    "eval/test_sequential.py", "cli/test_cli.py", "build/test_heads_build.py",
+    "serve/test_server.py", "spec/propose/heads/test_eagle.py", "spec/test_executor.py",
+    "report/test_tracking.py", "audit/test_audit_endpoint.py", "report/test_approve.py",
+    "spec/test_adaptive.py", "analysis/test_stats.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `gpu` (tests/gpu/) run only where CUDA is available."""
+    """The slowest files first (SLOWEST_FIRST; a stable sort: the rest keep their order).
+    Tests marked `gpu` (tests/gpu/) run only where CUDA is available."""
     import torch
 
+    tests = Path(__file__).resolve().parent
+    missing = [name for name in SLOWEST_FIRST if not (tests / name).is_file()]
+    if missing:  # a renamed file would quietly lose its place
+        raise pytest.UsageError(f"conftest.SLOWEST_FIRST names no such file: {missing}")
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(
+        Path(item.fspath).resolve().relative_to(tests).as_posix(), len(rank)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
