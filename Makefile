@@ -40,7 +40,8 @@ docs: $(STAMP)
 # (more switching, no idle core to fill). A test file each at a time, so a module's build is
 # made once; one torch thread each, so the two share the cores instead of fighting over them
 # (`make test PYTEST_WORKERS=0` runs in one process). Files go out in collection order, which
-# tests/conftest.py makes slowest first (xdist would otherwise order them by test count).
+# tests/conftest.py makes slowest first (xdist would otherwise order them by test count), each to
+# whichever worker is down to its last two tests.
 PYTEST_WORKERS ?= 2
 test: $(STAMP) lint docs browser
 	$(if $(filter 0,$(PYTEST_WORKERS)),,OMP_NUM_THREADS=1) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25

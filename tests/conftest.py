@@ -2,11 +2,12 @@ from pathlib import Path
 
 import pytest
 
-# The slowest test files, slowest first (pytest --durations, 2 cores): `make test` hands files
-# to its two workers in collection order (--no-loadscope-reorder), so the long ones start first
-# and short ones fill the end, instead of one worker running a two-minute file while the other
-# idles. The first two differ in what they wait for: the serve matrix compiles its own build,
-# the tour starts the session's CPU build (conftest.cpu_build) that later files reuse.
+# The slowest test files, slowest first (per-test times from pytest --durations, summed per
+# file, 2 cores): `make test` hands files out in collection order (--no-loadscope-reorder), each
+# to whichever worker is down to its last two tests, so the long ones start first and short ones
+# fill the end, instead of one worker running a two-minute file while the other idles. The
+# first two differ in what they wait for: the serve matrix compiles its own build, the tour
+# starts the session's CPU build (conftest.cpu_build) that later files reuse.
 SLOWEST_FIRST = (
     "serve/test_serve_matrix.py", "test_tour.py", "audit/test_inprocess.py",
     "spec/test_executor_torch.py", "eval/test_evaluate.py", "test_benchmarks.py",
@@ -18,18 +19,30 @@ SLOWEST_FIRST = (
 )
 
 
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A renamed file would quietly lose its place in SLOWEST_FIRST: say so (here, not at
+    collection, so that under xdist it is one error from the controller)."""
+    missing = [name for name in SLOWEST_FIRST if not (TESTS / name).is_file()]
+    if missing:
+        raise pytest.UsageError(f"conftest.SLOWEST_FIRST names no such file: {missing}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slowest files first (SLOWEST_FIRST; a stable sort: the rest keep their order).
     Tests marked `gpu` (tests/gpu/) run only where CUDA is available."""
     import torch
 
-    tests = Path(__file__).resolve().parent
-    missing = [name for name in SLOWEST_FIRST if not (tests / name).is_file()]
-    if missing:  # a renamed file would quietly lose its place
-        raise pytest.UsageError(f"conftest.SLOWEST_FIRST names no such file: {missing}")
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(
-        Path(item.fspath).resolve().relative_to(tests).as_posix(), len(rank)))
+
+    def place(item: pytest.Item) -> int:
+        path = item.path.resolve()
+        return rank.get(path.relative_to(TESTS).as_posix(), len(rank)) \
+            if path.is_relative_to(TESTS) else len(rank)
+
+    items.sort(key=place)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
