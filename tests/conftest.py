@@ -39,8 +39,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     def place(item: pytest.Item) -> int:
         path = item.path.resolve()
-        return rank.get(path.relative_to(TESTS).as_posix(), len(rank)) \
-            if path.is_relative_to(TESTS) else len(rank)
+        name = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else None
+        return rank.get(name, len(rank))
 
     items.sort(key=place)
     if torch.cuda.is_available():
