@@ -1,4 +1,4 @@
-"""schedules: the policy file round trip, each stack's method mapping, c* → max_concurrency,
+"""schedules: the policy file round trip, each stack's method mapping, c* → draft_len_schedule,
 and every emitted option name against the names the stack documents for that release."""
 
 from __future__ import annotations
@@ -8,33 +8,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from trtllm_fields import FIELDS, check_config
 
 from trtspec.analysis.policy import ServePolicy, read_policy, write_policy
 from trtspec.analysis.schedules import (
     deploy_schedule,
-    release_at_least,
     trtllm_snippet,
     vllm_config,
     vllm_notes,
 )
+from trtspec.build.trtllm_options import at_least
 from trtspec.spec.methods import DraftModel, Eagle, LayerSkip, Medusa, Ngram, Suffix
 
-# Option names of speculative_config, per TensorRT-LLM release.
-# Source: NVIDIA/TensorRT-LLM, tensorrt_llm/llmapi/llm_args.py — DecodingBaseConfig (max_draft_len,
-# speculative_model_dir, max_concurrency, load_format), NGramDecodingConfig
-# (max_matching_ngram_size, is_keep_all, is_use_oldest, is_public_pool), EagleDecodingConfig
-# (eagle3_one_model, num_eagle_layers, max_non_leaves_per_layer), MedusaDecodingConfig
-# (num_medusa_heads, medusa_choices), MTPDecodingConfig (num_nextn_predict_layers), as of the
-# v1.2 releases (draft_len_schedule absent: it came with PR #10860, 1.3 release candidates).
-TRTLLM_12 = {"decoding_type", "max_draft_len", "max_total_draft_tokens", "speculative_model_dir",
-             "max_concurrency", "load_format", "max_matching_ngram_size", "is_keep_all",
-             "is_use_oldest", "is_public_pool", "eagle3_one_model", "num_eagle_layers",
-             "max_non_leaves_per_layer", "num_medusa_heads", "medusa_choices",
-             "num_nextn_predict_layers"}
-# 1.3: DecodingBaseConfig gains draft_len_schedule (mutually exclusive with max_concurrency),
-# use_rejection_sampling (prototype) and speculative_model (speculative_model_dir kept as an
-# alias), same file on the main branch.
-TRTLLM_13 = TRTLLM_12 | {"draft_len_schedule", "use_rejection_sampling", "speculative_model"}
 # vLLM --speculative-config keys. Source: vllm-project/vllm, vllm/config/speculative.py
 # (SpeculativeConfig: method, model, num_speculative_tokens, prompt_lookup_max,
 # prompt_lookup_min, suffix_decoding_max_tree_depth, suffix_decoding_max_spec_factor,
@@ -44,7 +29,6 @@ VLLM = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "promp
         "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
         "suffix_decoding_min_token_prob", "draft_tensor_parallel_size", "quantization",
         "revision"}
-DOCUMENTED = {"1.2.1": TRTLLM_12, "1.3.0rc1": TRTLLM_13}
 
 METHODS = [Ngram(method="ngram", min_n=2, max_n=4),
            DraftModel(method="draft_model", model="/models/draft"),
@@ -54,42 +38,50 @@ METHODS = [Ngram(method="ngram", min_n=2, max_n=4),
 STEPS = [(1, 4), (2, 4), (4, 2), (5, 2)]
 
 
-@pytest.mark.parametrize("release", sorted(DOCUMENTED))
+@pytest.mark.parametrize("release", sorted(FIELDS))
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.method)
-def test_trtllm_keys_are_documented(method, release: str, temperature: float) -> None:
+def test_trtllm_keys_are_the_releases(method, release: str, temperature: float) -> None:
     text = trtllm_snippet(method, STEPS, temperature, "e1", release)
     assert f"TensorRT-LLM {release}" in text  # the release is cited inside the snippet
     body = yaml.safe_load(text)
-    if method.method in ("suffix", "layer_skip"):
+    newer = at_least(release, 1, 3)
+    if method.method in ("suffix", "layer_skip") or (newer and method.method == "medusa"):
         assert body is None and "Nothing to configure here" in text
         return
     config = body["speculative_config"]
-    assert set(config) <= DOCUMENTED[release]
-    newer = release_at_least(release, 1, 3)
-    assert ("draft_len_schedule" in config) == newer
-    assert ("max_concurrency" in config) != newer  # mutually exclusive in 1.3
+    check_config(config, release)
+    assert "draft_len_schedule" in config and "max_concurrency" not in config
     assert ("use_rejection_sampling" in config) == (newer and temperature > 0)
-    if not newer:
-        assert "Left out: this eval's schedule" in text and "was not verified in" in text
-        assert ("check the server with `trtspec audit --endpoint" in text) == (temperature > 0)
+    one_model = config["decoding_type"] in ("Eagle3", "MTP")
+    assert ("allow_advanced_sampling" in config) == (not newer and one_model
+                                                     and temperature > 0)
+    assert ("check the server with `trtspec audit --endpoint" in text) == (temperature > 0)
 
 
-def test_trtllm_method_mapping() -> None:
+def test_trtllm_method_mapping_in_1_2_1() -> None:
     types = {m.method: yaml.safe_load(trtllm_snippet(m, STEPS, 0, "e"))
              for m in METHODS[:4]}
     assert {k: v["speculative_config"]["decoding_type"] for k, v in types.items()} == {
-        "ngram": "NGram", "draft_model": "DraftTarget", "eagle": "Eagle", "medusa": "Medusa"}
+        "ngram": "NGram", "draft_model": "Draft_Target", "eagle": "Eagle3", "medusa": "Medusa"}
     assert types["ngram"]["speculative_config"]["max_matching_ngram_size"] == 4
-    assert types["draft_model"]["speculative_config"]["speculative_model_dir"] == "/models/draft"
+    assert types["draft_model"]["speculative_config"]["speculative_model"] == "/models/draft"
     old = Eagle(method="eagle", model="/m", version=2)
     assert yaml.safe_load(trtllm_snippet(old, STEPS, 0, "e"))["speculative_config"][
-        "decoding_type"] == "Eagle"
-    eagle3 = yaml.safe_load(trtllm_snippet(METHODS[2], STEPS, 0, "e", "1.3.0"))
-    assert eagle3["speculative_config"]["decoding_type"] == "Eagle3"  # 1.2.x: Eagle (above)
-    newer = yaml.safe_load(trtllm_snippet(METHODS[0], STEPS, 0, "e", "1.3.0"))
+        "decoding_type"] == "Eagle"  # EAGLE-1/2: engines
+    newer = yaml.safe_load(trtllm_snippet(METHODS[1], STEPS, 0, "e", "1.3.0"))
+    assert newer["speculative_config"]["decoding_type"] == "DraftTarget"
     assert newer["speculative_config"]["draft_len_schedule"] == {1: 4, 2: 4, 4: 2, 5: 2}
-    assert newer["speculative_config"]["max_draft_len"] == 4
+
+
+def test_trtllm_snippets_parse_in_the_1_2_1_standin(trtllm_standin) -> None:
+    from tensorrt_llm.llmapi import parse_speculative_config
+
+    for method in METHODS[:4]:
+        for temperature in (0.0, 0.7):
+            config = yaml.safe_load(trtllm_snippet(method, STEPS, temperature, "e"))
+            parsed = parse_speculative_config(config["speculative_config"])
+            assert parsed.draft_len_schedule == {1: 4, 3: 2, 6: 0}
 
 
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.method)
@@ -116,15 +108,19 @@ def test_the_schedule_stops_at_the_last_go_level() -> None:
     assert deploy_schedule([(1, 4), (2, 4), (4, 2), (8, 0)]) == [(1, 4), (2, 4), (4, 2)]
     assert deploy_schedule([(1, 4), (2, 0), (4, 0)]) == [(1, 4)]
     assert deploy_schedule([(1, 0)]) == []
-    # TensorRT-LLM 1.2.1 has one max_draft_len: D = 4 runs up to the last level it was
-    # chosen at (2); the levels with D = 2 are left out, and the file says so
+    # TensorRT-LLM 1.2.1: draft_len_schedule keys are the smallest batch size a D applies
+    # from, 1: max_draft_len first; the decision {1: 4, 2: 4, 4: 0} is D = 4 up to 2 requests
     text = trtllm_snippet(METHODS[0], [(1, 4), (2, 4), (4, 2)], 0, "e")
     config = yaml.safe_load(text)["speculative_config"]
-    assert (config["max_draft_len"], config["max_concurrency"]) == (4, 2)
-    assert "the levels with a smaller D run plain decoding here" in text
+    assert (config["max_draft_len"], config["draft_len_schedule"]) == (4, {1: 4, 3: 2, 5: 0})
+    steps = deploy_schedule([(1, 4), (2, 4), (4, 0)])
+    assert yaml.safe_load(trtllm_snippet(METHODS[0], steps, 0, "e"))["speculative_config"][
+        "draft_len_schedule"] == {1: 4, 3: 0}
     newer = yaml.safe_load(trtllm_snippet(METHODS[0], [(1, 4), (2, 4), (4, 2)], 0, "e",
                                           "1.3.0rc1"))["speculative_config"]
     assert newer["draft_len_schedule"] == {1: 4, 2: 4, 4: 2}
+    cpu = trtllm_snippet(METHODS[0], steps, 0, "e", measured_on="cpu")
+    assert "Measured on cpu, not on the GPU" in cpu
 
 
 def test_policy_round_trip(tmp_path: Path) -> None:
@@ -182,7 +178,8 @@ def test_make_decision_writes_crossover_memory_and_schedules(tmp_path: Path) -> 
     policy = read_policy(out / "schedules" / "trtspec-policy.yaml")
     assert policy.method == "ngram" and policy.schedule == ((1, 4), (2, 4))  # c* ≈ 2.8
     trtllm = yaml.safe_load((out / "schedules" / "trtllm-speculative.yaml").read_text())
-    assert trtllm["speculative_config"]["max_concurrency"] == 2  # the last GO level
+    # the last GO level is 2: from 3 running requests on, D = 0 (1.2.1's lower bounds)
+    assert trtllm["speculative_config"]["draft_len_schedule"] == {1: 4, 3: 0}
     vllm = json.loads((out / "schedules" / "vllm-speculative.json").read_text())
     assert vllm["method"] == "ngram" and vllm["num_speculative_tokens"] == 4
     text = (out / "report.md").read_text()

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
+from trtllm_fields import check_config
 
 from trtspec.build import build
 from trtspec.build.gpu import d0, sweep_around
@@ -101,10 +103,25 @@ def test_pytorch_workflow_writes_speculative_config_yaml() -> None:
     writes = {Path(s.path).name: s.content for s in plan.steps if s.kind == "write"}
     assert set(writes) == {"baseline.yaml", "eagle-d2.yaml", "eagle-d3.yaml", "eagle-d4.yaml",
                            "eagle-d6.yaml"}
-    assert "decoding_type: Eagle" in writes["eagle-d4.yaml"]
-    assert "max_draft_len: 4" in writes["eagle-d4.yaml"]
-    assert "disable_overlap_scheduler: true" in writes["eagle-d4.yaml"]
+    spec = yaml.safe_load(writes["eagle-d4.yaml"])
+    check_config(spec["speculative_config"], "1.2.1")  # 1.2.1's names
+    assert spec["speculative_config"]["decoding_type"] == "Eagle3"
+    assert spec["speculative_config"]["max_draft_len"] == 4
+    # one-model EAGLE-3 (the default) runs with the overlap scheduler; the two-model draft
+    # target does not, and then neither does the baseline (the same scheduler on both arms)
+    assert "disable_overlap_scheduler" not in spec
     assert "speculative_config" not in writes["baseline.yaml"]
+    draft = plan_for(ROOT / "recipes" / "h200-llama31-8b-draft1b.yaml",
+                     "backend.workflow=pytorch")
+    writes = {Path(s.path).name: yaml.safe_load(s.content) for s in draft.steps
+              if s.kind == "write"}
+    assert writes["baseline.yaml"]["disable_overlap_scheduler"] is True
+    for name, options in writes.items():
+        assert options["disable_overlap_scheduler"] is True, name  # on every arm
+        if name != "baseline.yaml":
+            check_config(options["speculative_config"], "1.2.1")
+            assert options["speculative_config"]["decoding_type"] == (
+                "Draft_Target" if name.startswith("draft_model") else "NGram")
 
 
 def test_gpu_flag_plans_for_another_gpu() -> None:
@@ -202,3 +219,22 @@ def test_dry_run_through_the_cli_ends_with_eval_audit_decide(tmp_path: Path, cap
     assert f"#   trtspec eval recipes/cpu-smollm2.yaml --set eval.per_category=2 --engines " \
         f"{tmp_path}\n" in out
     assert "#   trtspec audit reports/<eval-id>\n" in out
+
+
+def test_every_llmapi_file_parses_in_the_1_2_1_standin(trtllm_standin) -> None:
+    """Every options file a pytorch-workflow plan writes, whole, as TensorRT-LLM 1.2.1's LLM
+    arguments read it (extra="forbid": a misspelt option fails here)."""
+    from tensorrt_llm.llmapi import TorchLlmArgs
+
+    for recipe in sorted((ROOT / "recipes").glob("*.yaml")):
+        text = recipe.read_text()
+        if "kind: trtllm" not in text:
+            continue
+        try:
+            plan = plan_for(recipe, "backend.workflow=pytorch")
+        except ValueError as e:  # a recipe whose methods need engines (Medusa, EAGLE-1/2)
+            assert "workflow: engine" in str(e)
+            continue
+        for step in plan.steps:
+            if step.kind == "write":
+                TorchLlmArgs(model="m", **yaml.safe_load(step.content))

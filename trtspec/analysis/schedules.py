@@ -2,7 +2,7 @@
 
 * ``trtspec-policy.yaml``: what ``trtspec serve --policy FILE`` runs (:func:`read_policy`).
 * ``trtllm-speculative.yaml``: a ``speculative_config:`` block for ``trtllm-serve --config``
-  (``--extra_llm_api_options`` in older releases).
+  (one option with ``--extra_llm_api_options``), in the names of the release it names.
 * ``vllm-speculative.json``: the JSON of ``vllm serve --speculative-config``, strictly the
   config (JSON has no comments), and ``vllm-speculative.md``: what it leaves out and why.
 
@@ -26,15 +26,19 @@ from typing import Any
 import yaml
 
 from trtspec.analysis.policy import POLICY, ServePolicy, read_policy, serve_policy, write_policy
+from trtspec.build.trtllm_options import RELEASE as TRTLLM_RELEASE
+from trtspec.build.trtllm_options import (
+    at_least,
+    decoding_type,
+    draft_len_schedule,
+    sampling_fields,
+    speculative_config,
+)
 from trtspec.spec.adaptive import ADAPTIVE
 
-TRTLLM_RELEASE = "1.2.1"  # the newest TensorRT-LLM on the package index
 SCHEDULES = "schedules"
 TRTLLM, VLLM, VLLM_NOTES = ("trtllm-speculative.yaml", "vllm-speculative.json",
                            "vllm-speculative.md")
-# TensorRT-LLM decoding_type per trtspec method (tensorrt_llm/llmapi/llm_args.py)
-TRTLLM_DECODING = {"ngram": "NGram", "draft_model": "DraftTarget", "eagle": "Eagle3",
-                   "medusa": "Medusa", "mtp": "MTP"}
 VLLM_METHOD = {"ngram": "ngram", "suffix": "suffix", "draft_model": "draft_model",
                "eagle": "eagle3", "medusa": "medusa", "mtp": "mtp"}
 INSTEAD = {"layer_skip": "self-speculation from the target's first layers has no equivalent; "
@@ -43,12 +47,6 @@ INSTEAD = {"layer_skip": "self-speculation from the target's first layers has no
                          "trained for the target",
            "suffix": "suffix decoding has no TensorRT-LLM equivalent; the nearest is NGram "
                      "(prompt lookup), or vLLM's method suffix"}
-
-
-def release_at_least(release: str, major: int, minor: int) -> bool:
-    """Whether a release string like "1.3.0rc2" is ≥ major.minor."""
-    parts = [int("".join(ch for ch in p if ch.isdigit()) or 0) for p in release.split(".")[:2]]
-    return tuple(parts + [0] * (2 - len(parts))) >= (major, minor)
 
 
 def deploy_schedule(schedule: Any) -> list[tuple[int, int | str]]:
@@ -66,69 +64,49 @@ def _round(x: float | None) -> float | None:
 
 
 def trtllm_snippet(method: Any, steps: list[tuple[int, int | str]], temperature: float,
-                   eval_id: str, release: str = TRTLLM_RELEASE, cap: int = 8) -> str:
-    """``speculative_config:`` for trtllm-serve at ``release`` (see the module docstring);
-    ``method`` is the recipe's method entry, ``steps`` the deployed schedule; ``cap`` replaces
-    an adaptive D. Before 1.3 there is one ``max_draft_len``: it runs up to
-    ``max_concurrency`` = the last level that schedule gives that D, and speculation is off
-    above (levels where the eval chose a smaller D are left out and said so)."""
+                   eval_id: str, release: str = TRTLLM_RELEASE, cap: int = 8,
+                   measured_on: str | None = None) -> str:
+    """``speculative_config:`` for trtllm-serve at ``release`` (names and forms from
+    trtspec.build.trtllm_options); ``method`` is the recipe's method entry, ``steps`` the
+    deployed schedule; ``cap`` replaces an adaptive D; ``measured_on`` names the device the
+    eval ran on where it is not an NVIDIA GPU (the schedule's levels are that device's)."""
     name = method.method
-    lines = [f"# TensorRT-LLM {release}: trtllm-serve MODEL --config FILE (older releases: "
-             "--extra_llm_api_options FILE).",
+    lines = [f"# TensorRT-LLM {release}: trtllm-serve MODEL --config FILE (the same option as "
+             "--extra_llm_api_options).",
              f"# From trtspec eval {eval_id}. Option names as in TensorRT-LLM {release}, "
              "tensorrt_llm/llmapi/llm_args.py (DecodingBaseConfig and its subclasses)."]
-    if name not in TRTLLM_DECODING:
-        lines.append(f"# {name}: {INSTEAD[name]}. Nothing to configure here.")
+    if measured_on:
+        lines.append(f"# Measured on {measured_on}, not on the GPU this file is for: the batch "
+                     "sizes where speculation pays differ there. Re-run trtspec eval on the GPU "
+                     "before deploying.")
+    decoding = decoding_type(method, release)
+    if decoding is None:
+        lines.append(f"# {name}: {INSTEAD.get(name, 'no TensorRT-LLM form in ' + release)}. "
+                     "Nothing to configure here.")
         return "\n".join(lines) + "\n"
     if any(d == ADAPTIVE for _, d in steps):
         lines.append(f"# An adaptive D has no TensorRT-LLM form: written as its cap {cap}.")
     steps = [(n, cap if d == ADAPTIVE else int(d)) for n, d in steps]
     first = steps[0][1] if steps else 0
-    newer = release_at_least(release, 1, 3)
-    decoding = TRTLLM_DECODING[name]
-    if name == "eagle" and (method.version != 3 or not newer):
-        decoding = "Eagle"  # EAGLE-3 heads load through EagleDecodingConfig before 1.3
-    config: dict[str, Any] = {"decoding_type": decoding, "max_draft_len": first}
-    model = getattr(method, "model", None) or getattr(method, "heads", None)
-    if model:
-        config["speculative_model" if newer else "speculative_model_dir"] = model
-    if name == "ngram":
-        config["max_matching_ngram_size"] = method.max_n
-    if name == "medusa":
-        config["num_medusa_heads"] = method.num_heads
-        lines.append("# Medusa runs in the engine workflow only (not the pytorch backend).")
+    config = speculative_config(method, first, release, temperature)
     plan = ", ".join(f"≤ {n}: D = {d}" for n, d in steps)
-    check = ("`trtspec audit --endpoint URL --baseline-endpoint URL` against the same model "
-             "served plainly")
-    if newer:
-        config["draft_len_schedule"] = {n: min(d, first) for n, d in steps}
-        lines.append(f"# draft_len_schedule: batch size → D ({plan}; keys are upper bounds, "
-                     "D = 0 above the last: the form of PR #10860). It replaces "
-                     "max_concurrency (the two are mutually exclusive).")
+    if steps and decoding != "MTP":
+        config |= draft_len_schedule(steps, release)
+        form = ("keys are upper bounds, D = 0 past the last (PR #10860)"
+                if at_least(release, 1, 3) else
+                "keys are the smallest batch size a D applies from; 1: max_draft_len first")
+        lines.append(f"# draft_len_schedule: running requests → D ({plan}, plain decoding "
+                     f"above); in {release} {form}.")
         if any(d > first for _, d in steps):
-            lines.append(f"# Later entries clipped to max_draft_len = {first} (the smallest "
-                         "key must map to max_draft_len).")
-        if temperature > 0:
-            config["use_rejection_sampling"] = True
-            lines.append("# use_rejection_sampling: sampled requests verified by rejection "
-                         "sampling; verification by exact match does not keep the target's "
-                         f"distribution. Check the server with {check}.")
-    else:
-        last = max((n for n, d in steps if d == first), default=None)
-        if last is not None:
-            config["max_concurrency"] = last
-            lines.append(f"# max_concurrency {last}: speculation off above this batch size "
-                         "(the last level this eval chose D = "
-                         f"{first} at; above it D = 0 or not measured).")
-        if len({d for _, d in steps}) > 1:
-            lines.append(f"# Left out: this eval's schedule ({plan}) needs one D per batch "
-                         f"size; {release} has one max_draft_len, so the levels with a "
-                         "smaller D run plain decoding here. draft_len_schedule in the form "
-                         "written for later releases (keys as upper bounds, PR #10860) was not "
-                         f"verified in {release}: an earlier form read its keys differently.")
-        if temperature > 0:
-            lines.append("# Temperature > 0: verification by exact match does not keep the "
-                         f"target's distribution; check the server with {check}.")
+            lines.append(f"# Later entries clipped to max_draft_len = {first}.")
+    if temperature > 0:
+        check = ("`trtspec audit --endpoint URL --baseline-endpoint URL` against the same "
+                 "model served plainly")
+        fields = ", ".join(sampling_fields(decoding, release)) or "nothing more"
+        lines.append(f"# Temperature {temperature}: {fields} set so sampled requests keep the "
+                     f"target's distribution; check the server with {check}.")
+    if decoding == "Medusa":
+        lines.append("# Medusa runs in the engine workflow only (not the pytorch backend).")
     return "\n".join(lines) + "\n" + yaml.safe_dump({"speculative_config": config},
                                                     sort_keys=False)
 

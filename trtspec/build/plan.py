@@ -30,6 +30,7 @@ import yaml
 
 from trtspec.build.gpu import GpuProfile
 from trtspec.build.recipe import DraftModel, Eagle, LayerSkip, Medusa, Ngram, Recipe
+from trtspec.build.trtllm_options import RELEASE, speculative_config
 
 EXAMPLES = "$TRTLLM_EXAMPLES"  # TensorRT-LLM's examples/ directory (set it on the build machine)
 CONVERT = {"llama": "models/core/llama/convert_checkpoint.py"}
@@ -253,23 +254,30 @@ def _pytorch_steps(plan: Plan, recipe: Recipe) -> None:
                                content=yaml.safe_dump(options, sort_keys=False),
                                produces=str(path)))
 
-    write("baseline", base)
-    for m in recipe.methods:
+    two_model = {"Draft_Target", "DraftTarget"}  # a second model and its KV cache
+    spec_options = []
+    native = recipe.backend.mode == "native"
+    if not native:
+        plan.notes.append(f"backend.mode {recipe.backend.mode}: trtspec drafts in-process on the "
+                          "LLM API (trtspec eval / audit / serve); the YAML here is the plain "
+                          "baseline for trtllm-serve")
+    for m in recipe.methods if native else ():
         for d in plan.draft_lengths:
-            spec: dict = {"max_draft_len": d}
-            two_model = False
-            if isinstance(m, DraftModel):
-                spec = {"decoding_type": "DraftTarget", **spec, "speculative_model_dir": m.model}
-                two_model = True
-            elif isinstance(m, Ngram):
-                spec = {"decoding_type": "NGram", **spec, "max_matching_ngram_size": m.max_n}
-            elif isinstance(m, Eagle):
-                spec = {"decoding_type": "Eagle", **spec, "speculative_model_dir": m.model}
-                two_model = True
+            spec = speculative_config(m, d, RELEASE, recipe.sampling.temperature, "pytorch")
             options = {**base, "speculative_config": spec}
-            if two_model:
+            if spec["decoding_type"] in two_model:
                 options["disable_overlap_scheduler"] = True
-            write(f"{m.method}-d{d}", options)
+            spec_options.append((f"{m.method}-d{d}", options))
+    if any("disable_overlap_scheduler" in o for _, o in spec_options):
+        base["disable_overlap_scheduler"] = True  # every arm runs the same scheduler
+        for _, options in spec_options:
+            options["disable_overlap_scheduler"] = True
+        plan.notes.append("disable_overlap_scheduler: the two-model draft target needs it, so "
+                          "the baseline and every other arm run without the overlap scheduler "
+                          "too (the same scheduler on every arm)")
+    write("baseline", base)
+    for name, options in spec_options:
+        write(name, options)
 
 
 def _torch_next(plan: Plan, recipe_args: tuple[str, ...]) -> None:

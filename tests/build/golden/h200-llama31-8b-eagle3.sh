@@ -20,10 +20,9 @@ max_batch_size: 64
 max_num_tokens: 8192
 max_seq_len: 10240
 speculative_config:
-  decoding_type: Eagle
+  decoding_type: Eagle3
   max_draft_len: 2
-  speculative_model_dir: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
-disable_overlap_scheduler: true
+  speculative_model: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
 YAML
 
 # [3/5] write eagle-d3
@@ -33,10 +32,9 @@ max_batch_size: 64
 max_num_tokens: 8192
 max_seq_len: 10240
 speculative_config:
-  decoding_type: Eagle
+  decoding_type: Eagle3
   max_draft_len: 3
-  speculative_model_dir: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
-disable_overlap_scheduler: true
+  speculative_model: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
 YAML
 
 # [4/5] write eagle-d4
@@ -46,10 +44,9 @@ max_batch_size: 64
 max_num_tokens: 8192
 max_seq_len: 10240
 speculative_config:
-  decoding_type: Eagle
+  decoding_type: Eagle3
   max_draft_len: 4
-  speculative_model_dir: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
-disable_overlap_scheduler: true
+  speculative_model: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
 YAML
 
 # [5/5] write eagle-d6
@@ -59,10 +56,9 @@ max_batch_size: 64
 max_num_tokens: 8192
 max_seq_len: 10240
 speculative_config:
-  decoding_type: Eagle
+  decoding_type: Eagle3
   max_draft_len: 6
-  speculative_model_dir: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
-disable_overlap_scheduler: true
+  speculative_model: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
 YAML
 
 # next: run what this plan built (not run by this script)

@@ -98,7 +98,12 @@ class TrtllmBackend(Strict):
     kind: Literal["trtllm"] = Field(description="TensorRT-LLM 1.2")
     workflow: Literal["engine", "pytorch"] = Field(
         "engine", description="engine: trtllm-build engines; pytorch: llm-api YAML for "
-        "trtllm-serve / trtllm-bench")
+        "trtllm-serve / trtllm-bench, and the LLM API that eval, audit and serve run")
+    mode: Literal["native", "drafter", "exact"] = Field(
+        "native", description="who drafts and verifies on the pytorch workflow: native "
+        "(TensorRT-LLM both), drafter (trtspec's ngram / suffix / draft model propose inside "
+        "TensorRT-LLM's batch, TensorRT-LLM rejection-samples) or exact (trtspec verifies "
+        "TensorRT-LLM's raw logits: slow, the reference the others are audited against)")
 
 
 Backend = Annotated[TorchBackend | TrtllmBackend, Field(discriminator="kind")]
@@ -252,19 +257,33 @@ class Recipe(Strict):
                 raise ValueError(f"{fp8[0]}: fp8 needs TensorRT-LLM (backend.kind: trtllm); the "
                                  "torch backend runs auto, float32, bfloat16 or float16")
         else:
-            for m in self.methods:
-                if m.method == "layer_skip":
-                    raise ValueError("layer_skip is a torch-backend method: TensorRT-LLM has no "
-                                     "layer-skip drafting")
-                if m.method == "suffix":
-                    raise ValueError("suffix is a torch-backend method: TensorRT-LLM 1.2 has no "
-                                     "suffix drafting (use ngram, or backend.kind: torch)")
-                if m.method == "medusa" and backend.workflow == "pytorch":
-                    raise ValueError("medusa runs only in the engine workflow in TensorRT-LLM "
-                                     "1.2: set backend.workflow: engine")
-                if m.method == "eagle" and m.version == 3 and backend.workflow == "engine":
-                    raise ValueError("EAGLE-3 runs only in the pytorch workflow: set "
-                                     "backend.workflow: pytorch (or eagle version 1/2)")
+            if backend.mode != "native":
+                if backend.workflow != "pytorch":
+                    raise ValueError(f"backend.mode {backend.mode} runs on the LLM API: set "
+                                     "backend.workflow: pytorch")
+                for m in self.methods:
+                    if m.method not in ("ngram", "suffix", "draft_model"):
+                        raise ValueError(f"{m.method} with backend.mode {backend.mode}: trtspec "
+                                         "drafts ngram, suffix and draft_model there; run "
+                                         f"{m.method} with backend.mode: native")
+            else:
+                for m in self.methods:
+                    if m.method == "eagle" and m.version != 3 and backend.workflow == "pytorch":
+                        raise ValueError("EAGLE-1/2 run on TensorRT-LLM engines: set "
+                                         "backend.workflow: engine (or eagle version 3)")
+                    if m.method == "layer_skip":
+                        raise ValueError("layer_skip is a torch-backend method: TensorRT-LLM "
+                                         "has no layer-skip drafting")
+                    if m.method == "suffix":
+                        raise ValueError("suffix: TensorRT-LLM 1.2 has no suffix drafting of its "
+                                         "own: set backend.mode: drafter (trtspec drafts, "
+                                         "TensorRT-LLM verifies), or use ngram")
+                    if m.method == "medusa" and backend.workflow == "pytorch":
+                        raise ValueError("medusa runs only in the engine workflow in TensorRT-LLM "
+                                         "1.2: set backend.workflow: engine")
+                    if m.method == "eagle" and m.version == 3 and backend.workflow == "engine":
+                        raise ValueError("EAGLE-3 runs only in the pytorch workflow: set "
+                                         "backend.workflow: pytorch (or eagle version 1/2)")
             if t.pp_size > 1 and backend.workflow == "pytorch":
                 raise ValueError("speculative decoding with pipeline parallelism is not "
                                  "supported in the pytorch workflow: set target.pp_size: 1")
@@ -310,6 +329,7 @@ class Recipe(Strict):
                                   "gpu": self.gpu.model_dump(mode="json")}
         if inputs["backend"].get("runner") == "compiled":  # the default: builds made before
             del inputs["backend"]["runner"]  # runners were recorded stay usable
+        inputs["backend"].pop("mode", None)  # chosen at run time: nothing built depends on it
         if self.backend.kind == "trtllm":
             inputs["limits"] = self.limits.model_dump(mode="json")
             inputs["draft_lengths"] = self.draft_lengths
