@@ -220,6 +220,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture
+def trtllm_standin(monkeypatch: pytest.MonkeyPatch):
+    """tests/standin/'s stand-in for TensorRT-LLM 1.2.1 as ``tensorrt_llm`` (and as
+    trtspec.runtime.trtllm's guarded import), for this test only: sys.path and sys.modules are
+    put back afterwards, so no other test imports it."""
+    import sys
+
+    import trtspec.runtime.trtllm as trtllm
+
+    monkeypatch.syspath_prepend(str(TESTS / "standin"))
+    import tensorrt_llm
+
+    monkeypatch.setattr(trtllm, "tensorrt_llm", tensorrt_llm)
+    yield tensorrt_llm
+    for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
+        del sys.modules[name]
+
+
 def continuation_probs(model, prompt, n, params):
     """Exact probability of every n-token continuation of ``prompt`` under a toy MarkovLM,
     through the one ``logits_to_probs`` (stops ignored): what the exactness tests compare the
@@ -264,3 +282,94 @@ def launch(*args: str, **env: str):
                 break
         time.sleep(0.1)
     return proc, url
+
+
+@pytest.fixture
+def trtllm_serve(tmp_path, monkeypatch):
+    """A stand-in ``trtllm-serve`` first on PATH (tests/serve/trtllm_serve_standin.py: NOT
+    TensorRT-LLM; toy model, 1.2.1's flag names only). Returns a callable giving the events it
+    recorded (starts with argv and options, signals, exits), in order."""
+    import json
+    import sys
+
+    bin_dir = tmp_path / "standin-bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "trtllm-serve"
+    script = TESTS / "serve" / "trtllm_serve_standin.py"
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n')
+    exe.chmod(0o755)
+    log = tmp_path / "standin-events.jsonl"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ.get('PATH', '')}")
+    monkeypatch.setenv("TRTLLM_STANDIN_LOG", str(log))
+
+    def events(kind: str | None = None) -> list[dict]:
+        if not log.is_file():
+            return []
+        got = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        return [e for e in got if kind is None or e["event"] == kind]
+
+    return events
+
+
+STANDIN_RECIPE = """\
+# A TensorRT-LLM pytorch-workflow recipe for the trtllm-serve stand-in (tests only)
+name: standin-ngram
+target:
+  model: toy/standin-target
+  num_attention_heads: 8
+  num_key_value_heads: 8
+methods:
+  - method: ngram
+    max_n: 3
+draft_lengths: [2, 4]
+sampling:
+  temperature: 0.0
+  max_tokens: 8
+limits:
+  max_batch_size: 4
+  max_input_len: 512
+  max_seq_len: 1024
+backend:
+  kind: trtllm
+  workflow: pytorch
+gpu:
+  name: H200
+eval:
+  workloads: [builtin]
+  concurrency: [1]
+"""
+
+
+@pytest.fixture
+def trtllm_build(tmp_path, monkeypatch):
+    """A TensorRT-LLM pytorch-workflow build of STANDIN_RECIPE as `trtspec build` writes it on
+    an H200 (its llmapi/ options files and manifest), made here without TensorRT-LLM: the
+    build's "write" steps are carried out and nothing is run. This machine says it has an
+    H200 for the test (trtspec.build.gpu.detect). Returns a function of the draft lengths
+    that builds and gives (recipe path, engines root)."""
+    import trtspec.build.gpu as gpu
+    import trtspec.build.trtllm as trtllm
+    from trtspec.build import build
+
+    h200 = gpu.DetectedGpu(0, "NVIDIA H200", "9.0", 141.0, "test")
+    monkeypatch.setattr(gpu, "detect", lambda: [h200])
+
+    def write_only(plan, has_gpu):
+        for step in plan.steps:
+            if step.kind == "write":
+                Path(step.path).parent.mkdir(parents=True, exist_ok=True)
+                Path(step.path).write_text(step.content)
+        return []
+
+    monkeypatch.setattr(trtllm, "execute", write_only)
+
+    def make(draft_lengths: tuple[int, ...] = (2, 4)) -> tuple[Path, Path]:
+        recipe = tmp_path / "recipes" / "standin-ngram.yaml"
+        recipe.parent.mkdir(exist_ok=True)
+        recipe.write_text(STANDIN_RECIPE.replace(
+            "draft_lengths: [2, 4]", f"draft_lengths: [{', '.join(map(str, draft_lengths))}]"))
+        engines = tmp_path / "engines"
+        build(recipe, engines_root=engines, say=lambda _: None)
+        return recipe, engines
+
+    return make

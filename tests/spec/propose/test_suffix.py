@@ -307,7 +307,7 @@ def test_recipe_method_and_factory() -> None:
     isolated = make_proposer(recipe({"kind": "torch"}, scope="request").methods[0])
     assert isinstance(isolated, SuffixProposer) and isolated.scope == "request"
     assert isolated.global_trie is None
-    with pytest.raises(ValueError, match="set backend.mode: drafter"):
+    with pytest.raises(ValueError, match=r"set backend\.mode: drafter"):
         recipe({"kind": "trtllm"})  # TensorRT-LLM has no suffix drafting of its own
     assert recipe({"kind": "trtllm", "workflow": "pytorch", "mode": "drafter"}).methods[0].method \
         == "suffix"
