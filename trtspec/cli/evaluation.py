@@ -98,6 +98,16 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str | None
 @click.option("--model", default=None, help="the model name the endpoint serves")
 @click.option("--baseline-endpoint", default=None,
               help="the same model served without speculation (the baseline arm)")
+@click.option("--launch", is_flag=True,
+              help="a TensorRT-LLM pytorch-workflow recipe: start trtllm-serve on the build's "
+                   "options files (baseline, then each method × D) and evaluate them as "
+                   "endpoints, stopping each server after its arm")
+@click.option("--side-by-side", is_flag=True,
+              help="with --launch: run each condition's baseline and speculating servers at "
+                   "once (arms alternate batch by batch), each with --kv-cache-fraction")
+@click.option("--kv-cache-fraction", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="with --launch: each server's kv_cache_free_gpu_memory_fraction "
+                   "[default: TensorRT-LLM's; 0.4 with --side-by-side]")
 @click.option("--until-decided", is_flag=True,
               help="after the plan, add requests (stratified by category, from the workloads' "
                    "unused rows) to the conditions still INCONCLUSIVE until each is decided, "
@@ -117,6 +127,7 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
                  overrides: tuple[str, ...], engines: str | None, reports: str,
                  speed_bench_dir: str | None, mlflow_uri: str | None, no_mlflow: bool,
                  endpoint: str | None, model: str | None, baseline_endpoint: str | None,
+                 launch: bool, side_by_side: bool, kv_cache_fraction: float | None,
                  until_decided: bool, max_requests: int | None, confirm: str | None) -> None:
     """Baseline vs speculative on RECIPE's built models; records land in reports/<eval-id>/.
     Ctrl-C keeps every finished request; `--resume reports/<eval-id>` goes on."""
@@ -127,11 +138,19 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
 
     if resume and eval_id:
         raise click.UsageError("--resume names the eval folder: drop --eval-id")
+    launched = _launch_settings(launch, side_by_side, kv_cache_fraction, endpoint,
+                                baseline_endpoint, model, until_decided, confirm, resume)
     if resume and not endpoint:  # an endpoint eval resumes against its own servers
         from trtspec.eval.folder import stored_meta
 
         meta = stored_meta(Path(resume))
-        if meta.get("endpoint"):
+        if meta.get("launch") and launched is None:  # it starts them again
+            from trtspec.eval.launched import Launch
+
+            known = {k: v for k, v in meta["launch"].items()
+                     if k in ("side_by_side", "kv_cache_fraction", "health_timeout")}
+            launched = Launch(**known)
+        elif meta.get("endpoint"):
             endpoint, model = meta["endpoint"], model or meta.get("model")
             baseline_endpoint = baseline_endpoint or meta.get("baseline_endpoint")
     if endpoint and not model:
@@ -172,7 +191,12 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
             def say(text: str) -> None:
                 bar.console.print(text, highlight=False, markup=False)
 
-            if endpoint:
+            if launched is not None:
+                from trtspec.eval.launched import evaluate_launched
+
+                out = evaluate_launched(recipe, selection, eval_id, resume, root, reports,
+                                        tick, say, launched)
+            elif endpoint:
                 out = evaluate_endpoint(recipe, endpoint, model or "", baseline_endpoint,
                                         selection, eval_id, resume, reports, tick, say)
             else:
@@ -187,6 +211,7 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
             sys.exit(130)
         again = ["trtspec", "eval", recipe, "--resume", str(e.out)]
         again += ["--engines", engines] if engines and not endpoint else []
+        again += ["--launch"] if launched is not None else []
         again += ["--mlflow-uri", mlflow_uri] if mlflow_uri else []
         again += ["--no-mlflow"] if no_mlflow else []
         total = f" of {e.total}" if e.total else ""
@@ -200,6 +225,33 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
     print_summary(out)
     if not no_mlflow:
         log_to_mlflow(out, mlflow_uri)
+
+
+def _launch_settings(launch: bool, side_by_side: bool, kv_cache_fraction: float | None,
+                     endpoint: str | None, baseline_endpoint: str | None, model: str | None,
+                     until_decided: bool, confirm: str | None, resume: str | None) -> Any:
+    """A :class:`trtspec.eval.launched.Launch` for --launch (None without it), after the
+    flags that do not go with it are refused."""
+    if not launch:
+        if side_by_side or kv_cache_fraction is not None:
+            raise click.UsageError("--side-by-side and --kv-cache-fraction set how --launch "
+                                   "runs its servers: add --launch")
+        return None
+    clash = [flag for flag, given in (("--endpoint", endpoint),
+                                      ("--baseline-endpoint", baseline_endpoint),
+                                      ("--model", model), ("--until-decided", until_decided),
+                                      ("--confirm", confirm)) if given]
+    if clash:
+        raise click.UsageError(f"--launch starts the servers itself: drop {', '.join(clash)}")
+    if resume:
+        from trtspec.eval.folder import stored_meta
+
+        if not stored_meta(Path(resume)).get("launch"):
+            raise click.UsageError(f"--resume {resume}: that eval did not launch its servers: "
+                                   "drop --launch")
+    from trtspec.eval.launched import Launch
+
+    return Launch(side_by_side=side_by_side, kv_cache_fraction=kv_cache_fraction)
 
 
 def _records_in(folder: str | None) -> int:

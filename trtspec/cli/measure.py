@@ -187,6 +187,9 @@ def _audit_endpoints(endpoint: str | None, baseline: str | None, model: str | No
             raise click.UsageError(f"--eval {eval_dir} is an in-process eval: audit it with "
                                    f"`trtspec audit {eval_dir}`")
         meta = meta_if_any(Path(eval_dir))
+        if meta.get("launch"):
+            raise click.UsageError(f"--eval {eval_dir} launched its servers and stopped them: "
+                                   "an endpoint audit of a --launch eval is not built yet")
         measured = {"--endpoint": meta.get("endpoint"),
                     "--baseline-endpoint": meta.get("baseline_endpoint"),
                     "--model": meta.get("model")}

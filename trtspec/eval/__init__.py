@@ -108,7 +108,7 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
                              "expected_records": len(conditions) * 2 * len(requests),
                              "until_decided": until_decided, "max_requests": max_requests,
                              **confirms}, say, fresh)
-    with _kept_on_failure(out, created, total=len(conditions) * 2 * len(requests)):
+    with kept_on_failure(out, created, total=len(conditions) * 2 * len(requests)):
         if created:
             shutil.copyfile(manifest_path, out / "manifest.json")
         else:
@@ -133,7 +133,7 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
         if until_decided:
             _until_decided(out, recipe, recipe_path, selection, requests, conditions, inputs,
                            max_requests, progress, say)
-    return _finish(out, records)
+    return finish_eval(out, records)
 
 
 def _until_decided(out: Path, recipe: Recipe, recipe_path: str | Path, selection: Selection,
@@ -168,7 +168,7 @@ def _until_decided(out: Path, recipe: Recipe, recipe_path: str | Path, selection
 
 
 @contextlib.contextmanager
-def _kept_on_failure(out: Path, created: bool, total: int) -> Iterator[None]:
+def kept_on_failure(out: Path, created: bool, total: int) -> Iterator[None]:
     """Ctrl-C keeps every record and says so (:class:`Interrupted`, with a summary of what is
     there); a failure before anything was recorded removes the folder this eval created."""
     from trtspec.eval.run import RECORDS, read_records
@@ -178,7 +178,7 @@ def _kept_on_failure(out: Path, created: bool, total: int) -> Iterator[None]:
     except KeyboardInterrupt:
         kept = len(read_records(out / RECORDS))
         if kept:
-            _finish(out, out / RECORDS)
+            finish_eval(out, out / RECORDS)
         elif created:
             discard_if_empty(out)
         raise Interrupted(out, kept, total, discarded=created and not kept) from None
@@ -229,7 +229,7 @@ def _check_same_build(out: Path, manifest: Any, manifest_path: Path) -> None:
                           "may differ, so start a new eval")
 
 
-def _finish(out: Path, records: Path) -> Path:
+def finish_eval(out: Path, records: Path) -> Path:
     from trtspec.eval.run import read_records, summarize
 
     summary = summarize(read_records(records), arms_of(out))
@@ -244,7 +244,12 @@ def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
                       progress: Callable[[int, int, str], None] | None = None,
                       say: Callable[[str], None] = print) -> Path:
     """The recipe's workloads, sampling and concurrency against OpenAI-compatible servers."""
-    from trtspec.eval.endpoint import check_reachable, detect_server, run_endpoint_eval
+    from trtspec.eval.endpoint import (
+        TOP_LOGPROBS,
+        check_reachable,
+        detect_server,
+        run_endpoint_eval,
+    )
 
     for where in (url, baseline_url):  # before any folder exists: a typo leaves nothing behind
         if where:
@@ -257,8 +262,16 @@ def evaluate_endpoint(recipe_path: str | Path, url: str, model: str,
             "server": detect_server(url), "client": "clients",
             "expected_records": len(set(recipe.eval.concurrency)) * arms * len(requests)}, say)
     levels = list(dict.fromkeys(recipe.eval.concurrency))
-    with _kept_on_failure(out, created, len(levels) * arms * len(requests)):
+    with kept_on_failure(out, created, len(levels) * arms * len(requests)):
         records = run_endpoint_eval(out, requests, url, model, recipe.sampling.params(),
                                     levels, baseline_url, not created, progress,
-                                    rate=recipe.eval.request_rate)
-    return _finish(out, records)
+                                    rate=recipe.eval.request_rate, top_logprobs=TOP_LOGPROBS,
+                                    dtype=target_dtype(recipe))
+    return finish_eval(out, records)
+
+
+def target_dtype(recipe: Recipe) -> str | None:
+    """The dtype a server runs the target in, as the recipe says it (None for auto: the tie
+    margin then assumes bfloat16, the widest)."""
+    dtype = recipe.target.dtype
+    return dtype if dtype in ("float32", "float16", "bfloat16") else None

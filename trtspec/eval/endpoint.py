@@ -45,10 +45,12 @@ from typing import Any
 from trtspec.analysis.records import failed
 from trtspec.build.files import write_atomic
 from trtspec.eval.run import (
+    DIVERGENCES,
     RECORDS,
     append_line,
     done_keys,
     eval_clock,
+    first_divergence,
     read_jsonl,
     request_seed,
 )
@@ -191,9 +193,11 @@ def condition_key(url: str, model: str, requests: Sequence[WorkloadRequest],
 
 
 async def _one(client: Any, model: str, request: WorkloadRequest, params: SamplingParams,
-               sent: float | None = None) -> dict[str, Any]:
+               sent: float | None = None, top_logprobs: int | None = None) -> dict[str, Any]:
     """One streamed request; times run from ``sent`` (perf_counter: an open-loop arrival that
-    waited for a client) or from now."""
+    waited for a client) or from now. ``top_logprobs``: ask for that many alternatives per
+    token, kept in the record (``output_token_texts``, ``top_logprobs``) so a greedy
+    divergence's margin is known (:func:`record_divergences`)."""
     import openai
 
     messages = request.chat()
@@ -203,12 +207,15 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
     started = eval_clock() - (time.perf_counter() - start)  # shared by both arms and resumes
     times: list[float] = []
     text, usage, finish, spec = [], None, None, None
+    tokens: list[str] = []
+    tops: list[list[list[Any]]] = []
+    asked = {"logprobs": True, "top_logprobs": top_logprobs} if top_logprobs else {}
     try:
         stream = await client.chat.completions.create(
             model=model, messages=messages, stream=True, stream_options={"include_usage": True},
             max_tokens=request.max_tokens or params.max_tokens, temperature=params.temperature,
             top_p=params.top_p, seed=params.seed,
-            extra_body=_extensions(params))
+            extra_body=_extensions(params), **asked)
         async for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
@@ -217,6 +224,11 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
                 if choice.delta and choice.delta.content:
                     times.append(time.perf_counter() - start)
                     text.append(choice.delta.content)
+                if top_logprobs and choice.logprobs is not None:
+                    for entry in choice.logprobs.content or []:
+                        tokens.append(entry.token)
+                        tops.append([[t.token, float(t.logprob)]
+                                     for t in entry.top_logprobs or []])
                 finish = choice.finish_reason or finish
         if finish is None:  # cut off: not a completion, whatever came before
             raise ConnectionError("the stream ended without a finish_reason")
@@ -229,11 +241,12 @@ async def _one(client: Any, model: str, request: WorkloadRequest, params: Sampli
     end = time.perf_counter() - start
     out_tokens = usage.completion_tokens if usage is not None else len(times)
     digest = hashlib.sha256("".join(text).encode()).hexdigest()[:16]
+    logprobs = {"output_token_texts": tokens, "top_logprobs": tops} if tokens else {}
     return {"start_s": started, "token_times_s": times, "output_tokens": out_tokens,
             "e2e_s": end, "output_digest": digest,
             "ttft_s": times[0] if times else None, "finish_reason": finish,
             "prompt_tokens": usage.prompt_tokens if usage is not None else None,
-            "text_chars": len("".join(text)), **_counters(spec)}
+            "text_chars": len("".join(text)), **_counters(spec), **logprobs}
 
 
 def _transport_errors() -> tuple[type[Exception], ...]:
@@ -275,7 +288,8 @@ def _extensions(params: SamplingParams) -> dict[str, Any] | None:
 async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
                  sampling: SamplingParams, key: str, arm: str, sink: Any,
                  on_record: Callable[[], None], measured: set[str] = frozenset(),
-                 rate: float | None = None, block: str = "0.0") -> list[dict[str, Any]]:
+                 rate: float | None = None, block: str = "0.0",
+                 top_logprobs: int | None = None) -> list[dict[str, Any]]:
     """One turn of one arm: ``c`` closed-loop clients (a request is sent when one finishes),
     or open-loop arrivals at ``rate`` requests/s with at most ``c`` in flight (an arrival
     waits for one to finish, and its times count the wait); records of the requests not in
@@ -298,7 +312,7 @@ async def _batch(url: str, model: str, batch: Sequence[WorkloadRequest],
             await asyncio.sleep(max(0.0, start + offsets[i] - time.perf_counter()))
             arrival = time.perf_counter()
         async with clients:
-            result = await _one(client, model, r, params, arrival)
+            result = await _one(client, model, r, params, arrival, top_logprobs)
         record = {"condition": key, "method": method,
                   "draft_len": int(d[1:]) if d[1:].isdigit() else d[1:],
                   "concurrency": int(c[1:]), "arm": arm, "request_id": r.id, "block": block,
@@ -327,22 +341,50 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
                       model: str, sampling: SamplingParams, concurrency: Sequence[int],
                       baseline_url: str | None = None, resume: bool = False,
                       progress: Callable[[int, int, str], None] | None = None,
-                      rate: float | None = None) -> Path:
+                      rate: float | None = None, top_logprobs: int | None = None,
+                      dtype: str | None = None) -> Path:
     """Records for the endpoint (``spec``) and, if given, the baseline endpoint, turn by turn
     (c = 1: one request; else 4c requests from c closed-loop clients; with a ``rate``,
     max(8, 4c) arrivals, at most c in flight)
-    with alternating arm order; server counters per arm go to ``server_counters.json``."""
+    with alternating arm order; server counters per arm go to ``server_counters.json``.
+    ``top_logprobs``: at temperature 0, ask both servers for that many top log-probabilities
+    per token (where both accept them), so a divergence's margin is known; ``dtype`` is what
+    the target ran in, for the tie margin (None: not known)."""
+    out = Path(out_dir)
+    path = out / RECORDS
+    if path.exists() and not resume:
+        raise FileExistsError(f"{path} exists: pass --resume to continue that eval")
+    recorded = {r["condition"] for r in read_jsonl(path)} if path.exists() else set()
+    urls = {"spec": url, **({"baseline": baseline_url} if baseline_url else {})}
+    keys = [(c, condition_key(url, model, requests, sampling, c, recorded))
+            for c in concurrency]
+    asked = bool(sampling.greedy and baseline_url and top_logprobs and requests)
+    k = top_logprobs if asked and all(  # both arms or neither
+        accepts_logprobs(u, model, requests[0], sampling, top_logprobs or 0)
+        for u in urls.values()) else None
+    total = len(concurrency) * len(urls) * len(requests)
+    run_arms(out, requests, urls, model, sampling, keys, progress, rate, k, total)
+    if k:
+        record_divergences(out, read_jsonl(path), dtype)
+    return path
+
+
+def run_arms(out_dir: str | Path, requests: Sequence[WorkloadRequest], urls: dict[str, str],
+             model: str, sampling: SamplingParams, keys: Sequence[tuple[int, str]],
+             progress: Callable[[int, int, str], None] | None = None,
+             rate: float | None = None, top_logprobs: int | None = None,
+             total: int | None = None) -> Path:
+    """Measure the ``urls`` arms (``spec``, ``baseline`` or both, alternating batch by batch)
+    of the conditions ``keys`` ((concurrency, condition name)), appending what is not yet
+    recorded; ``total``: the records of the whole eval, for ``progress``."""
     from trtspec.eval.run import alternate, turn_size, turns
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RECORDS
-    if path.exists() and not resume:
-        raise FileExistsError(f"{path} exists: pass --resume to continue that eval")
     done = done_keys(path)
-    recorded = {r["condition"] for r in read_jsonl(path)} if path.exists() else set()
-    urls = {"spec": url, **({"baseline": baseline_url} if baseline_url else {})}
-    total, finished = len(concurrency) * len(urls) * len(requests), [len(done)]
+    total = total if total is not None else len(keys) * len(urls) * len(requests)
+    finished = [len(done)]
     label = [""]
     counters_path = out / "server_counters.json"
     # raw counter deltas per condition/arm, added across batches and resumed sessions
@@ -355,8 +397,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
             progress(finished[0], total, label[0])
 
     with path.open("a") as sink:
-        for c in concurrency:
-            key = condition_key(url, model, requests, sampling, c, recorded)
+        for c, key in keys:
             # an arm that never answered stops the eval after one batch (a dead endpoint)
             answered = {arm: any((key, arm, r.id) in done for r in requests) for arm in urls}
             for i, batch in enumerate(turns(requests, turn_size(c, rate, len(requests)))):
@@ -369,7 +410,7 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
                     # is measured for; only what is missing is recorded
                     before = scrape(urls[arm])
                     got = asyncio.run(_batch(urls[arm], model, batch, sampling, key, arm, sink,
-                                             tick, measured, rate, f"0.{i}"))
+                                             tick, measured, rate, f"0.{i}", top_logprobs))
                     delta = counter_delta(before, scrape(urls[arm]))
                     if delta:  # per batch: a batch measured again replaces its delta
                         entry = saved.setdefault(f"{key}/{arm}", {})
@@ -386,3 +427,83 @@ def run_endpoint_eval(out_dir: str | Path, requests: Sequence[WorkloadRequest], 
                                            f"its first batch: {got[0]['error']}; records so "
                                            f"far are kept in {out}")
     return path
+
+
+TOP_LOGPROBS = 5  # alternatives per token asked of a greedy eval's servers
+
+
+def accepts_logprobs(url: str, model: str, request: WorkloadRequest, params: SamplingParams,
+                     k: int = TOP_LOGPROBS) -> bool:
+    """Whether the server at ``url`` returns top log-probabilities (one streamed one-token
+    request asking for ``k``): trtspec serve refuses them (400), others may ignore them."""
+    return bool(asyncio.run(_logprobs_probe(url, model, request, params, k)))
+
+
+async def _logprobs_probe(url: str, model: str, request: WorkloadRequest,
+                          params: SamplingParams, k: int) -> bool:
+    import openai
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+                         max_retries=0)
+    one = request.model_copy(update={"max_tokens": 1})
+    try:
+        got = await _one(client, model, one, params.model_copy(update={"max_tokens": 1}),
+                         top_logprobs=k)
+    except (openai.APIError, *_transport_errors(), ConnectionError):
+        return False
+    finally:
+        await client.close()
+    return "error" not in got and any(got.get("top_logprobs") or [])
+
+
+def divergence(base: dict[str, Any], spec: dict[str, Any], dtype: str | None = None
+               ) -> dict[str, Any] | None:
+    """Where a greedy spec output first differs from its baseline, from the tokens and top
+    log-probabilities the servers returned: the target's margin between the two tokens there
+    is |log p(a) − log p(b)| (= |logit a − logit b|, the normaliser cancels) from the first
+    arm whose top list holds both (the baseline's, else the speculating server's: both saw
+    the same prefix). Neither holds both: ``margin`` None (a divergence) and
+    ``margin_at_least`` the gap to the last listed. None when the outputs do not differ or
+    a record has no tokens."""
+    a, b = base.get("output_token_texts"), spec.get("output_token_texts")
+    if not a or not b or base.get("output_digest") == spec.get("output_digest"):
+        return None
+    at = first_divergence(a, b)
+    if at is None:
+        return None
+    entry: dict[str, Any] = {"position": at, "baseline_token": None, "spec_token": None,
+                             "margin": None, "dtype": dtype, "margin_from": "top_logprobs"}
+    if at >= min(len(a), len(b)):  # one output stopped early: no token pair
+        return entry
+    entry |= {"baseline_token": a[at], "spec_token": b[at]}
+    bounds = []
+    for arm, record in (("baseline", base), ("spec", spec)):
+        tops = record.get("top_logprobs") or []
+        listed = dict((t, lp) for t, lp in reversed(tops[at])) if at < len(tops) else {}
+        if a[at] in listed and b[at] in listed:
+            return entry | {"margin": abs(listed[a[at]] - listed[b[at]]), "margin_arm": arm}
+        if listed and a[at] in listed:
+            bounds.append(listed[a[at]] - min(listed.values()))
+    if bounds:
+        entry["margin_at_least"] = max(bounds)
+    return entry
+
+
+def record_divergences(out: Path, records: Sequence[dict[str, Any]], dtype: str | None = None
+                       ) -> None:
+    """divergences.jsonl for a greedy endpoint eval (see :func:`divergence`); pairs already
+    there are skipped, as in-process."""
+    path = out / DIVERGENCES
+    seen = {(d["condition"], d["request_id"]) for d in read_jsonl(path)}
+    arms: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for r in records:
+        if not failed(r):
+            arms.setdefault((r["condition"], r["request_id"]), {})[r["arm"]] = r
+    with path.open("a") as sink:
+        for (condition, rid), pair in sorted(arms.items()):
+            if (condition, rid) in seen or len(pair) < 2:
+                continue
+            entry = divergence(pair["baseline"], pair["spec"], dtype)
+            if entry is not None:
+                append_line(sink, {"condition": condition, "request_id": rid, **entry})
