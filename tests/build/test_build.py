@@ -133,7 +133,8 @@ def test_engine_build_refuses_without_tensorrt_llm(tmp_path: Path, capsys) -> No
               "--engines", str(tmp_path)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
-    assert "cannot build TensorRT-LLM engines: tensorrt_llm is not importable" in err
+    assert "cannot build for TensorRT-LLM: TensorRT-LLM is not importable" in err
+    assert "trtspec[trtllm]" in err and "docs/gpu.md" in err and len(err.splitlines()) == 1
     assert "--dry-run" in err and "Traceback" not in err
 
 

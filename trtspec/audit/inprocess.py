@@ -214,13 +214,14 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
     ``draft_lengths`` overrides the D's (:func:`audit_lengths` of the recipe's); ``prompts``
     replace the built-in ones."""
     from trtspec.build.manifest import load_manifest, open_built
-    from trtspec.build.open import OpenBuild
+    from trtspec.build.open import check_in_process, open_models
     from trtspec.build.recipe import load_recipe
     from trtspec.eval import eval_recipe, in_process
 
     source = Path(source)
     if source.is_dir():
         recipe = eval_recipe(source)
+        check_in_process(recipe, source)
         if not in_process(source):
             raise ValueError(f"{source}: no manifest.json: an endpoint eval cannot be audited "
                              "here (audit the server's build recipe instead)")
@@ -228,17 +229,15 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
         target_dir = Path(out) if out else source
     else:
         recipe = load_recipe(source, overrides)
+        check_in_process(recipe, source)  # torch, or TensorRT-LLM's LLM API (mode exact)
         manifest, _ = open_built(recipe, source, engines_root)
         target_dir = Path(out) if out else Path("reports") / (
             f"{recipe.name}-audit-{time.strftime('%Y%m%d-%H%M%S')}")
-    if manifest.backend != "torch":
-        raise ValueError(f"{source}: the audit runs the in-process torch executor; this build "
-                         f"is {manifest.backend}")
     lengths = list(draft_lengths) or audit_lengths(
         recipe.condition_draft_lengths(manifest.draft_lengths))
     params = audit_params(recipe.sampling.params(), temperature)
     slots = recipe.limits.max_batch_size
-    build = OpenBuild(recipe, manifest)
+    build = open_models(recipe, manifest, source)
     if say:
         say(f"audit: opening {recipe.name}'s models ({slots} slots) …")
     texts = list(prompts) or [car_park(lambda t: build.encode(t, chat=False))]

@@ -148,6 +148,116 @@ class OpenBuild:
         return float((logits[a] - logits[b]).abs()), str(runner.dtype).removeprefix("torch.")
 
 
+class TrtllmBuild(OpenBuild):
+    """A pytorch-workflow TensorRT-LLM build run in-process on the LLM API, mode ``exact``:
+    the target is a :class:`~trtspec.runtime.trtllm.ContextLogitsRunner` (TensorRT-LLM's raw
+    context logits, verified by trtspec's sampler), so eval, audit and serve run the same
+    executor as on the torch backend. A draft model drafts in torch on the same device; the
+    tokenizer and the model's config are read from the target's checkpoint."""
+
+    def __init__(self, recipe: Recipe, manifest: Any, say: Callable[[str], None] = _stderr
+                 ) -> None:
+        self.recipe, self.manifest, self.say = recipe, manifest, say
+        self._dtypes = {m.model: m.dtype for m in recipe.methods if isinstance(m, DraftModel)}
+        self._models: dict[str, Any] = {}
+        self._runner: Runner | None = None
+        self._tokenizer: Any = None
+
+    def model(self, path: str | None = None) -> Any:
+        if path is None:
+            raise ValueError("the target runs in TensorRT-LLM: its torch model is not loaded")
+        return super().model(path)
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.recipe.target.model)
+        return self._tokenizer
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return frozenset([eos] if isinstance(eos, int) else [])
+
+    def target_runner(self) -> Runner:
+        if self._runner is None:
+            from trtspec.runtime.trtllm import ContextLogitsRunner, make_llm
+
+            llm = make_llm(self.recipe.target.model, self.recipe.target.tp_size,
+                           self.recipe.limits)
+            self._runner = ContextLogitsRunner(llm, vocab_size(llm, self.recipe.target.model),
+                                               next(iter(self.eos_token_ids), None))
+        return self._runner
+
+    def proposer(self, method: str) -> Proposer | None:
+        self.check_method(method)
+        if method == PLAIN:
+            return None
+        chosen = {m.method: m for m in self.recipe.methods}[method]
+        draft = self.model(chosen.model) if isinstance(chosen, DraftModel) else None
+        return make_proposer(chosen, self.target_runner(), draft=draft,
+                             target_tokenizer=self.tokenizer if draft is not None else None)
+
+    def margin(self, prefix: list[int], a: int, b: int) -> tuple[float, str]:
+        """|logit a − logit b| from TensorRT-LLM's context logits after ``prefix`` (a runner
+        of its own on the same LLM: the target's may hold live rows)."""
+        from trtspec.runtime.trtllm import ContextLogitsRunner
+
+        target = self.target_runner()
+        runner = ContextLogitsRunner(target.llm, target.vocab_size)  # type: ignore[attr-defined]
+        logits = runner.prefill([prefix])[0]
+        return float((logits[a] - logits[b]).abs()), self.recipe.target.dtype
+
+
+def vocab_size(llm: Any, model: str) -> int:
+    """The target's vocabulary, its config's (context logits may be padded past it), else its
+    tokenizer's length."""
+    try:
+        from transformers import AutoConfig
+
+        return int(AutoConfig.from_pretrained(model).vocab_size)
+    except (OSError, ValueError, AttributeError):
+        tokenizer = getattr(llm, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError(f"{model}: no config.json or tokenizer to read the vocabulary "
+                             "from") from None
+        return len(tokenizer)
+
+
+def open_models(recipe: Recipe, manifest: Any, recipe_path: str | Path = "recipe",
+                say: Callable[[str], None] = _stderr) -> OpenBuild:
+    """The opened build eval, audit and serve run in-process: :class:`OpenBuild` (torch) or
+    :class:`TrtllmBuild` (TensorRT-LLM, mode exact); see :func:`check_in_process`."""
+    check_in_process(recipe, recipe_path)
+    return (TrtllmBuild if recipe.backend.kind == "trtllm" else OpenBuild)(recipe, manifest, say)
+
+
+def check_in_process(recipe: Recipe, recipe_path: str | Path) -> None:
+    """RecipeError unless this recipe runs in this process: the torch backend, or TensorRT-LLM's
+    LLM API in mode exact (TrtllmMissing, one line, where TensorRT-LLM is not importable). The
+    other TensorRT-LLM setups run TensorRT-LLM's own server, and the error says how."""
+    if recipe.backend.kind == "torch":
+        return
+    backend = recipe.backend
+    if backend.workflow == "engine":
+        raise RecipeError(f"{recipe_path}: engines run in trtllm-serve: `trtspec serve --native` "
+                          "and `trtspec eval --launch` (or backend.workflow: pytorch with "
+                          "backend.mode: exact to run here)")
+    if backend.mode == "native":
+        raise RecipeError(f"{recipe_path}: backend.mode native: TensorRT-LLM drafts and "
+                          "verifies in its own server: `trtspec serve --native`, `trtspec eval "
+                          "--launch`; backend.mode: exact runs it here, verified by trtspec")
+    if backend.mode == "drafter":
+        raise RecipeError(f"{recipe_path}: backend.mode drafter does not run in eval, audit or "
+                          "serve yet (its Drafter is trtspec.runtime.trtllm.make_drafter): use "
+                          "backend.mode: exact")
+    from trtspec.runtime.trtllm import require
+
+    require()
+
+
 def executor_for(target: Runner, proposer: Proposer | None, method: str, draft_len: int | str,
                  *, curve: Any = None, cap: int | None = None, time_models: bool = True,
                  eos_token_ids: Iterable[int] | None = None,
@@ -219,10 +329,7 @@ def open_build(source: str | Path, overrides: Iterable[str] = (),
                               "engines/<recipe>/<gpu>/, written by `trtspec build`)")
         recipe_path = str(folder / BUILT_RECIPE)
     recipe = load_recipe(recipe_path, list(overrides))
-    if recipe.backend.kind != "torch":
-        raise RecipeError(f"{recipe_path}: this runs the torch backend; serve TensorRT-LLM "
-                          "builds with the trtllm-serve commands `trtspec build --dry-run` "
-                          "prints")
+    check_in_process(recipe, recipe_path)
     if folder is not None:
         manifest = load_manifest(folder)
         check_gpu(manifest, detect(), folder / "manifest.json")
@@ -231,5 +338,6 @@ def open_build(source: str | Path, overrides: Iterable[str] = (),
             raise ManifestError(f"{folder}: the build {problem} (--set overrides?)")
     else:
         manifest, _ = open_built(recipe, recipe_path, engines_root)
-    check_backend_device(recipe, recipe_path)
-    return OpenBuild(recipe, manifest, say), recipe_path
+    if recipe.backend.kind == "torch":
+        check_backend_device(recipe, recipe_path)
+    return open_models(recipe, manifest, recipe_path, say), recipe_path

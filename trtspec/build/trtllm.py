@@ -23,9 +23,11 @@ class BuildRefused(RuntimeError):
 def execute(plan: Plan, has_gpu: bool) -> list[str]:
     """Run the plan's steps in order; returns the commands run. Fails with the step's log tail."""
     if tensorrt_llm is None or not has_gpu:
-        why = "tensorrt_llm is not importable" if tensorrt_llm is None else "no NVIDIA GPU here"
-        raise BuildRefused(f"cannot build TensorRT-LLM engines: {why}. Run `trtspec build "
-                           "--dry-run` to print the plan, and run it on the GPU machine")
+        why = ("TensorRT-LLM is not importable here (on a Linux machine with an NVIDIA GPU: "
+               "pip install 'trtspec[trtllm]', see docs/gpu.md)" if tensorrt_llm is None
+               else "no NVIDIA GPU here")
+        raise BuildRefused(f"cannot build for TensorRT-LLM: {why}. `trtspec build --dry-run` "
+                           "prints the plan to run on the GPU machine")
     if plan.workflow == "engine" and not os.environ.get("TRTLLM_EXAMPLES"):
         raise BuildRefused("set TRTLLM_EXAMPLES to TensorRT-LLM's examples/ directory "
                            "(convert_checkpoint.py scripts live there)")

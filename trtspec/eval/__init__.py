@@ -44,7 +44,7 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
     ``confirm``: an eval folder whose chosen setting is measured again on requests it has not
     seen (:mod:`trtspec.eval.confirm`)."""
     from trtspec.build.manifest import open_built
-    from trtspec.build.open import PLAIN, OpenBuild, check_backend_device
+    from trtspec.build.open import PLAIN, check_backend_device, check_in_process, open_models
     from trtspec.eval.run import Condition, EvalInputs, run_eval
 
     fresh, chosen, confirms = None, None, {}
@@ -78,11 +78,10 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
     if resume:  # the folder's overrides decide which build is meant
         selection = resumed_selection(Path(resume), selection, recipe_path)
     recipe = load_recipe(recipe_path, selection.all_overrides())
-    if recipe.backend.kind != "torch":
-        raise RecipeError(f"{recipe_path}: in-process eval runs the torch backend; the "
-                          "TensorRT-LLM runtime and --endpoint evals are not built yet")
+    check_in_process(recipe, recipe_path)  # torch, or TensorRT-LLM's LLM API (mode exact)
     manifest, manifest_path = open_built(recipe, recipe_path, engines_root)
-    check_backend_device(recipe, recipe_path)
+    if recipe.backend.kind == "torch":
+        check_backend_device(recipe, recipe_path)
 
     # the torch backend bakes no draft length into its build: the recipe's list is used as is
     lengths = recipe.condition_draft_lengths(manifest.draft_lengths)  # adaptive is one too
@@ -113,7 +112,7 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
             shutil.copyfile(manifest_path, out / "manifest.json")
         else:
             _check_same_build(out, manifest, manifest_path)
-        build = OpenBuild(recipe, manifest)
+        build = open_models(recipe, manifest, recipe_path)
 
         def inputs(batch: Sequence[Any], chosen: Sequence[Condition], look: int) -> EvalInputs:
             return EvalInputs(batch, chosen,

@@ -100,6 +100,38 @@ def exactness(mode: Mode, decoding_type: str | None, temperature: float,
                               "run trtspec audit on it")
 
 
+CONFIGS = {"Draft_Target": "DraftTargetDecodingConfig", "NGram": "NGramDecodingConfig",
+           "Eagle": "EagleDecodingConfig", "Eagle3": "Eagle3DecodingConfig",
+           "MTP": "MTPDecodingConfig", "Medusa": "MedusaDecodingConfig"}  # tensorrt_llm.llmapi
+
+
+def native_config(options: dict[str, Any]) -> Any:
+    """A ``speculative_config`` mapping (trtspec.build.trtllm_options, 1.2.1's names) as the
+    llmapi class its ``decoding_type`` names (mode ``native``)."""
+    require()
+    from tensorrt_llm import llmapi
+
+    fields = dict(options)
+    name = CONFIGS.get(fields.pop("decoding_type", ""))
+    if name is None:
+        raise ValueError(f"decoding_type {options.get('decoding_type')!r}: TensorRT-LLM "
+                         f"{release()} has {', '.join(CONFIGS)}")
+    return getattr(llmapi, name)(**fields)
+
+
+def make_llm(model: str, tp_size: int, limits: Any, speculative_config: Any = None) -> Any:
+    """A ``tensorrt_llm.LLM`` (PyTorch workflow) with the recipe's limits and KV block reuse
+    on, which the exact mode relies on to find a row's prefix again."""
+    trt = require()
+    from tensorrt_llm.llmapi import KvCacheConfig
+
+    return trt.LLM(model=model, tensor_parallel_size=tp_size,
+                   max_batch_size=limits.max_batch_size, max_num_tokens=limits.max_num_tokens,
+                   max_seq_len=limits.max_seq_len,
+                   kv_cache_config=KvCacheConfig(enable_block_reuse=True),
+                   speculative_config=speculative_config)
+
+
 class ContextLogitsRunner:
     """A trtspec Runner whose scores are TensorRT-LLM's raw context logits (mode ``exact``).
 

@@ -71,7 +71,7 @@ class LLM:
         if str(model) not in MODELS:
             raise ValueError(f"stand-in LLM: no toy model registered as {model!r}")
         self.target = MODELS[str(model)]
-        self._cached: set[tuple[Any, ...]] = set()  # (salt, *prefix) whose KV blocks exist
+        self._cached: set[int] = set()  # keys of (salt, prefix) whose KV blocks exist
         self._next_id = 0
         self.generate_calls = 0
         self.context_rows: list[int] = []  # context-logit rows returned, per request
@@ -103,14 +103,17 @@ class LLM:
         the same salt (whole blocks unless partial reuse is on), never the last prompt
         token."""
         kv = self.args.kv_cache_config
+        keys, key = [], hash(salt)  # keys[n - 1]: the prefix prompt[:n] under this salt
+        for token in prompt:
+            key = hash((key, token))
+            keys.append(key)
         reused = 0
         if kv.enable_block_reuse:
             for n in range(len(prompt) - 1, 0, -1):
-                if (salt, *prompt[:n]) in self._cached:
+                if keys[n - 1] in self._cached:
                     reused = n if kv.enable_partial_reuse else n - n % kv.tokens_per_block
                     break
-        for n in range(1, len(prompt) + 1):
-            self._cached.add((salt, *prompt[:n]))
+        self._cached.update(keys)
         rows = torch.stack([self.target.next_logits(prompt[: i + 1])
                             for i in range(reused, len(prompt))])
         self.context_rows.append(len(rows))
