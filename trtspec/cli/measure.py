@@ -378,7 +378,7 @@ def sync(eval_dir: str, mlflow_uri: str | None) -> None:
 @click.argument("recipes", nargs=-1, type=click.Path(exists=True, dir_okay=False))
 def doctor(recipes: tuple[str, ...]) -> None:
     """What this machine has, and what each recipe (default: recipes/*.yaml) still needs."""
-    from trtspec.build.doctor import machine, recipe_needs
+    from trtspec.build.doctor import machine, recipe_features, recipe_needs
 
     console = Console()
     table = Table(title="this machine", show_header=False)
@@ -394,5 +394,7 @@ def doctor(recipes: tuple[str, ...]) -> None:
         needs = recipe_needs(path)
         status = "[green]ready[/]" if not needs else "[yellow]needs[/] " + "; ".join(needs)
         console.print(f"{path}: {status}", highlight=False)
+        for line in recipe_features(path):
+            console.print(f"  {line}", highlight=False, markup=False)
 
 
