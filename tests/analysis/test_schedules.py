@@ -119,8 +119,8 @@ def test_the_schedule_stops_at_the_last_go_level() -> None:
     newer = yaml.safe_load(trtllm_snippet(METHODS[0], [(1, 4), (2, 4), (4, 2)], 0, "e",
                                           "1.3.0rc1"))["speculative_config"]
     assert newer["draft_len_schedule"] == {1: 4, 2: 4, 4: 2}
-    cpu = trtllm_snippet(METHODS[0], steps, 0, "e", measured_on="cpu")
-    assert "Measured on cpu, not on the GPU" in cpu
+    cpu = trtllm_snippet(METHODS[0], steps, 0, "e", measured_on="a CPU")
+    assert "# Measured on a CPU: the batch sizes where speculation pays differ" in cpu
 
 
 def test_policy_round_trip(tmp_path: Path) -> None:
@@ -168,6 +168,8 @@ def test_make_decision_writes_crossover_memory_and_schedules(tmp_path: Path) -> 
     manifest = root / "engines" / "cpu-smollm2" / "cpu" / "manifest.json"
     if manifest.is_file():
         shutil.copyfile(manifest, out / "manifest.json")
+    else:  # what a CPU build records of where it ran
+        (out / "manifest.json").write_text(json.dumps({"backend": "torch", "gpu": None}))
     _, decision = make_decision(out, load_recipe(out / "recipe.yaml"), rows)
     cross = decision["crossover"]
     assert cross["levels"] == [1, 2, 4]
@@ -177,7 +179,10 @@ def test_make_decision_writes_crossover_memory_and_schedules(tmp_path: Path) -> 
                                      "vllm-speculative.json", "vllm-speculative.md"]
     policy = read_policy(out / "schedules" / "trtspec-policy.yaml")
     assert policy.method == "ngram" and policy.schedule == ((1, 4), (2, 4))  # c* ≈ 2.8
-    trtllm = yaml.safe_load((out / "schedules" / "trtllm-speculative.yaml").read_text())
+    text = (out / "schedules" / "trtllm-speculative.yaml").read_text()
+    trtllm = yaml.safe_load(text)
+    # measured with the torch backend on a CPU: the file says so
+    assert "# Measured on a CPU with trtspec's torch backend, not TensorRT-LLM" in text
     # the last GO level is 2: from 3 running requests on, D = 0 (1.2.1's lower bounds)
     assert trtllm["speculative_config"]["draft_len_schedule"] == {1: 4, 3: 0}
     vllm = json.loads((out / "schedules" / "vllm-speculative.json").read_text())

@@ -76,9 +76,9 @@ def trtllm_snippet(method: Any, steps: list[tuple[int, int | str]], temperature:
              f"# From trtspec eval {eval_id}. Option names as in TensorRT-LLM {release}, "
              "tensorrt_llm/llmapi/llm_args.py (DecodingBaseConfig and its subclasses)."]
     if measured_on:
-        lines.append(f"# Measured on {measured_on}, not on the GPU this file is for: the batch "
-                     "sizes where speculation pays differ there. Re-run trtspec eval on the GPU "
-                     "before deploying.")
+        lines.append(f"# Measured on {measured_on}: the batch sizes where speculation pays "
+                     "differ on TensorRT-LLM and its GPU. Re-run trtspec eval there before "
+                     "deploying.")
     decoding = decoding_type(method, release)
     if decoding is None:
         lines.append(f"# {name}: {INSTEAD.get(name, 'no TensorRT-LLM form in ' + release)}. "
@@ -184,7 +184,11 @@ def write_schedules(out: str | Path, recipe: Any, decision: dict[str, Any], eval
     crossing = {"c_star": _round(c_star), "ci": [_round(x) for x in cross["c_star_ci"]],
                 "where": cross["where"]} if cross and cross.get("where") else None
     manifest = Path(out) / "manifest.json"
-    build = json.loads(manifest.read_text()).get("build_digest") if manifest.is_file() else None
+    built = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    build, gpu = built.get("build_digest"), built.get("gpu") or {}
+    measured_on = None if built.get("backend") != "torch" else (
+        f"{gpu['name'] if gpu.get('detected') else 'a CPU'} with trtspec's torch backend, not "
+        "TensorRT-LLM")
     write_policy(folder / POLICY, policy, eval_id, crossing, build)
     written = [POLICY]
     if policy.method == "none" or not steps:
@@ -193,7 +197,7 @@ def write_schedules(out: str | Path, recipe: Any, decision: dict[str, Any], eval
     cap = recipe.adaptive_cap
     write_atomic(folder / TRTLLM, trtllm_snippet(method, steps,
                                                  recipe.sampling.temperature, eval_id,
-                                                 trtllm_release, cap))
+                                                 trtllm_release, cap, measured_on))
     written.append(TRTLLM)
     config = vllm_config(method, steps, cap)
     if config is not None:
