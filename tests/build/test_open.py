@@ -65,7 +65,8 @@ def test_modes_that_run_in_tensorrt_llms_own_server_say_where_they_run(
 
 def test_exact_mode_audits_end_to_end_on_the_standin(trtllm_build, trtllm_standin, tmp_path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """`trtspec audit` on a TensorRT-LLM recipe in mode exact: trtspec's sampler verifies the
+    """`trtspec audit` on a TensorRT-LLM recipe in mode exact, on its built-in long prompt
+    (which the scheduler keeps in its slot between samples): trtspec's sampler verifies the
     stand-in's raw context logits, and the audit passes on the toy target."""
     from tensorrt_llm.llmapi import MODELS
 
@@ -76,11 +77,12 @@ def test_exact_mode_audits_end_to_end_on_the_standin(trtllm_build, trtllm_standi
     out = tmp_path / "audit"
     with pytest.raises(SystemExit) as e:
         main(["audit", str(mode(recipe, "exact")), "--engines", str(engines), "--samples", "400",
-              "--prompt", "hello there", "--out", str(out)])
+              "--out", str(out)])
     report = json.loads((out / "audit.json").read_text())
     assert e.value.code in (0, 1)  # 1: a weak PASS at 400 samples, never a FAIL here
     ngram = report["methods"]["ngram"]
     assert ngram["passed"] and ngram["prompts"][0]["samples"] == 400
+    assert ngram["prompts"][0]["kept_prompt"]  # the path where a slot keeps its prompt
     assert ngram["prompts"][0]["speculated"] > 0  # drafts were verified, through context logits
 
 

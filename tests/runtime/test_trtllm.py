@@ -165,3 +165,45 @@ def test_exactness_per_mode_as_the_sources_read() -> None:
     assert exactness("native", "MTP", 0.8).exact == "no"
     assert exactness("native", "Eagle3", 0.0).exact == "yes"
     assert exactness("native", "Draft_Target", 0.8).exact == "audit"
+
+
+def standin_runner(standin, target: MarkovLM) -> ContextLogitsRunner:
+    from tensorrt_llm.llmapi import MODELS
+
+    MODELS["toy"] = target
+    return ContextLogitsRunner(standin.LLM("toy"), target.vocab_size)
+
+
+def test_a_kept_prompt_gets_a_fresh_salt_so_no_old_continuation_is_reused(
+        trtllm_standin) -> None:
+    """A slot keeps its prompt for the next request (the scheduler's kept prompt): the old
+    request's continuation is cached there, and the new request may repeat it. The row's salt
+    changes, so every row the executor must verify comes back."""
+    from trtspec.runtime import admit_row
+
+    target = MarkovLM(vocab_size=6, order=2, seed=41)
+    runner = standin_runner(trtllm_standin, target)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
+    runner.prefill([prompt])
+    runner.score([[0, 1, 2]])
+    runner.rollback([len(prompt)])
+    admit_row(runner, 0, prompt, kept=len(prompt) - 1)
+    logits = runner.score([[0, 1, 2]])[0]  # the old request's very tokens, again: all scored
+    want = torch.stack([target.next_logits(prompt + [0, 1, 2][: i + 1]) for i in range(3)])
+    assert torch.equal(logits, want)
+
+
+def test_positions_reuse_serves_from_the_cache_come_from_the_rows_last_call(
+        trtllm_standin) -> None:
+    """Within a request, a token block reuse serves (a numerical edge: the emitted token equals
+    the draft it replaced) takes its logits from the row's previous call, checked by prefix."""
+    target = MarkovLM(vocab_size=6, order=2, seed=41)
+    runner = standin_runner(trtllm_standin, target)
+    runner.prefill([[1, 2, 3]])
+    runner.score([[4, 5, 0]])
+    runner.rollback([4])  # keeps 4 (committed), drops the drafts 5, 0
+    logits = runner.score([[5, 1]])[0]  # 5 again: reused, its row from the last call
+    want = torch.stack([target.next_logits([1, 2, 3, 4, 5]),
+                        target.next_logits([1, 2, 3, 4, 5, 1])])
+    assert torch.equal(logits, want)
+    assert runner.llm.context_rows[-1] == 1  # one row recomputed, one from the last call

@@ -139,13 +139,15 @@ class ContextLogitsRunner:
     holds, :meth:`rollback` only truncates it. ``llm`` is a ``tensorrt_llm.LLM`` with KV block
     reuse on (its default); ``vocab_size`` trims the padded vocabulary of the logits.
 
-    Each row's prompts carry a ``cache_salt`` of their own (new when the row starts over), so
-    a row reuses only blocks it wrote itself: another request's identical prefix would be
-    reused without its logits, and those are the rows trtspec must verify. Within a row, the
-    first new token differs from the continuation cached there (a rejection's token is never
-    the rejected draft, a bonus lies past every draft), so the tail comes back whole; where it
-    does not (numerics), the rows the row's previous call returned at those positions stand
-    in, and a position neither covers is an error, never a silent wrong answer.
+    Each row's prompts carry a ``cache_salt`` of their own, new whenever a rollback drops
+    committed tokens (a new request, a kept prompt), so a row reuses only blocks its own
+    request wrote: another request's identical prefix, or an earlier request's continuation,
+    would be reused without its logits, and those are the rows trtspec must verify. Within a
+    request, the first new token differs from the continuation cached there (a rejection's
+    token is never the rejected draft, a bonus lies past every draft), so the tail comes back
+    whole; where it does not (numerics), the rows the row's previous call returned at those
+    positions stand in, and a position neither covers is an error, never a silent wrong
+    answer.
     """
 
     def __init__(self, llm: Any, vocab_size: int, eos_token_id: int | None = None) -> None:
@@ -155,6 +157,7 @@ class ContextLogitsRunner:
         self._rows: list[list[int]] = []
         self._salts: list[str] = []
         self._seen: list[tuple[list[int], dict[int, torch.Tensor]]] = []  # last call's rows
+        self._committed: list[int] = []  # per row, see score()
         self._starts = 0  # rows started over, for fresh salts
         self.calls = 0  # generate() calls (one per prefill or score)
 
@@ -174,6 +177,7 @@ class ContextLogitsRunner:
         self._rows = [[] for _ in prompts]
         self._salts = [self._salt() for _ in prompts]
         self._seen = [([], {}) for _ in prompts]
+        self._committed = [0] * len(prompts)
         return self.score(prompts, last_only=True)[:, 0]
 
     def _salt(self) -> str:
@@ -197,6 +201,10 @@ class ContextLogitsRunner:
             n = 1 if last_only else len(tokens[b])
             rows = self._tail(b, prompts[fed.index(b)], n, result)  # [n, V]
             out[b, : len(rows)] = rows
+            # committed: what a later rollback must keep for this row's cached blocks to hold
+            # no continuation but drafts (after a round, the row's tokens before it and the
+            # first fed, its last emitted token; after a prefill, all of them)
+            self._committed[b] = len(self._rows[b]) + (len(tokens[b]) if last_only else 1)
             self._rows[b].extend(tokens[b])
         return out
 
@@ -210,6 +218,9 @@ class ContextLogitsRunner:
             raise ContextLogitsShort("TensorRT-LLM returned no context logits: the LLM must run "
                                      "the PyTorch workflow and the request ask "
                                      "return_context_logits")
+        if logits.dim() != 2:
+            raise ContextLogitsShort(f"TensorRT-LLM returned context logits of shape "
+                                     f"{tuple(logits.shape)}; trtspec reads [tokens, vocab]")
         got = logits[:, : self._vocab].float().cpu()  # [r, V]
         first = len(prompt) - got.shape[0]  # the first position TensorRT-LLM recomputed
         seen_tokens, seen = self._seen[b]
@@ -236,8 +247,11 @@ class ContextLogitsRunner:
             if n > len(row):
                 raise ValueError(f"cannot roll forward: row holds {len(row)} tokens, asked {n}")
             del row[n:]
-            if n == 0:  # a new request will take the row: none of the old one's blocks
+            if n < self._committed[b]:  # committed tokens dropped (a new request, or a kept
+                # prompt): its blocks hold a continuation the next tokens may repeat, which
+                # block reuse would serve without logits; a fresh salt reuses none of them
                 self._salts[b], self._seen[b] = self._salt(), ([], {})
+                self._committed[b] = n
 
     def lengths(self) -> list[int]:
         return [len(r) for r in self._rows]
