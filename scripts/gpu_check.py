@@ -22,7 +22,8 @@ tensorrt-llm        when ``import tensorrt_llm`` works: its release, ``trtspec d
                     SmolLM2 through the LLM API
 ==================  =========================================================================
 
-Each part ends as PASS, FAIL, TIMEOUT or SKIPPED with a note saying why; without a CUDA device
+Each part ends as PASS, WARN (greedy outputs that differ: a bf16 near-tie or a bug), FAIL,
+TIMEOUT or SKIPPED with a note saying why; without a CUDA device
 the GPU parts are SKIPPED ("no CUDA device") and the run exits 0. The table goes to stdout and
 to ``--report`` (default reports/gpu-check.md), every part's output to the ``.log`` beside it.
 Exit 1 when a part failed or ran out of time, else 0.
@@ -35,6 +36,7 @@ sizes: a check of this script, not of a GPU.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -115,6 +117,8 @@ def part_environment(device: str, quick: bool) -> tuple[str, str, str]:
 
 
 def part_gpu_tests(device: str, quick: bool) -> tuple[str, str, str]:
+    if importlib.util.find_spec("pytest") is None:
+        return "SKIPPED", "pytest is not installed here (the install step failed)", ""
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider",
                           "tests/gpu", "-m", "gpu"], cwd=ROOT, capture_output=True, text=True)
     out = res.stdout + res.stderr
@@ -188,7 +192,11 @@ def part_smollm2(device: str, quick: bool) -> tuple[str, str, str]:
             notes.append(f"{name} AL {row['al']:.2f}, {speed:.2f}× plain, greedy = plain "
                          f"{same}/{len(prompts)}")
     note = f"plain {plain['tps']:.0f} tok/s; " + "; ".join(notes)
-    return "PASS", note, "\n".join(lines) + "\n"
+    differ = any(sum(a == b for a, b in zip(row["outputs"], plain["outputs"], strict=True))
+                 < len(prompts) for row in rows.values())
+    # greedy speculation must equal plain greedy; in bf16 a near-tie can flip between batch
+    # shapes, so a difference is a warning to look at, not yet a failure
+    return "WARN" if differ else "PASS", note, "\n".join(lines) + "\n"
 
 
 def llama_config(quick: bool) -> Any:
@@ -289,7 +297,9 @@ def part_trtllm(device: str, quick: bool) -> tuple[str, str, str]:
     else:
         notes.append(smoke)
         details.append(text)
-    return "FAIL" if failed else "PASS", "; ".join(notes), "\n".join(details)
+    warn = any(n.startswith("WARN") for n in notes)
+    return "FAIL" if failed else "WARN" if warn else "PASS", "; ".join(notes), \
+        "\n".join(details)
 
 
 def trtllm_exact_smoke(rt: Any, device: str, quick: bool) -> tuple[str, str]:
@@ -337,7 +347,8 @@ def trtllm_exact_smoke(rt: Any, device: str, quick: bool) -> tuple[str, str]:
     from trtspec.spec.counters import SpecStats
 
     al = SpecStats.merge(c.stats for c in runs["ngram"][0]).al_pooled
-    note = (f"exact mode: ngram D=4 greedy = plain {same}/{len(prompts)}, AL {al:.2f}, "
+    note = ("WARN: " if same < len(prompts) else "") + (
+            f"exact mode: ngram D=4 greedy = plain {same}/{len(prompts)}, AL {al:.2f}, "
             f"{runs['ngram'][1]} vs {runs['plain'][1]} generate calls")
     text = (f"Exact mode on SmolLM2 ({path}), LLM loaded in {loaded:.0f} s; 24 tokens of 2 "
             f"prompts, greedy: plain {runs['plain'][2]:.1f} s ({runs['plain'][1]} LLM.generate "

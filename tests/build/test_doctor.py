@@ -55,7 +55,7 @@ def test_machine_names_release_workflows_and_modes(monkeypatch) -> None:
     assert rows["TensorRT-LLM workflows"].startswith("pytorch (LLM API, trtllm-serve); engine")
     modes = rows["TensorRT-LLM modes"]
     assert "exact (trtspec verifies; exact at T > 0: yes)" in modes
-    assert "drafter (trtspec drafts; exact at T > 0: yes)" in modes
+    assert "drafter (trtspec drafts; not run by eval, audit or serve yet" in modes
     assert "NGram yes, Draft_Target audit, Eagle3 audit, MTP audit" in modes
     installed(monkeypatch, "1.3.0rc2")
     rows = dict(machine())
@@ -94,8 +94,10 @@ def test_recipe_features_per_release_workflow_and_mode(tmp_path: Path, monkeypat
                                     "  - method: suffix\n  - method: ngram\n")
                        .replace("workflow: pytorch", "workflow: pytorch\n  mode: drafter"))
     assert [f.split(" [")[0] for f in recipe_features(drafter)] == [
-        "suffix: yes, mode drafter (exact at T > 0: yes)",
-        "ngram: yes, mode drafter (exact at T > 0: yes)"]
+        "suffix: not run by eval, audit or serve yet (its Drafter is built; exact at T > 0 as "
+        "the source reads: yes): use backend.mode: exact",
+        "ngram: not run by eval, audit or serve yet (its Drafter is built; exact at T > 0 as "
+        "the source reads: yes): use backend.mode: exact"]
     installed(monkeypatch, "1.3.0")
     assert recipe_features(recipes / "a100-vicuna7b-medusa.yaml") == [
         "TensorRT-LLM 1.3.0 has no engine workflow: build with TensorRT-LLM 1.2.x, or set "

@@ -301,3 +301,25 @@ def test_a_condition_is_named_after_the_d_the_server_says() -> None:
     assert announced_draft_len({}) == "unknown"
     # every consumer of condition names reads an unknown D as it reads adaptive: not an int
     assert condition_parts("endpoint/Dunknown/c2") == ("endpoint", "unknown", 2)
+
+
+def test_the_baselines_top_list_decides_a_tie_never_the_speculating_servers() -> None:
+    """At the first difference (baseline "a", spec "b"): the baseline's list holding both gives
+    the margin; a baseline list without "b" is a divergence at least as wide as its last
+    entry, whatever the speculating server's own list shows; the spec's list counts only where
+    the baseline listed nothing there."""
+    from trtspec.eval.endpoint import divergence
+
+    def record(texts, tops, digest):
+        return {"output_token_texts": texts, "top_logprobs": tops, "output_digest": digest}
+
+    spec = record(["x", "b"], [[], [["b", -0.70], ["a", -0.71]]], "s")
+    both = record(["x", "a"], [[], [["a", -0.69], ["b", -0.70]]], "a")
+    assert divergence(both, spec)["margin"] == pytest.approx(0.01)
+    assert divergence(both, spec)["margin_arm"] == "baseline"
+    without_b = record(["x", "a"], [[], [["a", -0.1], ["c", -2.5]]], "a")
+    entry = divergence(without_b, spec)
+    assert entry["margin"] is None and entry["margin_at_least"] == pytest.approx(2.4)
+    unlisted = record(["x", "a"], [[]], "a")
+    entry = divergence(unlisted, spec)
+    assert entry["margin"] == pytest.approx(0.01) and entry["margin_arm"] == "spec"

@@ -109,15 +109,18 @@ TRIALS = 8_000
 SAMPLING = {"temperature": 0.7}
 
 
-def drafter_counts(standin, target: MarkovLM, draft: MarkovLM, d: int, broken: bool = False
+def drafter_counts(standin, target: MarkovLM, draft: MarkovLM, d: int, broken: str = ""
                    ) -> Counter:
+    """Continuations through the drafter mode; ``broken``: "q" hands q of the draft's raw
+    logits (no temperature), "flag" leaves py_draft_use_greedy_sampling off, so TorchSampler
+    applies the temperature to log q a second time."""
     from tensorrt_llm.llmapi import MODELS, UserProvidedDecodingConfig
 
     MODELS["toy"] = target
     chunk = 100
     drafts = RequestDrafts(DraftModelProposer(ToyRunner(draft)), slots=chunk)
     propose = drafts
-    if broken:  # hands q of the draft's raw logits: no temperature
+    if broken == "q":
         def propose(requests, n):
             out = drafts(requests, n)
             raw = []
@@ -130,6 +133,15 @@ def drafter_counts(standin, target: MarkovLM, draft: MarkovLM, d: int, broken: b
                 raw.append((ids, torch.stack(rows) if rows else None))
             return raw
     drafter = make_drafter(propose, lambda batch: d, d, target.vocab_size)
+    if broken == "flag":
+        prepare = drafter.prepare_draft_tokens
+
+        def unflagged(scheduled, resource_manager=None):
+            prepare(scheduled, resource_manager)
+            for request in scheduled.generation_requests:
+                request.py_draft_use_greedy_sampling = False
+
+        drafter.prepare_draft_tokens = unflagged
     llm = standin.LLM("toy", max_batch_size=chunk, speculative_config=UserProvidedDecodingConfig(
         drafter=drafter, max_draft_len=d))
     counts: Counter = Counter()
@@ -153,9 +165,10 @@ def test_drafter_mode_hands_processed_q_and_keeps_the_target_distribution(trtllm
     assert drafter_pvalue(counts, target) > ALPHA
 
 
-def test_power_a_drafter_handing_unprocessed_q_fails(trtllm_standin) -> None:
+@pytest.mark.parametrize("broken", ["q", "flag"])
+def test_power_a_drafter_handing_unprocessed_q_fails(trtllm_standin, broken: str) -> None:
     target = MarkovLM(vocab_size=6, order=2, seed=43)
-    counts = drafter_counts(trtllm_standin, target, target.diverged(0.5, seed=44), 3, broken=True)
+    counts = drafter_counts(trtllm_standin, target, target.diverged(0.5, seed=44), 3, broken)
     assert drafter_pvalue(counts, target) < ALPHA
 
 

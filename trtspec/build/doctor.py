@@ -118,7 +118,8 @@ def modes(release: str | None) -> list[str]:
     native = ", ".join(f"{options.decoding_type(_Method(t), release or options.RELEASE)} "
                        f"{_native_exact(t)}" for t in NATIVE_TYPES)
     found = [f"exact (trtspec verifies; exact at T > 0: {exactness('exact', None, 1.0).exact})",
-             f"drafter (trtspec drafts; exact at T > 0: {exactness('drafter', None, 1.0).exact})",
+             "drafter (trtspec drafts; not run by eval, audit or serve yet; exact at T > 0 as "
+             f"the source reads: {exactness('drafter', None, 1.0).exact})",
              f"native (TensorRT-LLM drafts and verifies; at T > 0: {native})"]
     if release is None:
         return [f"none here (on {options.RELEASE}: {'; '.join(found)})"]
@@ -169,6 +170,9 @@ def _feature(method: Any, release: str, workflow: str, mode: str) -> str:
         if method.method not in ("ngram", "suffix", "draft_model"):
             return f"no: trtspec drafts ngram, suffix and draft_model in mode {mode}"
         exact = exactness(mode, None, 1.0)  # type: ignore[arg-type]
+        if mode == "drafter":
+            return (f"not run by eval, audit or serve yet (its Drafter is built; exact at "
+                    f"T > 0 as the source reads: {exact.exact}): use backend.mode: exact")
         return f"yes, mode {mode} (exact at T > 0: {exact.exact})"
     decoding = options.decoding_type(method, release, workflow)
     if decoding is None:

@@ -23,6 +23,7 @@ from trtspec.spec.propose import make_proposer
 from trtspec.spec.propose.proposer import Proposer
 
 PLAIN = "none"  # the method name of plain decoding
+DRAFT_KV_FRACTION = 0.6  # TensorRT-LLM's KV share of free GPU memory beside a torch draft
 
 
 def _stderr(line: str) -> None:
@@ -162,6 +163,7 @@ class TrtllmBuild(OpenBuild):
         self._models: dict[str, Any] = {}
         self._runner: Runner | None = None
         self._tokenizer: Any = None
+        self._eos: frozenset[int] | None = None
 
     def model(self, path: str | None = None) -> Any:
         if path is None:
@@ -178,17 +180,36 @@ class TrtllmBuild(OpenBuild):
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        return frozenset([eos] if isinstance(eos, int) else [])
+        """Every id that ends a request, as on the torch backend: the tokenizer's EOS and each
+        one the checkpoint's config and generation config list (Llama-3 lists several)."""
+        if self._eos is not None:
+            return self._eos
+        ids: set[int] = set()
+        sources: list[Any] = [getattr(self.tokenizer, "eos_token_id", None)]
+        try:
+            from transformers import AutoConfig, GenerationConfig
+
+            sources.append(AutoConfig.from_pretrained(self.recipe.target.model).eos_token_id)
+            sources.append(GenerationConfig.from_pretrained(self.recipe.target.model)
+                           .eos_token_id)
+        except (OSError, ValueError):
+            pass  # no config or generation config: the tokenizer's
+        for value in sources:
+            ids.update([value] if isinstance(value, int) else
+                       [int(v) for v in value] if isinstance(value, list | tuple) else [])
+        self._eos = frozenset(ids)
+        return self._eos
 
     def target_runner(self) -> Runner:
         if self._runner is None:
             from trtspec.runtime.trtllm import ContextLogitsRunner, make_llm
 
+            draft = any(isinstance(m, DraftModel) for m in self.recipe.methods)
             llm = make_llm(self.recipe.target.model, self.recipe.target.tp_size,
-                           self.recipe.limits)
+                           self.recipe.limits, kv_cache_fraction=DRAFT_KV_FRACTION if draft
+                           else 0.9)
             self._runner = ContextLogitsRunner(llm, vocab_size(llm, self.recipe.target.model),
-                                               next(iter(self.eos_token_ids), None))
+                                               min(self.eos_token_ids, default=None))
         return self._runner
 
     def proposer(self, method: str) -> Proposer | None:

@@ -211,7 +211,7 @@ def eval_command(recipe: str, workloads: tuple[str, ...], per_category: int | No
             sys.exit(130)
         again = ["trtspec", "eval", recipe, "--resume", str(e.out)]
         again += ["--engines", engines] if engines and not endpoint else []
-        again += ["--launch"] if launched is not None else []
+        # a launched eval resumes with its stored settings (eval.json): no --launch here
         again += ["--mlflow-uri", mlflow_uri] if mlflow_uri else []
         again += ["--no-mlflow"] if no_mlflow else []
         total = f" of {e.total}" if e.total else ""
@@ -243,14 +243,22 @@ def _launch_settings(launch: bool, side_by_side: bool, kv_cache_fraction: float 
                                       ("--confirm", confirm)) if given]
     if clash:
         raise click.UsageError(f"--launch starts the servers itself: drop {', '.join(clash)}")
+    from trtspec.eval.launched import Launch
+
     if resume:
         from trtspec.eval.folder import stored_meta
 
-        if not stored_meta(Path(resume)).get("launch"):
+        stored = stored_meta(Path(resume)).get("launch")
+        if not stored:
             raise click.UsageError(f"--resume {resume}: that eval did not launch its servers: "
                                    "drop --launch")
-    from trtspec.eval.launched import Launch
-
+        asked = {"side_by_side": side_by_side or None, "kv_cache_fraction": kv_cache_fraction}
+        other = [k for k, v in asked.items() if v is not None and v != stored.get(k)]
+        if other:  # its conditions mix nothing: the settings it started with, or refuse
+            raise click.UsageError(f"--resume {resume}: that eval ran with "
+                                   + ", ".join(f"{k} {stored.get(k)}" for k in other)
+                                   + ": drop the flags (it resumes as it started)")
+        return Launch(**{k: v for k, v in stored.items() if k in Launch.__dataclass_fields__})
     return Launch(side_by_side=side_by_side, kv_cache_fraction=kv_cache_fraction)
 
 

@@ -277,6 +277,10 @@ def native_options(recipe: Any, manifest: Any, method: str | None,
             raise click.UsageError("an adaptive D has no TensorRT-LLM form: give fixed draft "
                                    "lengths")
         steps = [(int(n), int(d)) for n, d in schedule.schedule]
+        if not steps or steps[0][1] == 0:  # TensorRT-LLM refuses max_draft_len 0
+            notes.append("the schedule drafts nothing at one running request: serving plain "
+                         "decoding (llmapi/baseline.yaml)")
+            return native_options(recipe, manifest, PLAIN, None, None, notes)
         speculative = draft_len_schedule(steps)
         d = int(speculative.get("max_draft_len") or max(d for _, d in steps))
     else:

@@ -461,11 +461,13 @@ def divergence(base: dict[str, Any], spec: dict[str, Any], dtype: str | None = N
                ) -> dict[str, Any] | None:
     """Where a greedy spec output first differs from its baseline, from the tokens and top
     log-probabilities the servers returned: the target's margin between the two tokens there
-    is |log p(a) − log p(b)| (= |logit a − logit b|, the normaliser cancels) from the first
-    arm whose top list holds both (the baseline's, else the speculating server's: both saw
-    the same prefix). Neither holds both: ``margin`` None (a divergence) and
-    ``margin_at_least`` the gap to the last listed. None when the outputs do not differ or
-    a record has no tokens."""
+    is |log p(a) − log p(b)| (= |logit a − logit b|, the normaliser cancels), read from the
+    baseline's top list, the reference; only where the baseline listed nothing at that
+    position from the speculating server's (both saw the same prefix). A list without both
+    tokens is evidence of a real gap: ``margin`` None (a divergence) and ``margin_at_least``
+    the gap to its last entry, so a server whose own (possibly wrong) logits show a near-tie
+    cannot certify its divergence as a tie. None when the outputs do not differ or a record
+    has no tokens."""
     a, b = base.get("output_token_texts"), spec.get("output_token_texts")
     if not a or not b or base.get("output_digest") == spec.get("output_digest"):
         return None
@@ -477,16 +479,16 @@ def divergence(base: dict[str, Any], spec: dict[str, Any], dtype: str | None = N
     if at >= min(len(a), len(b)):  # one output stopped early: no token pair
         return entry
     entry |= {"baseline_token": a[at], "spec_token": b[at]}
-    bounds = []
     for arm, record in (("baseline", base), ("spec", spec)):
         tops = record.get("top_logprobs") or []
         listed = dict((t, lp) for t, lp in reversed(tops[at])) if at < len(tops) else {}
+        if not listed:
+            continue  # this arm listed nothing here: the other's list, if any
         if a[at] in listed and b[at] in listed:
             return entry | {"margin": abs(listed[a[at]] - listed[b[at]]), "margin_arm": arm}
-        if listed and a[at] in listed:
-            bounds.append(listed[a[at]] - min(listed.values()))
-    if bounds:
-        entry["margin_at_least"] = max(bounds)
+        if a[at] in listed:  # b below the list: the gap is at least to its last entry
+            entry["margin_at_least"] = listed[a[at]] - min(listed.values())
+        return entry  # the first arm with a list decides: never a tie it did not show
     return entry
 
 

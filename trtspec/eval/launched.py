@@ -161,7 +161,7 @@ def evaluate_launched(recipe_path: str | Path, selection: Selection = EVERYTHING
             "conditions": keys, "expected_records": len(keys) * 2 * len(requests)}, say)
     total = len(keys) * 2 * len(requests)
     sampling = recipe.sampling.params()
-    with kept_on_failure(out, created, total):
+    with kept_on_failure(out, created, total), _sigterm_interrupts():
         for s in served:
             spec_options = read_options(s.options)
             base_options = same_scheduler(read_options(baseline_path), spec_options)
@@ -174,15 +174,18 @@ def evaluate_launched(recipe_path: str | Path, selection: Selection = EVERYTHING
                 continue
             say(f"{s.name}: starting {EXECUTABLE} for the arms {', '.join(missing)} ({mode})")
             groups = [missing] if launch.side_by_side else [[arm] for arm in missing]
+            k, decided = None, False  # by the first servers up, for both arms
             for arms in groups:
                 with _servers({a: specs[a] for a in arms}, out / SERVERS, executable,
                               launch) as urls:
-                    k = TOP_LOGPROBS if sampling.greedy and all(
-                        accepts_logprobs(u, recipe.target.model, requests[0], sampling)
-                        for u in urls.values()) else None
-                    if sampling.greedy and k is None:
-                        say(f"note: {s.name}: a server returned no top log-probabilities: "
-                            "greedy divergences there have no margin")
+                    if not decided:  # the same requests on both arms: both ask for the
+                        k = TOP_LOGPROBS if sampling.greedy and all(  # lists, or neither
+                            accepts_logprobs(u, recipe.target.model, requests[0], sampling)
+                            for u in urls.values()) else None
+                        decided = True
+                        if sampling.greedy and k is None:
+                            say(f"note: {s.name}: a server returned no top log-probabilities: "
+                                "greedy divergences there have no margin")
                     run_arms(out, requests, urls, recipe.target.model, sampling, condition,
                              progress, recipe.eval.request_rate, k, total)
         if sampling.greedy:
@@ -195,6 +198,27 @@ def _missing_arms(out: Path, requests: Sequence[Any], keys: Sequence[str]) -> li
     done = done_keys(out / RECORDS)
     return [arm for arm in ("baseline", "spec")
             if any((k, arm, r.id) not in done for k in keys for r in requests)]
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a supervisor's stop) ends the eval as Ctrl-C does: what was measured is kept
+    and the servers, in sessions of their own, are stopped on the way out, not orphaned."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_sig: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 @contextlib.contextmanager

@@ -100,35 +100,20 @@ def exactness(mode: Mode, decoding_type: str | None, temperature: float,
                               "run trtspec audit on it")
 
 
-CONFIGS = {"Draft_Target": "DraftTargetDecodingConfig", "NGram": "NGramDecodingConfig",
-           "Eagle": "EagleDecodingConfig", "Eagle3": "Eagle3DecodingConfig",
-           "MTP": "MTPDecodingConfig", "Medusa": "MedusaDecodingConfig"}  # tensorrt_llm.llmapi
-
-
-def native_config(options: dict[str, Any]) -> Any:
-    """A ``speculative_config`` mapping (trtspec.build.trtllm_options, 1.2.1's names) as the
-    llmapi class its ``decoding_type`` names (mode ``native``)."""
-    require()
-    from tensorrt_llm import llmapi
-
-    fields = dict(options)
-    name = CONFIGS.get(fields.pop("decoding_type", ""))
-    if name is None:
-        raise ValueError(f"decoding_type {options.get('decoding_type')!r}: TensorRT-LLM "
-                         f"{release()} has {', '.join(CONFIGS)}")
-    return getattr(llmapi, name)(**fields)
-
-
-def make_llm(model: str, tp_size: int, limits: Any, speculative_config: Any = None) -> Any:
+def make_llm(model: str, tp_size: int, limits: Any, speculative_config: Any = None,
+             kv_cache_fraction: float = 0.9) -> Any:
     """A ``tensorrt_llm.LLM`` (PyTorch workflow) with the recipe's limits and KV block reuse
-    on, which the exact mode relies on to find a row's prefix again."""
+    on, which the exact mode relies on to find a row's prefix again. ``kv_cache_fraction`` of
+    the free GPU memory goes to its KV cache (TensorRT-LLM's default 0.9; less where a torch
+    draft model shares the GPU and grows a cache of its own)."""
     trt = require()
     from tensorrt_llm.llmapi import KvCacheConfig
 
     return trt.LLM(model=model, tensor_parallel_size=tp_size,
                    max_batch_size=limits.max_batch_size, max_num_tokens=limits.max_num_tokens,
                    max_seq_len=limits.max_seq_len,
-                   kv_cache_config=KvCacheConfig(enable_block_reuse=True),
+                   kv_cache_config=KvCacheConfig(enable_block_reuse=True,
+                                                 free_gpu_memory_fraction=kv_cache_fraction),
                    speculative_config=speculative_config)
 
 
@@ -303,13 +288,15 @@ Propose = Callable[[list[Scheduled], int], list[tuple[list[int], torch.Tensor | 
 
 
 def make_drafter(propose: Propose, draft_len: Callable[[int], int], max_draft_len: int,
-                 vocab_size: int) -> Any:
+                 vocab_size: int, device: Any = None) -> Any:
     """A TensorRT-LLM ``Drafter`` (mode ``drafter``) for ``UserProvidedDecodingConfig``.
 
     ``propose(requests, d)`` drafts up to ``d`` tokens for each request and returns them with
     q [len, V], the distribution they were sampled from after trtspec's ``logits_to_probs``
     with the request's sampling (None: point masses, n-gram / suffix). ``draft_len(batch)``
-    is D for a batch of that many running requests (the policy's schedule).
+    is D for a batch of that many running requests (the policy's schedule). ``vocab_size``
+    is the width of the target's logits (padded vocabularies included) and ``device`` theirs:
+    TorchSampler subtracts q from p element-wise there.
 
     Each request gets ``py_draft_tokens``, ``py_draft_logits`` = log q [len, V] and
     ``py_draft_use_greedy_sampling = True``. TorchSampler rejection-samples a sampled request
@@ -331,20 +318,27 @@ def make_drafter(propose: Propose, draft_len: Callable[[int], int], max_draft_le
                 else [([], None)] * len(requests)
             for request, (tokens, q) in zip(requests, drafts, strict=True):
                 request.py_draft_tokens = list(tokens)
-                request.py_draft_logits = log_q(tokens, q, vocab_size) if tokens else None
+                request.py_draft_logits = log_q(tokens, q, vocab_size, device) if tokens \
+                    else None
                 request.py_draft_use_greedy_sampling = True  # q as given (see above)
 
     return TrtspecDrafter(max_draft_len=max_draft_len, max_total_draft_tokens=max_draft_len)
 
 
-def log_q(tokens: Sequence[int], q: torch.Tensor | None, vocab_size: int | None = None
+def log_q(tokens: Sequence[int], q: torch.Tensor | None, vocab_size: int, device: Any = None
           ) -> torch.Tensor:
-    """Draft logits [D, V] whose softmax is q: log q (zeros → −inf), or the one-hot of each
-    point-mass token (0 at the token, −inf elsewhere; ``vocab_size`` needed then)."""
+    """Draft logits [D, vocab_size] on ``device`` whose softmax is q: log q (zeros, and ids
+    past q's width, → −inf), or the one-hot of each point-mass token (0 at the token, −inf
+    elsewhere)."""
     if q is not None:
-        return torch.log(q.float()[: len(tokens)])
-    if vocab_size is None:
-        raise ValueError("point-mass drafts need vocab_size")
-    out = torch.full((len(tokens), vocab_size), -math.inf)
-    out[torch.arange(len(tokens)), torch.tensor(list(tokens))] = 0.0
-    return out
+        q = q.float()[: len(tokens)]
+        if q.shape[-1] > vocab_size:
+            if q[:, vocab_size:].sum() > 0:
+                raise ValueError(f"q has mass past the target's {vocab_size} logits")
+            q = q[:, :vocab_size]
+        out = torch.nn.functional.pad(torch.log(q), (0, vocab_size - q.shape[-1]),
+                                      value=-math.inf)
+    else:
+        out = torch.full((len(tokens), vocab_size), -math.inf)
+        out[torch.arange(len(tokens)), torch.tensor(list(tokens))] = 0.0
+    return out.to(device) if device is not None else out

@@ -229,23 +229,23 @@ class TrtllmServer:
         return " | ".join(tail) or "(empty log)"
 
     def send(self, sig: int) -> None:
-        """``sig`` to the server's process group (it and the workers it started)."""
-        if self.process is None or self.process.poll() is not None:
+        """``sig`` to the server's process group: it and the workers it started, which may
+        outlive it (MPI ranks holding GPU memory) after it exited or crashed."""
+        if self.process is None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, sig)
 
     def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL after the grace period; the exit code (None: never started)."""
+        """SIGTERM to the group, then SIGKILL to whatever of it is left after the grace
+        period; the server's exit code (None: never started)."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.send(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=self.grace)
-            except subprocess.TimeoutExpired:
-                self.send(signal.SIGKILL)
-                self.process.wait()
+        self.send(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=self.grace)
+        self.send(signal.SIGKILL)  # workers that outlived the leader, or the leader itself
+        self.process.wait()
         return self.process.returncode
 
     def wait(self) -> int:
@@ -265,14 +265,14 @@ class TrtllmServer:
 def forwarding(servers: Sequence[TrtllmServer],
                signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[list[int]]:
     """While inside, SIGINT and SIGTERM go to the servers (their process groups) instead of
-    stopping this process; yields the signals received, in order. The handlers before are
-    put back on leaving."""
+    stopping this process, and a second one kills them; yields the signals received, in
+    order. The handlers before are put back on leaving."""
     received: list[int] = []
 
     def forward(sig: int, _frame: FrameType | None) -> None:
         received.append(sig)
-        for server in servers:
-            server.send(sig)
+        for server in servers:  # a second signal: a server deaf to the first (loading) is
+            server.send(sig if len(received) == 1 else signal.SIGKILL)  # killed, no hang
 
     before = {sig: signal.signal(sig, forward) for sig in signals}
     try:

@@ -15,12 +15,14 @@ adapter keeps the two in step:
                 before the next ``propose``.
 * **q**         what the proposer returns: the distribution each draft token was sampled from,
                 after trtspec's ``logits_to_probs`` with the request's sampling (None: point
-                masses), drawn with a generator of the adapter's own, seeded apart from the
-                request's seed so the draft's randomness never repeats the verifier's.
+                masses), drawn with a generator of the adapter's own, seeded from a hash of
+                (the request's seed, its id, the admission's number): never the verifier's
+                stream, and never one a re-admitted request already drew from.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,7 +32,11 @@ from trtspec.runtime.trtllm import Scheduled
 from trtspec.spec.propose.proposer import Proposer
 from trtspec.spec.sample.probs import SamplingParams
 
-_MIX = 0x9E3779B97F4A7C15  # odd: seed → another seed, never the request's own
+
+def draft_seed(seed: int | None, key: int, admission: int) -> int:
+    """A generator seed for a request's drafts, apart from every seed its verifier uses."""
+    text = f"trtspec-draft:{seed}:{key}:{admission}".encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") % 2**63
 
 
 @dataclass
@@ -50,6 +56,7 @@ class RequestDrafts:
         self._rows: dict[int, int] = {}  # request id → row
         self._state: list[_Row | None] = [None] * slots
         self._pending = False  # a propose() whose acceptance observe() has not heard yet
+        self._admitted = 0  # rows taken so far, by any request: a re-admission draws anew
 
     def __call__(self, requests: Sequence[Scheduled], d: int
                  ) -> list[tuple[list[int], torch.Tensor | None]]:
@@ -65,9 +72,10 @@ class RequestDrafts:
         for r in requests:
             if r.key not in self._rows:
                 row = self._state.index(None)
-                seed = (r.seed if r.seed is not None else r.key) * _MIX % 2**63
+                self._admitted += 1
                 self._rows[r.key] = row
-                self._state[row] = _Row(r.key, torch.Generator().manual_seed(seed))
+                self._state[row] = _Row(r.key, torch.Generator().manual_seed(
+                    draft_seed(r.seed, r.key, self._admitted)))
                 self.proposer.admit(row, r.tokens[:-1])
         tokens: list[list[int]] = [[0]] * self.slots
         draft_len = [0] * self.slots
