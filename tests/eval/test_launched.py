@@ -51,8 +51,11 @@ def test_a_d_sweep_is_one_command_named_by_d_and_decided_with_schedules(
     overall = [v for v in decision["verdicts"] if v["category"] == "all"]
     assert all(v["greedy"] == {"identical": 8, "ties": 0, "diverged": 0, "unmeasured": 0}
                for v in overall)
-    assert (out / "schedules" / "trtspec-policy.yaml").is_file()  # the stand-in is faster:
-    assert (out / "schedules" / "trtllm-speculative.yaml").is_file()  # GO somewhere
+    assert (out / "schedules" / "trtspec-policy.yaml").is_file()
+    # the snippet for trtllm-serve where a D was GO (timing: the stand-in drafts for free,
+    # but four requests on a busy machine may leave it INCONCLUSIVE)
+    go = any(v["verdict"] == "GO" for v in decision["verdicts"])
+    assert (out / "schedules" / "trtllm-speculative.yaml").is_file() == go
     assert "ngram/D4/c1" in (out / "report.md").read_text()
     # resumed: complete already, so no server is started again
     main(["eval", str(recipe), "--resume", str(out), "--engines", str(engines), "--no-mlflow"])

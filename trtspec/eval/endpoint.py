@@ -432,6 +432,27 @@ def run_arms(out_dir: str | Path, requests: Sequence[WorkloadRequest], urls: dic
 TOP_LOGPROBS = 5  # alternatives per token asked of a greedy eval's servers
 
 
+def warm_up(url: str, model: str, requests: Sequence[WorkloadRequest], params: SamplingParams
+            ) -> None:
+    """Send ``requests`` once, untimed and unrecorded, one after another: a server just
+    started captures graphs and tunes kernels on its first requests, which would otherwise
+    land in whichever arm runs first."""
+    asyncio.run(_warm(url, model, requests, params))
+
+
+async def _warm(url: str, model: str, requests: Sequence[WorkloadRequest],
+                params: SamplingParams) -> None:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+                         max_retries=0)
+    try:
+        for request in requests:
+            await _one(client, model, request, params)  # a failure is the eval's to see
+    finally:
+        await client.close()
+
+
 def accepts_logprobs(url: str, model: str, request: WorkloadRequest, params: SamplingParams,
                      k: int = TOP_LOGPROBS) -> bool:
     """Whether the server at ``url`` returns top log-probabilities (one streamed one-token

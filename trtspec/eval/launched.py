@@ -32,7 +32,13 @@ from typing import Any
 
 from trtspec.build.recipe import Recipe, RecipeError, load_recipe
 from trtspec.eval import EVERYTHING, finish_eval, kept_on_failure, target_dtype
-from trtspec.eval.endpoint import TOP_LOGPROBS, accepts_logprobs, record_divergences, run_arms
+from trtspec.eval.endpoint import (
+    TOP_LOGPROBS,
+    accepts_logprobs,
+    record_divergences,
+    run_arms,
+    warm_up,
+)
 from trtspec.eval.folder import Selection, resumed_selection, start
 from trtspec.eval.run import RECORDS, done_keys, read_jsonl
 from trtspec.serve.launch import (
@@ -178,6 +184,11 @@ def evaluate_launched(recipe_path: str | Path, selection: Selection = EVERYTHING
             for arms in groups:
                 with _servers({a: specs[a] for a in arms}, out / SERVERS, executable,
                               launch) as urls:
+                    warm = [r.model_copy(update={"max_tokens": 8})  # as in-process evals
+                            for r in requests[: recipe.eval.warmup]]
+                    for url in urls.values():
+                        warm_up(url, recipe.target.model, warm,
+                                sampling.model_copy(update={"max_tokens": 8}))
                     if not decided:  # the same requests on both arms: both ask for the
                         k = TOP_LOGPROBS if sampling.greedy and all(  # lists, or neither
                             accepts_logprobs(u, recipe.target.model, requests[0], sampling)
