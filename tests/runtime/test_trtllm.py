@@ -220,3 +220,33 @@ def test_positions_reuse_serves_from_the_cache_come_from_the_rows_last_call(
                         target.next_logits([1, 2, 3, 4, 5, 1])])
     assert torch.equal(logits, want)
     assert runner.llm.context_rows[-1] == 1  # one row recomputed, one from the last call
+
+
+def test_drafter_mode_keeps_the_drafts_cache_in_step_greedy_acceptance_equals_in_process(
+        trtllm_standin) -> None:
+    """The drafter learns each step's acceptance one step late, from how far a request's
+    tokens grew, and rolls its draft model back by it. Greedy, the draft proposes its argmax
+    from that cache: a wrong count would change the proposals, and with them how many are
+    accepted (a count one too many keeps a rejected draft in its cache and breaks the next
+    feed; one too few only makes it re-read a token). Through TensorRT-LLM's batch (the
+    stand-in) and in-process, the same."""
+    from tensorrt_llm.llmapi import MODELS, UserProvidedDecodingConfig
+
+    target = MarkovLM(vocab_size=12, order=2, seed=45)
+    draft = target.diverged(0.4, seed=46)
+    prompts = [[1, 2], [3, 4, 5], [6], [7, 8, 9, 10], [11, 1, 2]]
+    d, n = 3, 20
+    executor = SpecExecutor(ToyRunner(target), DraftModelProposer(ToyRunner(draft)), d,
+                            clip_draft=False)
+    done = executor.generate(prompts, SamplingParams(temperature=0, max_tokens=n))
+    in_process = sum(c.stats.accepted_draft_tokens for c in done)
+
+    proposer = DraftModelProposer(ToyRunner(draft))
+    MODELS["toy"] = target
+    drafter = make_drafter(RequestDrafts(proposer, slots=8), lambda batch: d, d,
+                           target.vocab_size)
+    llm = trtllm_standin.LLM("toy", speculative_config=UserProvidedDecodingConfig(
+        drafter=drafter, max_draft_len=d))
+    outs = llm.generate(prompts, trtllm_standin.SamplingParams(max_tokens=n, temperature=0))
+    assert [o.outputs[0].token_ids for o in outs] == [c.token_ids for c in done]
+    assert llm.accepted_drafts == in_process > 0

@@ -75,6 +75,7 @@ class LLM:
         self._next_id = 0
         self.generate_calls = 0
         self.context_rows: list[int] = []  # context-logit rows returned, per request
+        self.accepted_drafts = 0  # drafts the sampler kept, over every step
 
     def generate(self, inputs: Any, sampling_params: Any = None, use_tqdm: bool = True,
                  lora_request: Any = None, prompt_adapter_request: Any = None,
@@ -158,6 +159,7 @@ class LLM:
                 logits = torch.stack([self.target.next_logits(seq + r.py_draft_tokens[:j])
                                       for j in range(len(r.py_draft_tokens) + 1)])
                 emitted = process_draft_tokens(r, logits, generators[i])
+                self.accepted_drafts += len(emitted) - 1
                 room = r.py_max_new_tokens - (len(seq) - r.py_orig_prompt_len)
                 r._tokens += emitted[:room]
             live = [i for i in live if len(requests[i]._tokens) - requests[i].py_orig_prompt_len
