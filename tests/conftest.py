@@ -15,7 +15,8 @@ SLOWEST_FIRST = (
     "eval/test_sequential.py", "cli/test_cli.py", "build/test_heads_build.py",
     "serve/test_server.py", "spec/propose/heads/test_eagle.py", "spec/test_executor.py",
     "report/test_tracking.py", "audit/test_audit_endpoint.py", "report/test_approve.py",
-    "runtime/test_trtllm.py", "spec/test_adaptive.py", "analysis/test_stats.py",
+    "build/test_open.py", "eval/test_launched.py", "runtime/test_trtllm.py",
+    "spec/test_adaptive.py", "analysis/test_stats.py",
 )
 
 

@@ -286,12 +286,12 @@ def test_summary_compares_arms_over_requests_answered_in_both(tmp_path: Path) ->
 
 
 def test_ctrl_c_before_anything_was_measured_leaves_no_folder(tmp_path: Path) -> None:
-    from trtspec.eval import Interrupted, _kept_on_failure
+    from trtspec.eval import Interrupted, kept_on_failure
 
     out = tmp_path / "e"
     out.mkdir()
     (out / "eval.json").write_text("{}")
-    with pytest.raises(Interrupted) as e, _kept_on_failure(out, created=True, total=4):
+    with pytest.raises(Interrupted) as e, kept_on_failure(out, created=True, total=4):
         raise KeyboardInterrupt
     assert e.value.discarded and not out.exists()
 
