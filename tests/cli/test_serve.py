@@ -8,7 +8,6 @@ import os
 import signal
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,23 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _stop_when_healthy(events, sig: int) -> threading.Thread:
-    """Send ``sig`` to this process (what Ctrl-C or a supervisor does) once the stand-in
-    answers /health."""
+    """Send ``sig`` to this process (what Ctrl-C or a supervisor does) once `serve --native`
+    saw the stand-in healthy: it polls /health, and the stand-in records each answer."""
 
     def go() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            started = events("start")
-            if started:
-                argv = started[0]["argv"]
-                port = argv[argv.index("--port") + 1]
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                        time.sleep(0.2)  # serve --native prints the endpoint first
-                        os.kill(os.getpid(), sig)
-                        return
-                except OSError:
-                    pass
+            if events("health"):
+                time.sleep(1.0)  # serve --native prints the endpoint on that answer
+                os.kill(os.getpid(), sig)
+                return
             time.sleep(0.05)
 
     thread = threading.Thread(target=go, daemon=True)

@@ -179,6 +179,7 @@ def main() -> None:
         def do_GET(self) -> None:
             if self.path == "/health":
                 self.reply(200, b"", "text/plain")
+                record({"event": "health", "pid": os.getpid()})  # answered: a client saw 200
             elif self.path == "/v1/models":
                 self.reply(200, {"object": "list", "data": [{
                     "id": served, "object": "model", "created": 0,
