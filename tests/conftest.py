@@ -16,6 +16,7 @@ SLOWEST_FIRST = (
     "serve/test_server.py", "spec/propose/heads/test_eagle.py", "spec/test_executor.py",
     "report/test_tracking.py", "audit/test_audit_endpoint.py", "report/test_approve.py",
     "build/test_open.py", "eval/test_launched.py", "runtime/test_trtllm.py",
+    "serve/test_llmapi.py",
     "spec/test_adaptive.py", "analysis/test_stats.py",
 )
 
@@ -260,6 +261,20 @@ def continuation_probs(model, prompt, n, params):
     return out
 
 
+def unflag(drafter) -> None:
+    """Break a drafter from trtspec.runtime.trtllm.make_drafter the way the power checks
+    need: py_draft_use_greedy_sampling left off, so TensorRT-LLM reshapes log q with the
+    request's temperature again and q is no longer the proposal the drafts came from."""
+    prepare = drafter.prepare_draft_tokens
+
+    def unflagged(scheduled, resource_manager=None):
+        prepare(scheduled, resource_manager)
+        for request in scheduled.generation_requests:
+            request.py_draft_use_greedy_sampling = False
+
+    drafter.prepare_draft_tokens = unflagged
+
+
 def launch(*args: str, **env: str):
     """`trtspec serve ARGS` on a free port in a subprocess (``env`` added to the environment),
     returned once /health answers (or it exits, or 120 s pass): (process, its …/v1 URL)."""
@@ -339,6 +354,40 @@ eval:
   workloads: [builtin]
   concurrency: [1]
 """
+
+
+STANDIN_VOCAB = 32  # the toy the stand-in builds run in tests
+
+
+class Letters:
+    """A tokenizer of one id per character (mod VOCAB): enough to encode prompts for a toy."""
+
+    name_or_path, chat_template, eos_token_id = "letters", None, None
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [ord(c) % STANDIN_VOCAB for c in text] or [0]}
+
+    def decode(self, ids, **_) -> str:
+        return "".join(chr(97 + i % 26) for i in ids)
+
+    def get_vocab(self) -> dict:
+        return {chr(97 + i % 26) + str(i): i for i in range(STANDIN_VOCAB)}
+
+
+def toy_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What TrtllmBuild reads from the target's checkpoint, for the toy (no hub here)."""
+    import trtspec.build.open as opened
+
+    monkeypatch.setattr(opened.TrtllmBuild, "tokenizer", Letters())
+    monkeypatch.setattr(opened.TrtllmBuild, "eos_token_ids", frozenset({STANDIN_VOCAB - 1}))
+    monkeypatch.setattr(opened, "vocab_size", lambda llm, model: STANDIN_VOCAB)
+
+
+def mode(recipe: Path, value: str) -> Path:
+    """The built recipe with backend.mode set (chosen at run time: the build stays valid)."""
+    recipe.write_text(recipe.read_text().replace("  workflow: pytorch\n",
+                                                 f"  workflow: pytorch\n  mode: {value}\n"))
+    return recipe
 
 
 @pytest.fixture

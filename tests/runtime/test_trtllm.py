@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from broken_verifiers import naive_resample_verify
-from conftest import continuation_probs
+from conftest import continuation_probs, unflag
 from exactness import ALPHA, PROMPT, continuation_pvalue
 
 import trtspec.runtime.trtllm as trtllm
@@ -134,14 +134,7 @@ def drafter_counts(standin, target: MarkovLM, draft: MarkovLM, d: int, broken: s
             return raw
     drafter = make_drafter(propose, lambda batch: d, d, target.vocab_size)
     if broken == "flag":
-        prepare = drafter.prepare_draft_tokens
-
-        def unflagged(scheduled, resource_manager=None):
-            prepare(scheduled, resource_manager)
-            for request in scheduled.generation_requests:
-                request.py_draft_use_greedy_sampling = False
-
-        drafter.prepare_draft_tokens = unflagged
+        unflag(drafter)
     llm = standin.LLM("toy", max_batch_size=chunk, speculative_config=UserProvidedDecodingConfig(
         drafter=drafter, max_draft_len=d))
     counts: Counter = Counter()
@@ -250,3 +243,14 @@ def test_drafter_mode_keeps_the_drafts_cache_in_step_greedy_acceptance_equals_in
     outs = llm.generate(prompts, trtllm_standin.SamplingParams(max_tokens=n, temperature=0))
     assert [o.outputs[0].token_ids for o in outs] == [c.token_ids for c in done]
     assert llm.accepted_drafts == in_process > 0
+
+
+def test_padding_drafts_keeps_q_a_distribution_per_row() -> None:
+    from trtspec.runtime.trtllm import log_q, pad_point_masses
+
+    q = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
+    padded = pad_point_masses(log_q([1], q, 4), 3)  # [3, 4]
+    probs = padded.softmax(-1)
+    assert torch.allclose(probs[0], q[0]) and torch.equal(probs[1:], torch.tensor(
+        [[1.0, 0.0, 0.0, 0.0]] * 2))  # the pads: point masses at token 0
+    assert pad_point_masses(padded, 2).shape == (3, 4)  # never cut

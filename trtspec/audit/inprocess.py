@@ -55,6 +55,8 @@ from typing import Any
 from trtspec.analysis.gof import chi_square_power
 from trtspec.audit.file import write_audit
 from trtspec.audit.sampling import MAX_BINS, TOKENS, draw, exact_fit
+from trtspec.runtime import Runner
+from trtspec.runtime.trtllm_stream import LlmArm
 from trtspec.spec.adaptive import ADAPTIVE
 from trtspec.spec.executor import SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams
@@ -127,18 +129,26 @@ class MethodAudit:
     prompts: list[PromptAudit] = field(default_factory=list)  # one per (D, prompt)
 
 
-def audit_prompt(executor: SpecExecutor, prompt: Sequence[int], params: SamplingParams,
-                 samples: int, slots: int, label: str = "", draft_len: int | str | None = None,
-                 progress: Callable[[int], None] | None = None, effect: float = EFFECT
-                 ) -> PromptAudit:
+def audit_prompt(executor: SpecExecutor | LlmArm, prompt: Sequence[int],
+                 params: SamplingParams, samples: int, slots: int, label: str = "",
+                 draft_len: int | str | None = None,
+                 progress: Callable[[int], None] | None = None, effect: float = EFFECT,
+                 reference: Callable[[], Runner] | None = None) -> PromptAudit:
     """Draw ``samples`` of x₀ … x₃ through a scheduler of ``slots`` slots on ``executor`` and
-    test them against the exact joint distribution computed from its target."""
+    test them against the exact joint distribution computed from its target, or, for an
+    LlmArm (TensorRT-LLM's batch samples), from ``reference()``: the target's raw logits."""
     began = time.perf_counter()
     keep = len(prompt) >= KEEP_FROM
     drawn = draw(executor, prompt, params, samples, slots, progress=progress, keep_prompt=keep)
-    fit = exact_fit(executor.target, prompt, params, drawn.sequences, rows=slots)
+    if isinstance(executor, SpecExecutor):
+        target = executor.target
+    elif reference is not None:
+        target = reference()
+    else:
+        raise ValueError("auditing TensorRT-LLM's batch needs a reference runner")
+    fit = exact_fit(target, prompt, params, drawn.sequences, rows=slots)
     d = draft_len if draft_len is not None else (
-        ADAPTIVE if executor.adaptive is not None else executor.draft_len)
+        ADAPTIVE if getattr(executor, "adaptive", None) is not None else executor.draft_len)
     r = drawn.recovered / samples
     lam = samples * (r * effect) ** 2 * fit.least_favourable if fit.dof else 0.0
     return PromptAudit(label, d, samples, drawn.speculated / samples, r,
@@ -167,13 +177,15 @@ def method_verdict(method: str, draft_lengths: Sequence[int | str],
                        prompts=list(results))
 
 
-def audit_method(method: str, executors: Callable[[int | str], SpecExecutor],
+def audit_method(method: str, executors: Callable[[int | str], SpecExecutor | LlmArm],
                  draft_lengths: Sequence[int | str], prompts: Sequence[Sequence[int]],
                  labels: Sequence[str], params: SamplingParams, samples: int, slots: int,
                  alpha: float, methods: int, progress: Callable[[int], None] | None = None,
-                 effect: float = EFFECT) -> MethodAudit:
+                 effect: float = EFFECT, reference: Callable[[], Runner] | None = None
+                 ) -> MethodAudit:
     """Every (D, prompt) test of one method and its verdict; ``executors(D)`` makes its
-    executor at D (one per D: the prompts run on it in turn, nothing forgotten between)."""
+    executor at D (one per D: the prompts run on it in turn, nothing forgotten between);
+    ``reference``: the exact runner an LlmArm's samples are tested against."""
     results = []
     for d in draft_lengths:
         executor = executors(d)
@@ -183,7 +195,7 @@ def audit_method(method: str, executors: Callable[[int | str], SpecExecutor],
             seeded = params.model_copy(update={"seed": (params.seed or 0) +
                                                len(results) * TEST_SEEDS})
             results.append(audit_prompt(executor, p, seeded, samples, slots, label, d,
-                                        progress, effect))
+                                        progress, effect, reference))
     return method_verdict(method, draft_lengths, results, alpha, methods, effect)
 
 
@@ -229,7 +241,7 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
         target_dir = Path(out) if out else source
     else:
         recipe = load_recipe(source, overrides)
-        check_in_process(recipe, source)  # torch, or TensorRT-LLM's LLM API (mode exact)
+        check_in_process(recipe, source)  # torch, or TensorRT-LLM's LLM API
         manifest, _ = open_built(recipe, source, engines_root)
         target_dir = Path(out) if out else Path("reports") / (
             f"{recipe.name}-audit-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -248,7 +260,11 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
             f"its first {limit} tokens" + ("" if prompts else
                                            f" (the built-in one wants {LONG_POSITIONS})"))
     ids = [i[:limit] for i in ids]
-    build.warm_up(slots)  # the scheduler's batch, as eval and serve run it
+    native = recipe.backend.kind == "trtllm" and recipe.backend.mode != "exact"
+    if native:
+        build.share_gpu(2)  # the arm audited, and the plain one the reference reads
+    else:
+        build.warm_up(slots)  # the scheduler's batch, as eval and serve run it
     labels = [(t if len(t) <= 60 else t[:57] + "…") + f" ({len(i)} tokens)"
               for t, i in zip(texts, ids, strict=True)]
     methods = build.method_names
@@ -265,9 +281,10 @@ def run_audit(source: str | Path, overrides: Sequence[str] = (),
 
         if progress:
             progress(m, 0, per_method)
-        results.append(audit_method(m, lambda d, m=m: build.executor(m, d), lengths, ids,
+        results.append(audit_method(m, lambda d, m=m: build.arm(m, d), lengths, ids,
                                     labels, params, samples, slots, alpha, len(methods), tick,
-                                    effect))
+                                    effect, build.reference if native else None))
+    build.release_arms()
     report = {"recipe": recipe.name, "alpha": alpha, "samples": samples, "effect": effect,
               "min_power": MIN_POWER,
               "draft_len": ", ".join(str(d) for d in lengths), "draft_lengths": lengths,

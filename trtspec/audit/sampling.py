@@ -51,7 +51,9 @@ import numpy as np
 
 from trtspec.analysis.gof import chi_square_gof, gof_bins, least_favourable
 from trtspec.runtime import Runner
-from trtspec.serve.scheduler import Scheduler, Ticket
+from trtspec.runtime.trtllm_stream import LlmArm
+from trtspec.serve.llmapi import make_scheduler
+from trtspec.serve.scheduler import Ticket
 from trtspec.spec.executor import Delta, SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams, rows_to_probs
 
@@ -83,8 +85,8 @@ class _Track:
     ticket: Ticket | None = None
 
 
-def draw(executor: SpecExecutor, prompt: Sequence[int], params: SamplingParams, samples: int,
-         slots: int, progress: Callable[[int], None] | None = None,
+def draw(executor: SpecExecutor | LlmArm, prompt: Sequence[int], params: SamplingParams,
+         samples: int, slots: int, progress: Callable[[int], None] | None = None,
          keep_prompt: bool = False) -> Drawn:
     """``samples`` seeded requests (seeds ``params.seed`` + i) of ``prompt`` through a
     scheduler with ``slots`` slots at the executor's own D (fixed or adaptive).
@@ -102,7 +104,7 @@ def draw(executor: SpecExecutor, prompt: Sequence[int], params: SamplingParams, 
     budget = TOKENS + executor.draft_len  # clip_draft keeps D ≤ remaining − 1
     warm_budget = budget + WARM_ROUNDS * (executor.draft_len + 1)
     base = params.seed or 0
-    scheduler = Scheduler(executor, slots, max_waiting=slots, keep_prompts=keep_prompt)
+    scheduler = make_scheduler(executor, slots, max_waiting=slots, keep_prompts=keep_prompt)
     drawn = Drawn([])
     live: list[_Track] = []  # submitted and not ended
     tested: list[_Track] = []

@@ -51,7 +51,8 @@ class OpenBuild:
 
         key = path or self.manifest.artifact("target").path
         if key not in self._models:
-            self._models[key] = load(key, device=self.recipe.backend.device,
+            device = getattr(self.recipe.backend, "device", "auto")  # trtllm: its GPU
+            self._models[key] = load(key, device=device,
                                      dtype=self._dtypes.get(key, self.recipe.target.dtype))
         return self._models[key]
 
@@ -134,6 +135,20 @@ class OpenBuild:
                             eos_token_ids=self.eos_token_ids, say=self.say,
                             slots=self.recipe.limits.max_batch_size)
 
+    def arm(self, method: str, draft_len: int | str, schedule: Any = None) -> Any:
+        """What one arm of an eval, a server or an audit runs: an executor here (trtspec's
+        scheduler drives it); :class:`TrtllmBuild` in mode native or drafter gives an
+        :class:`~trtspec.runtime.trtllm.LlmArm` instead (TensorRT-LLM's batch). ``schedule``
+        (a serve policy's D by running requests) shapes an LlmArm only: trtspec's scheduler
+        applies it to an executor round by round."""
+        return self.executor(method, draft_len)
+
+    def release_arms(self) -> None:
+        """Free what :meth:`arm` holds beyond the target's runner (nothing here)."""
+
+    def share_gpu(self, arms: int) -> None:
+        """``arms`` arms will be held at once (nothing to share here: one target runner)."""
+
     def encode(self, prompt: Any, chat: bool = True) -> list[int]:
         from trtspec.runtime.models import encode
 
@@ -150,11 +165,19 @@ class OpenBuild:
 
 
 class TrtllmBuild(OpenBuild):
-    """A pytorch-workflow TensorRT-LLM build run in-process on the LLM API, mode ``exact``:
-    the target is a :class:`~trtspec.runtime.trtllm.ContextLogitsRunner` (TensorRT-LLM's raw
-    context logits, verified by trtspec's sampler), so eval, audit and serve run the same
-    executor as on the torch backend. A draft model drafts in torch on the same device; the
-    tokenizer and the model's config are read from the target's checkpoint."""
+    """A pytorch-workflow TensorRT-LLM build run in-process on the LLM API.
+
+    Mode ``exact``: the target is a :class:`~trtspec.runtime.trtllm.ContextLogitsRunner`
+    (TensorRT-LLM's raw context logits, verified by trtspec's sampler), so eval, audit and
+    serve run the same executor as on the torch backend. Modes ``native`` and ``drafter``:
+    each arm is an :class:`~trtspec.runtime.trtllm.LlmArm` (:meth:`arm`), one LLM made from
+    the options file build wrote for it, TensorRT-LLM's batch doing the rest. A draft model
+    drafts in torch on the same device; the tokenizer and the model's config are read from
+    the target's checkpoint.
+
+    Each LLM's KV cache takes 0.9 of the free GPU memory where it is the only one (a
+    server); where an eval holds the baseline's and a speculative arm's at once
+    (:meth:`share_gpu`), both get the same cache in bytes."""
 
     def __init__(self, recipe: Recipe, manifest: Any, say: Callable[[str], None] = _stderr
                  ) -> None:
@@ -164,6 +187,141 @@ class TrtllmBuild(OpenBuild):
         self._runner: Runner | None = None
         self._tokenizer: Any = None
         self._eos: frozenset[int] | None = None
+        self._arms: dict[tuple[Any, ...], Any] = {}  # (method, D, schedule) → LlmArm
+        self.arms_at_once = 1
+        self._kv_budget: int | None = None
+
+    def share_gpu(self, arms: int) -> None:
+        """``arms`` LLMs will be held at once (an eval's baseline and one speculative arm):
+        each gets the same KV cache, its share of the GPU memory free before the first."""
+        self.arms_at_once = max(1, arms)
+
+    def arm(self, method: str, draft_len: int | str, schedule: Any = None) -> Any:
+        """Mode exact: the executor. Modes native and drafter: the LLM of this arm (plain
+        for ``none`` or D = 0), made once and kept; a new speculative arm first shuts the
+        other speculative arms down (the baseline's stays: every condition pairs with it)."""
+        mode = self.recipe.backend.mode
+        if mode == "exact":
+            return self.executor(method, draft_len)
+        self.check_method(method)
+        if draft_len == ADAPTIVE or (schedule is not None and schedule.adaptive):
+            raise RecipeError(f"backend.mode {mode}: an adaptive D is trtspec's executor's; "
+                              "TensorRT-LLM takes fixed draft lengths (a schedule by running "
+                              "requests): give draft lengths, or backend.mode: exact")
+        plain = method == PLAIN or draft_len == 0
+        steps = tuple(schedule.schedule) if schedule is not None and not plain else ()
+        if steps and mode == "drafter":
+            raise RecipeError("backend.mode drafter: a D by running requests is not applied "
+                              "(TensorRT-LLM 1.2 pads every request's drafts to the drafter's "
+                              "maximum): serve a fixed --draft-len, or backend.mode native")
+        key = (PLAIN, 0, ()) if plain else (method, int(draft_len), steps)
+        if key not in self._arms:
+            if not plain:
+                for other in [k for k in self._arms if k[0] != PLAIN]:
+                    self._arms.pop(other).shutdown()
+            self._arms[key] = self._llm_arm(method, int(draft_len), steps, plain)
+        return self._arms[key]
+
+    def release_arms(self) -> None:
+        for arm in self._arms.values():
+            arm.shutdown()
+        self._arms.clear()
+        if self.recipe.backend.mode != "exact":
+            self._runner = None  # the reference's LLM was the plain arm's
+
+    def _options(self, name: str) -> dict[str, Any]:
+        """An LLM API options file build wrote (llmapi/<name>.yaml), as a mapping."""
+        import yaml
+
+        from trtspec.build.manifest import ManifestError
+
+        try:
+            path = Path(self.manifest.artifact(name).path)
+        except ManifestError:
+            raise RecipeError(f"the build wrote no llmapi/{name}.yaml: `trtspec build` the "
+                              "recipe again (with this D in its draft_lengths)") from None
+        options = yaml.safe_load(path.read_text()) if path.is_file() else None
+        if not isinstance(options, dict):
+            raise RecipeError(f"{path}: no options here (`trtspec build` writes them)")
+        return options
+
+    def _kv_cache_bytes(self) -> int | None:
+        """The KV cache each arm gets when several are held: 0.9 of the GPU memory free
+        before the first LLM, less the weights every arm loads (the checkpoint's size on
+        disk), split evenly; None for one arm (a fraction of what is free, TensorRT-LLM's
+        way) or without CUDA here."""
+        if self.arms_at_once < 2:
+            return None
+        if self._kv_budget is None:
+            import torch
+
+            if not torch.cuda.is_available():
+                return None
+            free, _ = torch.cuda.mem_get_info()
+            model = Path(self.recipe.target.model)
+            weights = sum(f.stat().st_size for f in model.glob("*.safetensors")) \
+                if model.is_dir() else 0
+            self._kv_budget = max(0, int((0.9 * free - self.arms_at_once * weights)
+                                         / self.arms_at_once))
+        return self._kv_budget or None
+
+    def _llm_arm(self, method: str, d: int, steps: tuple[tuple[int, int], ...],
+                 plain: bool) -> Any:
+        from trtspec.runtime.trtllm import make_llm
+        from trtspec.runtime.trtllm_stream import LlmArm
+
+        mode = self.recipe.backend.mode
+        options = self._options("baseline")
+        chosen = None if plain else {m.method: m for m in self.recipe.methods}[method]
+        if mode == "drafter":  # 1.2 runs a user-provided drafter without the overlap
+            options["disable_overlap_scheduler"] = True  # scheduler: every arm alike
+        spec, forget, decoding = None, None, None
+        if not plain and mode == "native":
+            options = self._options(f"{method}-d{d}")
+            if steps:
+                from trtspec.build.trtllm_options import draft_len_schedule
+
+                options["speculative_config"].update(draft_len_schedule(steps))
+            decoding = options["speculative_config"].get("decoding_type")
+        elif not plain:  # drafter: trtspec's proposer inside TensorRT-LLM's batch
+            spec, forget = self._drafter(chosen, d)
+        share = 0.9 / self.arms_at_once
+        fraction = share * (DRAFT_KV_FRACTION / 0.9 if isinstance(chosen, DraftModel) else 1.0)
+        llm = make_llm(self.recipe.target.model, self.recipe.target.tp_size, self.recipe.limits,
+                       spec, kv_cache_fraction=fraction, options=options,
+                       kv_cache_bytes=self._kv_cache_bytes())
+        return LlmArm(llm, PLAIN if plain else method, 0 if plain else d, self.eos_token_ids,
+                      vocab_size(llm, self.recipe.target.model), None if plain else mode,
+                      decoding, forget)
+
+    def _drafter(self, chosen: Any, d: int) -> tuple[Any, Any]:
+        """A UserProvidedDecodingConfig whose Drafter runs the method's trtspec proposer at
+        D = ``d``, and what forgets the proposer's learnt state (a suffix tree)."""
+        import torch
+
+        from trtspec.runtime.trtllm import make_drafter, user_provided
+        from trtspec.spec.propose.by_request import RequestDrafts
+
+        draft = self.model(chosen.model) if isinstance(chosen, DraftModel) else None
+        proposer = make_proposer(chosen, None, draft=draft,
+                                 target_tokenizer=self.tokenizer if draft is not None else None)
+        drafter = make_drafter(RequestDrafts(proposer, self.recipe.limits.max_batch_size),
+                               lambda batch: d, d, vocab_size(None, self.recipe.target.model),
+                               "cuda" if torch.cuda.is_available() else None)
+        return user_provided(drafter, d), proposer.forget
+
+    def reference(self) -> Any:
+        """The target's raw logits, exactly (a ContextLogitsRunner): mode exact's runner;
+        in modes native and drafter one over the plain arm's LLM (no LLM more on the GPU)."""
+        if self.recipe.backend.mode == "exact":
+            return self.target_runner()
+        if self._runner is None:
+            from trtspec.runtime.trtllm import ContextLogitsRunner
+
+            plain = self.arm(PLAIN, 0)
+            self._runner = ContextLogitsRunner(plain.llm, plain.vocab_size,
+                                               min(self.eos_token_ids, default=None))
+        return self._runner
 
     def model(self, path: str | None = None) -> Any:
         if path is None:
@@ -226,10 +384,28 @@ class TrtllmBuild(OpenBuild):
         of its own on the same LLM: the target's may hold live rows)."""
         from trtspec.runtime.trtllm import ContextLogitsRunner
 
-        target = self.target_runner()
+        target = self.reference()
         runner = ContextLogitsRunner(target.llm, target.vocab_size)  # type: ignore[attr-defined]
         logits = runner.prefill([prefix])[0]
         return float((logits[a] - logits[b]).abs()), self.recipe.target.dtype
+
+
+def trtllm_exactness(recipe: Recipe) -> dict[str, dict[str, str]]:
+    """Per method of a TensorRT-LLM recipe: whether its mode keeps the target's output
+    distribution at the recipe's temperature, and why (``exact``: yes, no or audit), as eval
+    records it and serve says it; {} for the torch backend."""
+    if recipe.backend.kind != "trtllm":
+        return {}
+    from trtspec.build.trtllm_options import RELEASE, decoding_type
+    from trtspec.runtime.trtllm import exactness
+
+    mode, t = recipe.backend.mode, recipe.sampling.temperature
+    out = {}
+    for m in recipe.methods:
+        decoding = decoding_type(m, RELEASE, "pytorch") if mode == "native" else None
+        found = exactness(mode, decoding, t, allow_advanced_sampling=t > 0)  # build sets it
+        out[m.method] = {"mode": mode, "exact": found.exact, "why": found.why}
+    return out
 
 
 def vocab_size(llm: Any, model: str) -> int:
@@ -257,23 +433,15 @@ def open_models(recipe: Recipe, manifest: Any, recipe_path: str | Path = "recipe
 
 def check_in_process(recipe: Recipe, recipe_path: str | Path) -> None:
     """RecipeError unless this recipe runs in this process: the torch backend, or TensorRT-LLM's
-    LLM API in mode exact (TrtllmMissing, one line, where TensorRT-LLM is not importable). The
-    other TensorRT-LLM setups run TensorRT-LLM's own server, and the error says how."""
+    LLM API on the pytorch workflow, any mode (TrtllmMissing, one line, where TensorRT-LLM is
+    not importable). Engines run in TensorRT-LLM's own server, and the error says how."""
     if recipe.backend.kind == "torch":
         return
     backend = recipe.backend
     if backend.workflow == "engine":
         raise RecipeError(f"{recipe_path}: engines run in trtllm-serve: `trtspec serve --native` "
-                          "and `trtspec eval --launch` (or backend.workflow: pytorch with "
-                          "backend.mode: exact to run here)")
-    if backend.mode == "native":
-        raise RecipeError(f"{recipe_path}: backend.mode native: TensorRT-LLM drafts and "
-                          "verifies in its own server: `trtspec serve --native`, `trtspec eval "
-                          "--launch`; backend.mode: exact runs it here, verified by trtspec")
-    if backend.mode == "drafter":
-        raise RecipeError(f"{recipe_path}: backend.mode drafter does not run in eval, audit or "
-                          "serve yet (its Drafter is trtspec.runtime.trtllm.make_drafter): use "
-                          "backend.mode: exact")
+                          "and `trtspec eval --launch` (or backend.workflow: pytorch to run "
+                          "here)")
     from trtspec.runtime.trtllm import require
 
     require()

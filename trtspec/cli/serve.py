@@ -145,16 +145,18 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
         root, why = engines_root(recipe, engines)
         try:
             engine = recipe_engine(recipe, overrides, root, method, draft_len, slots,
-                                   max_waiting, served_model_name, decided)
+                                   max_waiting, served_model_name, decided, schedule)
         except ManifestError as e:
             raise explain_engines(e, root, why) from None
     scheduler = engine.scheduler
-    if schedule is not None and scheduler.executor.proposer is not None:
+    if schedule is not None and scheduler.speculates:
         scheduler.policy = schedule
         if schedule.unreachable(scheduler.slots):
             notes.append("schedule entries past --slots "
                          f"{scheduler.slots} never apply: " + ",".join(
                              f"{c}:{d}" for c, d in schedule.unreachable(scheduler.slots)))
+    if recipe is not None and backend != "toy":
+        notes += exactness_notes(recipe, overrides, engine.method)
     engine.policy, engine.spec_metrics = describe_policy(engine), spec_metrics
     key = api_key or os.environ.get("TRTSPEC_API_KEY")
     click.echo(f"trtspec serve: http://{host}:{port}/v1  model {engine.model}  slots "
@@ -373,14 +375,35 @@ def serve_native(recipe_path: str, overrides: tuple[str, ...], engines: str | No
     click.echo("trtspec serve --native: trtllm-serve exited")
 
 
+def exactness_notes(recipe_path: str, overrides: tuple[str, ...], method: str) -> list[str]:
+    """A TensorRT-LLM recipe's line on whether what is served keeps the target's output
+    distribution at its temperature (nothing for the torch backend, or plain decoding)."""
+    from trtspec.build.open import trtllm_exactness
+    from trtspec.build.recipe import load_recipe
+
+    recipe_file = Path(recipe_path)
+    if recipe_file.is_dir():
+        from trtspec.build.manifest import BUILT_RECIPE
+
+        recipe_file = recipe_file / BUILT_RECIPE
+    found = trtllm_exactness(load_recipe(recipe_file, list(overrides))).get(method)
+    if found is None:
+        return []
+    return [f"TensorRT-LLM mode {found['mode']}: exact at the recipe's temperature: "
+            f"{found['exact']} ({found['why']})"]
+
+
 def describe_policy(engine: Any) -> str:
     """The whole policy as it will run: method, D by load, and what else shapes drafts."""
-    executor = engine.scheduler.executor
-    proposer = executor.proposer
-    if proposer is None:
+    scheduler = engine.scheduler
+    if not scheduler.speculates:
         return "plain decoding"
-    text = f"{engine.method}, " + engine.scheduler.policy.describe(engine.scheduler.slots,
-                                                                  executor.draft_len)
+    text = f"{engine.method}, " + scheduler.policy.describe(scheduler.slots, scheduler.draft_len)
+    arm = getattr(scheduler, "arm", None)
+    if arm is not None:  # TensorRT-LLM's batch
+        return text + (f"; TensorRT-LLM {arm.decoding_type} drafts" if arm.mode == "native"
+                       else "; trtspec drafts, TensorRT-LLM verifies")
+    proposer = scheduler.executor.proposer
     if hasattr(proposer, "describe"):  # suffix: whose text drafts come from; heads: which
         text += f"; {proposer.describe()}"
     return text
@@ -442,13 +465,15 @@ def policy_from_eval(folder: Path, method: str | None, notes: list[str],
 def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
                   method: str | None, draft_len: int | str | None, slots: int | None,
                   max_waiting: int, name: str | None,
-                  decided: tuple[str, str | None] | None = None) -> Any:
+                  decided: tuple[str, str | None] | None = None, schedule: Any = None) -> Any:
     """The served model of a recipe's build (or a build folder): its runner warmed up for
     ``slots`` before the scheduler takes its rows. ``decided``: a --policy and the build
-    digest it was decided on; another build is refused before any warm-up."""
+    digest it was decided on; another build is refused before any warm-up. ``schedule``: the
+    policy's D by load, which a TensorRT-LLM arm (native, drafter) is made with."""
     from trtspec.build.open import open_build
-    from trtspec.serve.scheduler import Scheduler
+    from trtspec.serve.llmapi import make_scheduler
     from trtspec.serve.server import Engine, Limits, TokenizerTexts
+    from trtspec.spec.executor import SpecExecutor
 
     build, _ = open_build(recipe_path, overrides, root,
                           say=lambda line: click.echo(line, err=True))
@@ -467,11 +492,12 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     d = recipe.condition_draft_lengths(build.manifest.draft_lengths)[0] if draft_len is None \
         else draft_len  # an int, or adaptive
     slots = slots or recipe.limits.max_batch_size
-    build.warm_up(slots, watch=True)  # graphs for that batch, before any request
-    executor = build.executor(method, d)
+    arm = build.arm(method, d, schedule)  # an LlmArm: TensorRT-LLM's batch (native, drafter)
+    if isinstance(arm, SpecExecutor):
+        build.warm_up(slots, watch=True)  # graphs for that batch, before any request
     limits = Limits(max_input_len=recipe.limits.max_input_len,
                     max_seq_len=recipe.limits.max_seq_len)
-    return Engine(Scheduler(executor, slots, max_waiting=max_waiting),
+    return Engine(make_scheduler(arm, slots, max_waiting=max_waiting),
                   TokenizerTexts(build.tokenizer), name or recipe.target.model, limits,
                   method=method)
 

@@ -44,7 +44,13 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
     ``confirm``: an eval folder whose chosen setting is measured again on requests it has not
     seen (:mod:`trtspec.eval.confirm`)."""
     from trtspec.build.manifest import open_built
-    from trtspec.build.open import PLAIN, check_backend_device, check_in_process, open_models
+    from trtspec.build.open import (
+        PLAIN,
+        check_backend_device,
+        check_in_process,
+        open_models,
+        trtllm_exactness,
+    )
     from trtspec.eval.run import Condition, EvalInputs, run_eval
 
     fresh, chosen, confirms = None, None, {}
@@ -104,6 +110,7 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
         recipe_path, selection, eval_id or (f"{Path(confirm).name}-confirm" if confirm else None),
         resume, reports_root, "",
         lambda _, requests: {"conditions": [c.key for c in conditions], "client": "scheduler",
+                             "trtllm_exactness": trtllm_exactness(recipe),
                              "expected_records": len(conditions) * 2 * len(requests),
                              "until_decided": until_decided, "max_requests": max_requests,
                              **confirms}, say, fresh)
@@ -113,11 +120,12 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
         else:
             _check_same_build(out, manifest, manifest_path)
         build = open_models(recipe, manifest, recipe_path)
+        build.share_gpu(2)  # the baseline's arm and one speculative arm at a time
 
         def inputs(batch: Sequence[Any], chosen: Sequence[Condition], look: int) -> EvalInputs:
             return EvalInputs(batch, chosen,
-                              lambda c, arm: build.executor(PLAIN if arm == "baseline" else
-                                                            c.method, c.draft_len),
+                              lambda c, arm: build.arm(PLAIN if arm == "baseline" else
+                                                       c.method, c.draft_len),
                               lambda request: build.encode(request.chat()),
                               recipe.sampling.params(), recipe.eval.warmup,
                               margin=build.margin, slots=recipe.limits.max_batch_size,
@@ -127,11 +135,14 @@ def evaluate(recipe_path: str | Path, selection: Selection = EVERYTHING,
             raise RecipeError(f"--max-requests {max_requests} leaves no room after the plan's "
                               f"{len(requests)} requests per condition: give more, or drop "
                               "--until-decided")
-        records = run_eval(out, inputs(requests, conditions, 0), resume=not created,
-                           progress=progress)
-        if until_decided:
-            _until_decided(out, recipe, recipe_path, selection, requests, conditions, inputs,
-                           max_requests, progress, say)
+        try:
+            records = run_eval(out, inputs(requests, conditions, 0), resume=not created,
+                               progress=progress)
+            if until_decided:
+                _until_decided(out, recipe, recipe_path, selection, requests, conditions,
+                               inputs, max_requests, progress, say)
+        finally:
+            build.release_arms()
     return finish_eval(out, records)
 
 

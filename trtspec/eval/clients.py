@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.serve.scheduler import Scheduler, Ticket
+from trtspec.runtime.trtllm_stream import LlmArm
+from trtspec.serve.llmapi import make_scheduler
+from trtspec.serve.scheduler import Ticket
 from trtspec.spec.executor import Delta, SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams
 
@@ -47,13 +49,14 @@ class Sent:
         return self.ticket.admitted_at
 
 
-def run_clients(executor: SpecExecutor, prompts: Sequence[list[int]],
+def run_clients(executor: SpecExecutor | LlmArm, prompts: Sequence[list[int]],
                 params: Sequence[SamplingParams], concurrency: int, slots: int,
                 offsets: list[float] | None = None) -> tuple[list[Sent], float]:
     """Every prompt through a scheduler with ``slots`` slots, sent by ``concurrency`` closed-
     loop clients, or at ``offsets`` (open loop). Returns each request's timings, in prompt
-    order, and the perf_counter time the load started."""
-    scheduler = Scheduler(executor, slots, max_waiting=len(prompts))
+    order, and the perf_counter time the load started. ``executor``: trtspec's, or an
+    LlmArm (TensorRT-LLM's batch, :mod:`trtspec.serve.llmapi`)."""
+    scheduler = make_scheduler(executor, slots, max_waiting=len(prompts))
     todo = deque(range(len(prompts)))
     sent: list[Sent | None] = [None] * len(prompts)
     start = time.perf_counter()

@@ -28,6 +28,7 @@ from trtspec.analysis.records import failed, on_eval_clock, unanswered
 from trtspec.build.files import write_atomic
 from trtspec.eval.clients import cuda_in_use, peak_rss_mb, reset_peak_rss
 from trtspec.eval.workloads.request import WorkloadRequest
+from trtspec.runtime.trtllm_stream import LlmArm
 from trtspec.spec.executor import SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams
 
@@ -64,7 +65,8 @@ class EvalInputs:
 
     requests: Sequence[WorkloadRequest]
     conditions: Sequence[Condition]
-    make_executor: Callable[[Condition, str], SpecExecutor]  # (condition, arm) → executor
+    # (condition, arm) → trtspec's executor, or an LlmArm (TensorRT-LLM's batch)
+    make_executor: Callable[[Condition, str], SpecExecutor | LlmArm]
     encode: Callable[[WorkloadRequest], list[int]]
     sampling: SamplingParams  # max_tokens here is the default; a request's own wins
     warmup: int = 1
@@ -218,22 +220,34 @@ def _slots(inputs: EvalInputs, condition: Condition) -> int:
     return min(slots, condition.concurrency) if inputs.request_rate is not None else slots
 
 
-def _warm_up(executors: dict[str, SpecExecutor], inputs: EvalInputs, slots: int) -> None:
+def _warm_up(executors: dict[str, SpecExecutor | LlmArm], inputs: EvalInputs, slots: int
+             ) -> None:
     """Compiled graphs for the scheduler's batch of ``slots`` rows, then ``inputs.warmup``
-    requests per arm, untimed."""
+    requests per arm, untimed (an LlmArm's through its scheduler: TensorRT-LLM captured its
+    graphs when its LLM was made)."""
+    from trtspec.eval.clients import run_clients
+
     for executor in executors.values():  # (a runner returns at once for a batch it warmed)
-        executor.target.warm_up(slots)
+        if isinstance(executor, SpecExecutor):
+            executor.target.warm_up(slots)
     if not inputs.warmup:
         return
     warm = list(inputs.requests[: inputs.warmup])
     params = inputs.sampling.model_copy(update={"max_tokens": 8})
     for executor in executors.values():
+        if not isinstance(executor, SpecExecutor):  # on a prompt of its own: TensorRT-LLM's
+            prompt = list(range(1, 9))  # n-gram pool keeps what it saw, and must not have
+            run_clients(executor, [prompt] * len(warm), [params] * len(warm), len(warm),
+                        slots)  # seen the measured prompts
+            if executor.forget is not None:
+                executor.forget()
+            continue
         executor.generate([inputs.encode(r) for r in warm], params)
         if executor.proposer is not None:  # suffix: warm-up outputs are not there to be
             executor.proposer.forget()  # drafted from
 
 
-def _measure(executor: SpecExecutor, batch: list[WorkloadRequest], inputs: EvalInputs,
+def _measure(executor: SpecExecutor | LlmArm, batch: list[WorkloadRequest], inputs: EvalInputs,
              condition: Condition, arm: str, block: str) -> list[dict[str, Any]]:
     """One turn of an arm: the batch through the serving scheduler, sent by ``concurrency``
     closed-loop clients, or arriving at ``request_rate`` with at most ``concurrency`` running

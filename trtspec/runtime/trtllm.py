@@ -21,7 +21,11 @@ Terms:
                  ``py_draft_tokens`` and ``py_draft_logits`` = log q, q the proposal as trtspec
                  sampled it (after temperature, top-k and top-p), so the sampler's rejection
                  test min(1, p/q) sees the real proposal.
-  - ``native``   TensorRT-LLM drafts and verifies (:func:`speculative_config`).
+  - ``native``   TensorRT-LLM drafts and verifies: the options file build wrote, speculative
+                 config and all.
+
+  ``native`` and ``drafter`` run TensorRT-LLM's own batch, request by request
+  (:mod:`trtspec.runtime.trtllm_stream`).
 
 * **exact at T** (:func:`exactness`): whether a mode keeps the target's output distribution at
   a sampling temperature T, as the 1.2.1 sources read: ``yes``, ``no`` or ``audit`` (not
@@ -101,20 +105,28 @@ def exactness(mode: Mode, decoding_type: str | None, temperature: float,
 
 
 def make_llm(model: str, tp_size: int, limits: Any, speculative_config: Any = None,
-             kv_cache_fraction: float = 0.9) -> Any:
+             kv_cache_fraction: float = 0.9, options: dict[str, Any] | None = None,
+             kv_cache_bytes: int | None = None) -> Any:
     """A ``tensorrt_llm.LLM`` (PyTorch workflow) with the recipe's limits and KV block reuse
     on, which the exact mode relies on to find a row's prefix again. ``kv_cache_fraction`` of
     the free GPU memory goes to its KV cache (TensorRT-LLM's default 0.9; less where a torch
-    draft model shares the GPU and grows a cache of its own)."""
+    draft model shares the GPU and grows a cache of its own, or two arms share it).
+    ``options``: an LLM API options file build wrote (its keys win, as trtllm-serve's
+    ``--config`` does). ``kv_cache_bytes`` caps the KV cache in bytes as well (TensorRT-LLM
+    takes the smaller): arms made one after another get the same cache that way, where a
+    fraction of what is free would give the second less."""
     trt = require()
     from tensorrt_llm.llmapi import KvCacheConfig
 
-    return trt.LLM(model=model, tensor_parallel_size=tp_size,
-                   max_batch_size=limits.max_batch_size, max_num_tokens=limits.max_num_tokens,
-                   max_seq_len=limits.max_seq_len,
-                   kv_cache_config=KvCacheConfig(enable_block_reuse=True,
-                                                 free_gpu_memory_fraction=kv_cache_fraction),
-                   speculative_config=speculative_config)
+    kwargs: dict[str, Any] = {
+        "max_batch_size": limits.max_batch_size, "max_num_tokens": limits.max_num_tokens,
+        "max_seq_len": limits.max_seq_len, "speculative_config": speculative_config,
+        "kv_cache_config": KvCacheConfig(enable_block_reuse=True,
+                                         free_gpu_memory_fraction=kv_cache_fraction,
+                                         max_gpu_total_bytes=kv_cache_bytes or 0)}
+    kwargs.update(options or {})
+    kwargs.pop("stream_interval", None)  # 1, the default: every iteration a streamed step
+    return trt.LLM(model=model, tensor_parallel_size=tp_size, **kwargs)
 
 
 class ContextLogitsRunner:
@@ -306,6 +318,13 @@ def make_drafter(propose: Propose, draft_len: Callable[[int], int], max_draft_le
     with the flag softmax(log q) = q: the test min(1, p/q) and the residual max(0, p − q) use
     the proposal the tokens were really drawn from. Without the flag the temperature would be
     applied a second time.
+
+    TensorRT-LLM pads every request's drafts to the drafter's ``max_total_draft_tokens``
+    with token 0 for its CUDA graphs, past the rows of q. So a request with fewer drafts (an
+    n-gram without a match, a schedule's smaller D) is padded here first, with token 0 as a
+    point mass (q one-hot there): a real proposal, exact whether it is kept or not. A request
+    given no drafts is left without (TensorRT-LLM pads it and matches the pads against its
+    own samples: point masses again).
     """
     from tensorrt_llm._torch.speculative.drafter import Drafter
 
@@ -316,13 +335,38 @@ def make_drafter(propose: Propose, draft_len: Callable[[int], int], max_draft_le
             d = min(draft_len(len(requests)), max_draft_len)
             drafts = propose([scheduled(r) for r in requests], d) if d > 0 and requests \
                 else [([], None)] * len(requests)
+            # the width TensorRT-LLM pads to (1.2 keeps it as _static_max_total_draft_tokens)
+            width = getattr(self, "_static_max_total_draft_tokens", None) \
+                or self.max_total_draft_tokens or max_draft_len
             for request, (tokens, q) in zip(requests, drafts, strict=True):
+                logits = None
+                if tokens:
+                    logits = pad_point_masses(log_q(tokens, q, vocab_size, device), width)
+                    tokens = list(tokens) + [0] * (width - len(tokens))
                 request.py_draft_tokens = list(tokens)
-                request.py_draft_logits = log_q(tokens, q, vocab_size, device) if tokens \
-                    else None
+                request.py_draft_logits = logits
                 request.py_draft_use_greedy_sampling = True  # q as given (see above)
 
     return TrtspecDrafter(max_draft_len=max_draft_len, max_total_draft_tokens=max_draft_len)
+
+
+def user_provided(drafter: Any, max_draft_len: int) -> Any:
+    """The ``speculative_config`` that runs ``drafter`` (from :func:`make_drafter`)."""
+    require()
+    from tensorrt_llm.llmapi import UserProvidedDecodingConfig
+
+    return UserProvidedDecodingConfig(max_draft_len=max_draft_len, drafter=drafter)
+
+
+def pad_point_masses(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """Draft logits [n, V] → [width, V]: each added row a point mass at token 0 (0 there,
+    −inf elsewhere), the log q of the padding token TensorRT-LLM would add."""
+    n, vocab = logits.shape
+    if n >= width:
+        return logits
+    pad = torch.full((width - n, vocab), -math.inf, device=logits.device, dtype=logits.dtype)
+    pad[:, 0] = 0.0
+    return torch.cat([logits, pad])
 
 
 def log_q(tokens: Sequence[int], q: torch.Tensor | None, vocab_size: int, device: Any = None

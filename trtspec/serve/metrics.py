@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from trtspec.serve.llmapi import LlmApiScheduler
 from trtspec.serve.scheduler import Scheduler, Ticket
 from trtspec.spec.counters import SpecStats
 
@@ -21,7 +22,7 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class ServeMetrics:
-    def __init__(self, registry: Any, scheduler: Scheduler) -> None:
+    def __init__(self, registry: Any, scheduler: Scheduler | LlmApiScheduler) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
         self.finished = Counter("trtspec:request_success", "ended requests by finish reason",
@@ -60,6 +61,8 @@ class ServeMetrics:
         """A request left the scheduler (any reason): count it and its speculation."""
         stats = ticket.stats
         self.finished.labels(ticket.reported or ticket.finish_reason or "abort").inc()
+        if stats.accepted_draft_tokens and not stats.proposed_tokens:
+            return  # proposals unknown (TensorRT-LLM drafted): no acceptance series to skew
         self.drafts.inc(spec_field(stats)["drafts"])
         self.draft_tokens.inc(stats.proposed_tokens)
         self.accepted.inc(stats.accepted_draft_tokens)

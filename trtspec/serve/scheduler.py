@@ -165,22 +165,17 @@ class Ticket:
         return self.request.stats if self.request else SpecStats()
 
 
-class Scheduler:
-    """Slots over one executor's target (and proposer); see the module docstring."""
+class Slots:
+    """What both schedulers share: this module's over trtspec's executor and
+    :class:`~trtspec.serve.llmapi.LlmApiScheduler` over TensorRT-LLM's batch. ``slots``
+    tickets run at once, the rest wait FIFO (at most ``max_waiting``, else QueueFull); the
+    ended requests' counters add up in ``totals``; the step loop runs until stopped. Each
+    scheduler defines ``step``, ``_free`` (release a slot) and ``_fail`` (a step failed)."""
 
-    def __init__(self, executor: SpecExecutor, slots: int, policy: DraftPolicy | None = None,
-                 max_waiting: int = 256, keep_prompts: bool = False) -> None:
+    def __init__(self, slots: int, max_waiting: int) -> None:
         if slots < 1:
             raise ValueError(f"slots must be ≥ 1, got {slots}")
-        self.executor, self.slots, self.max_waiting = executor, slots, max_waiting
-        # module docstring, "kept prompt": what each row still holds of a finished request
-        self.keep_prompts = keep_prompts
-        self._kept: list[list[int] | None] = [None] * slots
-        self.policy = policy or DraftPolicy(ADAPTIVE if executor.adaptive is not None
-                                            else executor.draft_len)
-        self._idle = [Request([0], SamplingParams(), frozenset(), make_generator(0),
-                              finish_reason="idle") for _ in range(slots)]
-        self._rows: list[Request] = list(self._idle)  # what verify sees in each row
+        self.slots, self.max_waiting = slots, max_waiting
         self._tickets: list[Ticket | None] = [None] * slots
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._lock = threading.Lock()
@@ -189,25 +184,29 @@ class Scheduler:
         self.on_end: Callable[[Ticket], None] | None = None  # on the step thread (metrics)
         self.on_round: Callable[[list[Delta]], None] | None = None  # after each round, too
         self.error: str | None = None  # set when a step failed: the scheduler is down
-        executor.claim_target()  # its hidden states (heads) or none: the runner is shared
-        executor.target.prefill([[0]] * slots)  # the rows exist from now on; admission refills
-        if executor.proposer is not None:
-            executor.proposer.start([[0]] * slots)
 
     @property
     def running(self) -> int:
+        """Requests holding a slot."""
         return sum(t is not None for t in self._tickets)
 
     @property
     def waiting(self) -> int:
+        """Requests queued for a slot."""
         return len(self._waiting)
 
-    def submit(self, prompt: Sequence[int], params: SamplingParams,
-               on_delta: Callable[[Delta], int | None] | None = None) -> Ticket:
-        """Queue a request (thread-safe). A bad prompt raises ValueError here, a full queue
-        QueueFull: neither takes a slot."""
-        ticket = Ticket(list(prompt), params, on_delta)
-        ticket.request = self.executor.request(ticket.prompt, params)
+    def step(self) -> int:
+        raise NotImplementedError
+
+    def _free(self, slot: int, reason: str | None) -> None:
+        raise NotImplementedError
+
+    def _fail(self, reason: str) -> None:
+        raise NotImplementedError
+
+    def _enqueue(self, ticket: Ticket) -> Ticket:
+        """Queue a checked ticket (thread-safe): SchedulerDown once a step failed, QueueFull
+        past the bound."""
         with self._wake:
             if self.error is not None:  # under the lock: _fail drains the queue under it
                 raise SchedulerDown(f"the model failed: {self.error}")
@@ -220,14 +219,13 @@ class Scheduler:
         return ticket
 
     def cancel(self, ticket: Ticket) -> None:
-        """Stop a request (thread-safe): the step thread ends it before the next round."""
+        """Stop a request (thread-safe): the step thread ends it at its next step."""
         ticket.cancelled = True
         with self._wake:
             self._wake.notify()
 
-    def step(self) -> int:
-        """Drop cancelled requests, admit waiting ones into free slots, run one round for the
-        running ones. Returns how many requests hold a slot afterwards."""
+    def _drop_cancelled(self) -> None:
+        """End every cancelled request, running (its slot freed) or waiting."""
         for slot, ticket in enumerate(self._tickets):
             if ticket is not None and ticket.cancelled:
                 self._free(slot, "abort")
@@ -237,6 +235,79 @@ class Scheduler:
                 self._waiting.remove(ticket)
         for ticket in dropped:
             self._end(ticket, "abort")
+
+    def run_until_idle(self) -> None:
+        """Step until nothing runs or waits (tests, offline batches)."""
+        while self.step() or self._waiting:
+            pass
+
+    def serve_forever(self, stop: threading.Event) -> None:
+        """The step loop: sleeps while there is nothing to do, until ``stop`` is set. A step
+        that raises ends every request with "error" and takes the scheduler down (503)."""
+        while not stop.is_set():
+            try:
+                busy = self.step()
+            except Exception as e:
+                reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
+                logging.getLogger(type(self).__module__).error(
+                    "a step failed (%s): every request was ended with an error; new requests "
+                    "get 503 until the server is restarted", reason)
+                self._fail(reason)
+                return
+            if not busy:
+                with self._wake:
+                    if not self._waiting:
+                        self._wake.wait(timeout=0.05)
+
+    def _end(self, ticket: Ticket, reason: str | None) -> None:
+        self.totals = end(ticket, reason, self.totals, self.on_end)
+
+
+class Scheduler(Slots):
+    """Slots over one executor's target (and proposer); see the module docstring."""
+
+    def __init__(self, executor: SpecExecutor, slots: int, policy: DraftPolicy | None = None,
+                 max_waiting: int = 256, keep_prompts: bool = False) -> None:
+        super().__init__(slots, max_waiting)
+        self.executor = executor
+        # module docstring, "kept prompt": what each row still holds of a finished request
+        self.keep_prompts = keep_prompts
+        self._kept: list[list[int] | None] = [None] * slots
+        self.policy = policy or DraftPolicy(ADAPTIVE if executor.adaptive is not None
+                                            else executor.draft_len)
+        self._idle = [Request([0], SamplingParams(), frozenset(), make_generator(0),
+                              finish_reason="idle") for _ in range(slots)]
+        self._rows: list[Request] = list(self._idle)  # what verify sees in each row
+        executor.claim_target()  # its hidden states (heads) or none: the runner is shared
+        executor.target.prefill([[0]] * slots)  # the rows exist from now on; admission refills
+        if executor.proposer is not None:
+            executor.proposer.start([[0]] * slots)
+
+    @property
+    def speculates(self) -> bool:
+        """Whether requests here may get drafts (a proposer; D may still be 0 at a load)."""
+        return self.executor.proposer is not None
+
+    @property
+    def draft_len(self) -> int:
+        """The executor's D (an adaptive one's cap)."""
+        return self.executor.draft_len
+
+    def stops(self, params: SamplingParams) -> frozenset[int]:
+        return self.executor.stops(params)
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams,
+               on_delta: Callable[[Delta], int | None] | None = None) -> Ticket:
+        """Queue a request (thread-safe). A bad prompt raises ValueError here, a full queue
+        QueueFull: neither takes a slot."""
+        ticket = Ticket(list(prompt), params, on_delta)
+        ticket.request = self.executor.request(ticket.prompt, params)
+        return self._enqueue(ticket)
+
+    def step(self) -> int:
+        """Drop cancelled requests, admit waiting ones into free slots, run one round for the
+        running ones. Returns how many requests hold a slot afterwards."""
+        self._drop_cancelled()
         self._admit()
         live = [b for b, t in enumerate(self._tickets)
                 if t is not None and t.request.finish_reason is None and not t.cancelled]
@@ -248,28 +319,6 @@ class Scheduler:
             for delta in deltas:
                 self._deliver(delta)
         return self.running
-
-    def run_until_idle(self) -> None:
-        """Step until nothing runs or waits (tests, offline batches)."""
-        while self.step() or self._waiting:
-            pass
-
-    def serve_forever(self, stop: threading.Event) -> None:
-        """The step loop: sleeps while there is nothing to do, until ``stop`` is set."""
-        while not stop.is_set():
-            try:
-                busy = self.step()
-            except Exception as e:  # a model error: end every request with "error", go down
-                reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
-                logging.getLogger("trtspec.serve.scheduler").error(
-                    "a step failed (%s): every request was ended with an error; new requests "
-                    "get 503 until the server is restarted", reason)
-                self._fail(reason)
-                return
-            if not busy:
-                with self._wake:
-                    if not self._waiting:
-                        self._wake.wait(timeout=0.05)
 
     def _fail(self, reason: str) -> None:
         """A step raised: end every running and waiting request with "error", without calling
@@ -319,39 +368,10 @@ class Scheduler:
             self._free(delta.index, None)
 
     def _stop_at(self, ticket: Ticket, keep: int) -> None:
-        """End a request at a stop string its client found: the tokens after it were
-        verified but dropped by stop handling (discarded, not emitted), now, not a round
-        later."""
-        request = ticket.request
-        assert request is not None
-        stats = request.stats
-        extra = max(0, len(request.output) - keep)  # 1 ≤ keep: the first token stays
-        del request.output[keep:]
-        if request.finish_reason is not None and stats.verification_rounds:
-            stats.request_al.pop()  # its AL was fixed before the trim: fixed again below
-        stats.emitted_tokens -= extra
-        stats.discarded_tokens += extra
-        stats.close_request()
-        request.finish_reason, ticket.reported, ticket.final_sent = "stop", "stop", True
+        stop_at(ticket, keep)
 
     def _notify(self, ticket: Ticket, delta: Delta) -> int | None:
-        """Hand a delta to the request's client (on_delta may return how many tokens to keep:
-        a stop string). A client callback that raises ends that request, not the server."""
-        if delta.finish_reason is not None:
-            ticket.final_sent = True
-        if ticket.on_delta is None:
-            return None
-        try:
-            keep = ticket.on_delta(delta)
-            if keep is not None and (type(keep) is not int or keep < 1):
-                raise ValueError(f"on_delta returned {keep!r}, not a token count ≥ 1")
-        except Exception as e:
-            logging.getLogger("trtspec.serve.scheduler").error(
-                "a request's client callback failed (%s: %s): the request is ended",
-                type(e).__name__, e)
-            ticket.cancelled, ticket.reported = True, "error"
-            return None
-        return None if keep is None else min(keep, len(ticket.token_ids))
+        return notify(ticket, delta)
 
     def _free(self, slot: int, reason: str | None) -> None:
         """Release a slot; ``reason`` ends a request that had not finished (a cancel). The
@@ -372,21 +392,64 @@ class Scheduler:
             if ticket is not None:
                 self._end(ticket, reason)
 
-    def _end(self, ticket: Ticket, reason: str | None) -> None:
-        request = ticket.request
-        assert request is not None
-        if reason is not None and (request.finish_reason is None or not ticket.final_sent):
-            if request.finish_reason is None:
-                request.stats.close_request()
-            request.finish_reason = reason
-            self._notify(ticket, Delta(ticket.slot if ticket.slot is not None else -1, [],
-                                       reason))
-        self.totals = SpecStats.merge([self.totals, request.stats])
-        self.totals.request_al.clear()  # a server runs for ever: counters only
-        if self.on_end is not None:
-            try:
-                self.on_end(ticket)
-            except Exception as e:  # metrics must not take the server down
-                logging.getLogger("trtspec.serve.scheduler").error(
-                    "counting an ended request failed (%s: %s)", type(e).__name__, e)
-        ticket.done.set()
+
+
+def stop_at(ticket: Ticket, keep: int) -> None:
+    """End a request at a stop string its client found: the tokens after it were
+    verified but dropped by stop handling (discarded, not emitted), now, not a round
+    later."""
+    request = ticket.request
+    assert request is not None
+    stats = request.stats
+    extra = max(0, len(request.output) - keep)  # 1 ≤ keep: the first token stays
+    del request.output[keep:]
+    if request.finish_reason is not None and stats.verification_rounds:
+        stats.request_al.pop()  # its AL was fixed before the trim: fixed again below
+    stats.emitted_tokens -= extra
+    stats.discarded_tokens += extra
+    stats.close_request()
+    request.finish_reason, ticket.reported, ticket.final_sent = "stop", "stop", True
+
+
+def notify(ticket: Ticket, delta: Delta) -> int | None:
+    """Hand a delta to the request's client (on_delta may return how many tokens to keep:
+    a stop string). A client callback that raises ends that request, not the server."""
+    if delta.finish_reason is not None:
+        ticket.final_sent = True
+    if ticket.on_delta is None:
+        return None
+    try:
+        keep = ticket.on_delta(delta)
+        if keep is not None and (type(keep) is not int or keep < 1):
+            raise ValueError(f"on_delta returned {keep!r}, not a token count ≥ 1")
+    except Exception as e:
+        logging.getLogger("trtspec.serve.scheduler").error(
+            "a request's client callback failed (%s: %s): the request is ended",
+            type(e).__name__, e)
+        ticket.cancelled, ticket.reported = True, "error"
+        return None
+    return None if keep is None else min(keep, len(ticket.token_ids))
+
+
+def end(ticket: Ticket, reason: str | None, totals: SpecStats,
+        on_end: Callable[[Ticket], None] | None) -> SpecStats:
+    """A request leaves: ``reason`` ends one that had not finished (its client is told),
+    its counters join ``totals`` (returned), ``on_end`` counts it (a failure there is
+    logged: metrics must not take the server down), and ``done`` is set."""
+    request = ticket.request
+    assert request is not None
+    if reason is not None and (request.finish_reason is None or not ticket.final_sent):
+        if request.finish_reason is None:
+            request.stats.close_request()
+        request.finish_reason = reason
+        notify(ticket, Delta(ticket.slot if ticket.slot is not None else -1, [], reason))
+    totals = SpecStats.merge([totals, request.stats])
+    totals.request_al.clear()  # a server runs for ever: counters only
+    if on_end is not None:
+        try:
+            on_end(ticket)
+        except Exception as e:
+            logging.getLogger("trtspec.serve.scheduler").error(
+                "counting an ended request failed (%s: %s)", type(e).__name__, e)
+    ticket.done.set()
+    return totals

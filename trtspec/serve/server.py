@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from trtspec.serve import openai_api as wire
 from trtspec.serve.intake import Limits, authorize, bound_chars, read_body, sampling_params
+from trtspec.serve.llmapi import LlmApiScheduler
 from trtspec.serve.metrics import AccessLog, ServeMetrics, note, spec_field, speculative_decoding
 from trtspec.serve.openai_api import (  # the text side: re-exported for the CLI
     ApiError,
@@ -67,8 +68,9 @@ class Engine:
     ``method`` the speculation method served; ``spec_metrics`` is vLLM's per-request spec-decode
     metrics level: "none", "summary" or "detailed"."""
 
-    def __init__(self, scheduler: Scheduler, texts: Texts, model: str, limits: Limits,
-                 policy: str = "", spec_metrics: str = "summary", method: str = "") -> None:
+    def __init__(self, scheduler: Scheduler | LlmApiScheduler, texts: Texts, model: str,
+                 limits: Limits, policy: str = "", spec_metrics: str = "summary",
+                 method: str = "") -> None:
         from prometheus_client import CollectorRegistry, disable_created_metrics
 
         disable_created_metrics()  # no *_created series beside each counter (as vLLM)
@@ -86,7 +88,7 @@ class Engine:
     def d_mode(self) -> str:
         """The access log's D: plain, METHOD/D4, METHOD/adaptive or METHOD/by-load[…]."""
         policy = self.scheduler.policy
-        if self.scheduler.executor.proposer is None:
+        if not self.scheduler.speculates:
             return "plain"
         if policy.schedule:
             d = "by-load[" + ",".join(f"{n}:{d}" for n, d in policy.schedule) + "]"
@@ -100,7 +102,7 @@ class Engine:
         policy = self.scheduler.policy
         ints = [d for d in (policy.draft_len, *(d for _, d in policy.schedule))
                 if isinstance(d, int)]
-        return max([self.scheduler.executor.draft_len, *ints])
+        return max([self.scheduler.draft_len, *ints])
 
     def start(self) -> None:
         self.started = int(time.time())
@@ -118,7 +120,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[Delta, str, str | None]] = asyncio.Queue()
         steps: list[tuple[int, int]] = []
-        stops = self.scheduler.executor.stops(params)
+        stops = self.scheduler.stops(params)
 
         def push(delta: Delta) -> int | None:  # on the step thread
             if delta.num_draft:
@@ -318,7 +320,7 @@ async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
         """``spec`` (trtspec's counters) and vLLM's per-request ``metrics`` object."""
         out: dict[str, Any] = {"spec": spec_field(ticket.stats)}
         if engine.spec_metrics != "none":
-            spec = None if engine.scheduler.executor.proposer is None else speculative_decoding(
+            spec = None if not engine.scheduler.speculates else speculative_decoding(
                 run.steps, engine.max_draft_len, engine.spec_metrics == "detailed")
             out["metrics"] = {"speculative_decoding": spec}
         return out

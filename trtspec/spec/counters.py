@@ -62,6 +62,19 @@ class SpecStats:
         _add_prefix(self.proposed_per_position, num_draft)
         _add_prefix(self.accepted_per_position, num_accepted)
 
+    def record_step(self, num_accepted: int, num_kept: int) -> None:
+        """Count one verification step of a batch someone else verifies (TensorRT-LLM's),
+        known only from the tokens it added: ``num_accepted`` drafts kept (the step's tokens
+        less one) and ``num_kept`` committed. What was proposed is not known per request, so
+        ``proposed_tokens`` is left alone and ``rejected_rounds`` becomes None (not
+        recorded); acceptance *rates* need the proposals and come from elsewhere."""
+        self.verification_rounds += 1
+        self.rejected_rounds = None
+        self.accepted_draft_tokens += num_accepted
+        self.emitted_tokens += num_kept
+        self.discarded_tokens += num_accepted + 1 - num_kept
+        _add_prefix(self.accepted_per_position, num_accepted)
+
     def close_request(self) -> None:
         """Fix this request's AL (call once, on a per-request SpecStats)."""
         if self.verification_rounds:
