@@ -175,6 +175,21 @@ def test_a_request_tensorrt_llm_refuses_ends_alone(trtllm_standin) -> None:
     assert again.finish_reason == "length" and scheduler.error is None
 
 
+def test_a_request_failing_mid_stream_ends_alone_and_frees_its_slot(trtllm_standin) -> None:
+    """A request whose stream fails in TensorRT-LLM after its first token: it ends with an
+    error, and its one slot serves the next request (never held for an abort)."""
+    made = arm(trtllm_standin, "native", slots=1)
+    made.llm.failing.add((4, 4, 4))
+    scheduler = make_scheduler(made, slots=1)
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    bad = scheduler.submit([4, 4, 4], params)
+    good = scheduler.submit([1, 2, 3], params)
+    scheduler.run_until_idle()
+    assert bad.finish_reason == "error" and len(bad.token_ids) == 1
+    assert good.finish_reason == "length" and len(good.token_ids) == 5
+    assert scheduler.held() == 0 and scheduler.error is None
+
+
 def test_eos_ends_with_stop_and_the_stop_token_comes_back(trtllm_standin) -> None:
     scheduler = make_scheduler(arm(trtllm_standin, "native"), slots=4)
     params = SamplingParams(temperature=1.0, max_tokens=64)

@@ -210,6 +210,10 @@ class TrtllmBuild(OpenBuild):
                               "requests): give draft lengths, or backend.mode: exact")
         plain = method == PLAIN or draft_len == 0
         steps = tuple(schedule.schedule) if schedule is not None and not plain else ()
+        if steps and int(steps[0][1]) == 0:  # TensorRT-LLM refuses max_draft_len 0: as
+            self.say("note: the schedule drafts nothing at one running request: serving "
+                     "plain decoding (llmapi/baseline.yaml)")  # serve --native does
+            plain, steps = True, ()
         if steps and mode == "drafter":
             raise RecipeError("backend.mode drafter: a D by running requests is not applied "
                               "(TensorRT-LLM 1.2 pads every request's drafts to the drafter's "
@@ -223,9 +227,13 @@ class TrtllmBuild(OpenBuild):
         return self._arms[key]
 
     def release_arms(self) -> None:
-        for arm in self._arms.values():
-            arm.shutdown()
-        self._arms.clear()
+        """Shut every arm's LLM down (each tried, whatever another raised)."""
+        arms, self._arms = list(self._arms.values()), {}
+        for arm in arms:
+            try:
+                arm.shutdown()
+            except Exception as e:  # the others still go, and an eval's own error stays
+                self.say(f"note: shutting a TensorRT-LLM arm down failed: {e}")
         if self.recipe.backend.mode != "exact":
             self._runner = None  # the reference's LLM was the plain arm's
 
@@ -240,7 +248,11 @@ class TrtllmBuild(OpenBuild):
         except ManifestError:
             raise RecipeError(f"the build wrote no llmapi/{name}.yaml: `trtspec build` the "
                               "recipe again (with this D in its draft_lengths)") from None
-        options = yaml.safe_load(path.read_text()) if path.is_file() else None
+        try:
+            options = yaml.safe_load(path.read_text()) if path.is_file() else None
+        except yaml.YAMLError as e:
+            raise RecipeError(f"{path}: not YAML ({str(e).splitlines()[0]}): `trtspec build` "
+                              "writes it again") from None
         if not isinstance(options, dict):
             raise RecipeError(f"{path}: no options here (`trtspec build` writes them)")
         return options
@@ -261,6 +273,8 @@ class TrtllmBuild(OpenBuild):
             model = Path(self.recipe.target.model)
             weights = sum(f.stat().st_size for f in model.glob("*.safetensors")) \
                 if model.is_dir() else 0
+            if any(isinstance(m, DraftModel) for m in self.recipe.methods):
+                free *= DRAFT_KV_FRACTION / 0.9  # room for a torch draft model and its cache
             self._kv_budget = max(0, int((0.9 * free - self.arms_at_once * weights)
                                          / self.arms_at_once))
         return self._kv_budget or None
@@ -278,6 +292,9 @@ class TrtllmBuild(OpenBuild):
         spec, forget, decoding = None, None, None
         if not plain and mode == "native":
             options = self._options(f"{method}-d{d}")
+            if not isinstance(options.get("speculative_config"), dict):
+                raise RecipeError(f"llmapi/{method}-d{d}.yaml has no speculative_config: "
+                                  "`trtspec build` it again")
             if steps:
                 from trtspec.build.trtllm_options import draft_len_schedule
 
@@ -285,11 +302,13 @@ class TrtllmBuild(OpenBuild):
             decoding = options["speculative_config"].get("decoding_type")
         elif not plain:  # drafter: trtspec's proposer inside TensorRT-LLM's batch
             spec, forget = self._drafter(chosen, d)
-        share = 0.9 / self.arms_at_once
-        fraction = share * (DRAFT_KV_FRACTION / 0.9 if isinstance(chosen, DraftModel) else 1.0)
+        budget = self._kv_cache_bytes()
+        # one LLM: a fraction of what is free (less beside a torch draft model); several:
+        # the byte budget binds, the same for each arm (the fraction only as a ceiling)
+        fraction = 0.9 if budget else 0.9 * (DRAFT_KV_FRACTION / 0.9 if isinstance(
+            chosen, DraftModel) else 1.0)
         llm = make_llm(self.recipe.target.model, self.recipe.target.tp_size, self.recipe.limits,
-                       spec, kv_cache_fraction=fraction, options=options,
-                       kv_cache_bytes=self._kv_cache_bytes())
+                       spec, kv_cache_fraction=fraction, options=options, kv_cache_bytes=budget)
         return LlmArm(llm, PLAIN if plain else method, 0 if plain else d, self.eos_token_ids,
                       vocab_size(llm, self.recipe.target.model), None if plain else mode,
                       decoding, forget)

@@ -473,7 +473,6 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     from trtspec.build.open import open_build
     from trtspec.serve.llmapi import make_scheduler
     from trtspec.serve.server import Engine, Limits, TokenizerTexts
-    from trtspec.spec.executor import SpecExecutor
 
     build, _ = open_build(recipe_path, overrides, root,
                           say=lambda line: click.echo(line, err=True))
@@ -492,9 +491,9 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     d = recipe.condition_draft_lengths(build.manifest.draft_lengths)[0] if draft_len is None \
         else draft_len  # an int, or adaptive
     slots = slots or recipe.limits.max_batch_size
+    if getattr(recipe.backend, "mode", "exact") == "exact":  # trtspec's runner: its graphs for
+        build.warm_up(slots, watch=True)  # that batch, before any request
     arm = build.arm(method, d, schedule)  # an LlmArm: TensorRT-LLM's batch (native, drafter)
-    if isinstance(arm, SpecExecutor):
-        build.warm_up(slots, watch=True)  # graphs for that batch, before any request
     limits = Limits(max_input_len=recipe.limits.max_input_len,
                     max_seq_len=recipe.limits.max_seq_len)
     return Engine(make_scheduler(arm, slots, max_waiting=max_waiting),

@@ -47,6 +47,7 @@ from trtspec.spec.executor import Delta, Request, SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams
 
 WAIT = 0.05  # seconds a step waits for TensorRT-LLM's next response when none is there
+DRAIN_S = 30.0  # seconds an aborted request may keep its slot waiting for TensorRT-LLM
 
 
 class LlmApiScheduler(Slots):
@@ -58,7 +59,8 @@ class LlmApiScheduler(Slots):
         self.arm = arm
         self.policy = policy or DraftPolicy(arm.draft_len)
         self._streams: dict[int, Stream] = {}  # slot → its request's stream
-        self._draining: dict[Ticket, int] = {}  # ended here, aborted there: its slot
+        self._draining: dict[Ticket, tuple[int, float]] = {}  # ended here, aborted there:
+        # its slot, and when (a slot TensorRT-LLM never lets go of is freed after DRAIN_S)
         self._steps: queue.Queue[tuple[Ticket, Step] | None] = queue.Queue()
 
     @property
@@ -86,6 +88,16 @@ class LlmApiScheduler(Slots):
         self._enqueue(ticket)
         self._steps.put(None)  # a step waiting for responses admits it now
         return ticket
+
+    def held(self) -> int:
+        """Slots taken: running requests, and aborted ones TensorRT-LLM still holds."""
+        return self.running + len(self._draining)
+
+    def run_until_idle(self) -> None:
+        """Step until nothing runs, waits or drains (an aborted request TensorRT-LLM has
+        not let go of yet would otherwise sit in the next scheduler's batch)."""
+        while self.step() or self._waiting or self._draining:
+            pass
 
     def cancel(self, ticket: Ticket) -> None:
         """Stop a request (thread-safe): the next step asks TensorRT-LLM to end it."""
@@ -118,6 +130,13 @@ class LlmApiScheduler(Slots):
             delta = self._deliver(ticket, step)
             if delta is not None and delta.draft_len:
                 deltas.append(delta)
+        now = time.monotonic()
+        for ticket, (slot, since) in list(self._draining.items()):
+            if now - since > DRAIN_S:
+                logging.getLogger("trtspec.serve.llmapi").warning(
+                    "TensorRT-LLM did not end an aborted request in %.0f s: its slot %d is "
+                    "used again", DRAIN_S, slot)
+                del self._draining[ticket]
         if deltas and self.on_round is not None:
             try:
                 self.on_round(deltas)
@@ -127,7 +146,7 @@ class LlmApiScheduler(Slots):
         return self.running
 
     def _admit(self) -> None:
-        draining = set(self._draining.values())
+        draining = {slot for slot, _ in self._draining.values()}
         for slot in range(self.slots):
             if self._tickets[slot] is not None or slot in draining:
                 continue
@@ -154,13 +173,13 @@ class LlmApiScheduler(Slots):
             return None
         request = ticket.request
         assert request is not None
+        if step.finish_reason is not None:
+            self._streams.pop(slot, None)  # it ended there: nothing to abort
         if step.finish_reason == "error":
             logging.getLogger("trtspec.serve.llmapi").error(
                 "a request failed in TensorRT-LLM (%s): it is ended", step.error)
             self._free(slot, "error")
             return None
-        if step.finish_reason is not None:
-            self._streams.pop(slot, None)  # it ended there: nothing to abort
         first = not request.output
         tokens = list(step.token_ids)
         accepted = 0
@@ -193,7 +212,8 @@ class LlmApiScheduler(Slots):
         stream = self._streams.pop(slot, None)
         if stream is not None:
             if ticket is not None:  # the slot stays taken until TensorRT-LLM ends it too,
-                self._draining[ticket] = slot  # so its batch never holds more than slots
+                self._draining[ticket] = (slot, time.monotonic())  # so its batch never
+                # holds more than slots
             try:
                 stream.abort()
             except Exception as e:  # already finished there: nothing to end

@@ -195,6 +195,10 @@ class Slots:
         """Requests queued for a slot."""
         return len(self._waiting)
 
+    def held(self) -> int:
+        """Slots taken (LlmApiScheduler's also counts aborts TensorRT-LLM still holds)."""
+        return self.running
+
     def step(self) -> int:
         raise NotImplementedError
 
@@ -210,7 +214,7 @@ class Slots:
         with self._wake:
             if self.error is not None:  # under the lock: _fail drains the queue under it
                 raise SchedulerDown(f"the model failed: {self.error}")
-            free = self.slots - self.running  # those are admitted at the next step
+            free = self.slots - self.held()  # those are admitted at the next step
             if len(self._waiting) >= self.max_waiting + free:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting for a slot (the "
                                 f"bound is {self.max_waiting}): retry later")
@@ -260,7 +264,26 @@ class Slots:
                         self._wake.wait(timeout=0.05)
 
     def _end(self, ticket: Ticket, reason: str | None) -> None:
-        self.totals = end(ticket, reason, self.totals, self.on_end)
+        """A request leaves: ``reason`` ends one that had not finished (its client is told),
+        its counters join ``totals``, ``on_end`` counts it (a failure there is logged:
+        metrics must not take the server down), and ``done`` is set."""
+        request = ticket.request
+        assert request is not None
+        if reason is not None and (request.finish_reason is None or not ticket.final_sent):
+            if request.finish_reason is None:
+                request.stats.close_request()
+            request.finish_reason = reason
+            notify(ticket, Delta(ticket.slot if ticket.slot is not None else -1, [], reason))
+        totals = SpecStats.merge([self.totals, request.stats])
+        totals.request_al.clear()  # a server runs for ever: counters only
+        self.totals = totals
+        if self.on_end is not None:
+            try:
+                self.on_end(ticket)
+            except Exception as e:
+                logging.getLogger("trtspec.serve.scheduler").error(
+                    "counting an ended request failed (%s: %s)", type(e).__name__, e)
+        ticket.done.set()
 
 
 class Scheduler(Slots):
@@ -430,26 +453,3 @@ def notify(ticket: Ticket, delta: Delta) -> int | None:
         return None
     return None if keep is None else min(keep, len(ticket.token_ids))
 
-
-def end(ticket: Ticket, reason: str | None, totals: SpecStats,
-        on_end: Callable[[Ticket], None] | None) -> SpecStats:
-    """A request leaves: ``reason`` ends one that had not finished (its client is told),
-    its counters join ``totals`` (returned), ``on_end`` counts it (a failure there is
-    logged: metrics must not take the server down), and ``done`` is set."""
-    request = ticket.request
-    assert request is not None
-    if reason is not None and (request.finish_reason is None or not ticket.final_sent):
-        if request.finish_reason is None:
-            request.stats.close_request()
-        request.finish_reason = reason
-        notify(ticket, Delta(ticket.slot if ticket.slot is not None else -1, [], reason))
-    totals = SpecStats.merge([totals, request.stats])
-    totals.request_al.clear()  # a server runs for ever: counters only
-    if on_end is not None:
-        try:
-            on_end(ticket)
-        except Exception as e:
-            logging.getLogger("trtspec.serve.scheduler").error(
-                "counting an ended request failed (%s: %s)", type(e).__name__, e)
-    ticket.done.set()
-    return totals

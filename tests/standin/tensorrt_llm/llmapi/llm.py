@@ -64,7 +64,11 @@ class RequestOutput:
     def __next__(self) -> RequestOutput:
         if self.finished:
             raise StopIteration
-        tokens, finish, perf = self._steps.get()
+        item = self._steps.get()
+        if isinstance(item, Exception):  # the request failed in the engine
+            self.finished = True
+            raise item
+        tokens, finish, perf = item
         out = self.outputs[0]
         out._last_token_ids_len = len(out.token_ids)
         out.token_ids = out.token_ids + tokens
@@ -128,6 +132,7 @@ class LLM:
         self.iterations = 0  # engine iterations run
         self.max_in_flight = 0  # the most requests the engine ran in one iteration
         self.aborted: list[int] = []  # ids of requests abort() ended, with tokens made
+        self.failing: set[tuple[int, ...]] = set()  # prompts that fail after their 1st token
 
     def generate(self, inputs: Any, sampling_params: Any = None, use_tqdm: bool = True,
                  lora_request: Any = None, prompt_adapter_request: Any = None,
@@ -209,7 +214,9 @@ class LLM:
                     continue
                 logits = self._context(live.request.get_tokens(0))[-1:]
                 live.emit(process_draft_tokens(live.request, logits, live.generator))
-                if live.finish is None:
+                if tuple(live.out.prompt_token_ids) in self.failing:
+                    live.out._steps.put(RuntimeError("stand-in: the request failed"))
+                elif live.finish is None:
                     running.append(live)
             for live in [r for r in running if r.out._aborted]:
                 self.aborted.append(live.out.request_id)
