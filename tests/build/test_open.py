@@ -42,13 +42,14 @@ def test_every_mode_runs_in_process_and_says_what_to_install_without_it(
     assert "trtspec[trtllm]" in err
 
 
-@pytest.mark.parametrize("value", ["exact", "drafter"])
+@pytest.mark.parametrize("value", ["exact", "native", "drafter"])
 def test_audits_end_to_end_on_the_standin(trtllm_build, trtllm_standin, tmp_path,
                                           monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     """`trtspec audit` on a TensorRT-LLM recipe, on its built-in long prompt. Mode exact:
     trtspec's sampler verifies the stand-in's raw context logits (the scheduler keeps the
-    prompt in its slot between samples). Mode drafter: TensorRT-LLM's batch samples, tested
-    against the exact reference, those context logits. Both pass on the toy target."""
+    prompt in its slot between samples). Modes native and drafter: TensorRT-LLM's batch
+    samples (its n-gram drafts, or trtspec's), tested against the exact reference, those
+    context logits on the plain arm's LLM. All pass on the toy target."""
     from tensorrt_llm.llmapi import MODELS
 
     recipe, engines = trtllm_build()
