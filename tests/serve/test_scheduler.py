@@ -192,6 +192,21 @@ def test_cancel_frees_the_slot_and_the_others_go_on() -> None:
     assert scheduler.running == 0 and all(t.done.is_set() for t in tickets)
 
 
+def test_a_round_callback_that_raises_ends_nothing() -> None:
+    """The per-round metrics callback fails: logged, and every request still finishes."""
+    work = requests(3)
+    scheduler = Scheduler(toy_executor("draft_model"), slots=2)
+
+    def broken(deltas):
+        raise RuntimeError("a metrics bug")
+
+    scheduler.on_round = broken
+    tickets = [scheduler.submit(p, s) for p, s in work]
+    scheduler.run_until_idle()
+    assert all(t.finish_reason in ("stop", "length") for t in tickets)
+    assert scheduler.error is None
+
+
 def test_the_waiting_queue_is_bounded_and_bad_prompts_take_no_slot() -> None:
     scheduler = Scheduler(toy_executor("none"), slots=1, max_waiting=2)
     prompt, params = requests(1)[0]

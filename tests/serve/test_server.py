@@ -266,6 +266,8 @@ BAD = [  # (what, request kwargs, status)
     ("logprobs", {"json": {"model": "toy", "prompt": "1", "logprobs": 2}}, 400),
     ("toy text that is not ids", {"json": {"model": "toy", "prompt": "hello"}}, 400),
     ("token id out of range", {"json": {"model": "toy", "prompt": [1, 999]}}, 400),
+    ("seed of 2^64", {"json": {"model": "toy", "prompt": "1", "seed": 2**64}}, 400),
+    ("seed below -2^63", {"json": {"model": "toy", "prompt": "1", "seed": -(2**63) - 1}}, 400),
     ("prompt over the limit", {"json": {"model": "toy", "prompt": [1] * 3000}}, 400),
     ("a huge body", {"content": b'{"model": "toy", "prompt": "' + b"1 " * 600_000 + b'"}'},
      413),

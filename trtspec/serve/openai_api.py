@@ -49,7 +49,8 @@ class _Common(BaseModel):
     top_p: float | None = Field(1.0, gt=0.0, le=1.0, description="null = 1")
     top_k: int | None = Field(0, ge=-1, description="extension; 0, -1 or null = off")
     stop_token_ids: list[int] | None = None  # extension, as in vLLM
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64,
+                             description="torch's range; out of it: 400, not a failure")
     stop: str | list[str] | None = Field(None, validate_default=True)
     n: int | None = Field(1, ge=1)
     stream: bool = False

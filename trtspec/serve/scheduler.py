@@ -338,7 +338,11 @@ class Scheduler(Slots):
             draft_len = self.policy.for_running(len(live))
             deltas = self.executor.round(self._rows, live, draft_len)
             if self.on_round is not None:
-                self.on_round(deltas)
+                try:
+                    self.on_round(deltas)
+                except Exception as e:  # metrics must not take the server down
+                    logging.getLogger("trtspec.serve.scheduler").error(
+                        "counting a round failed (%s: %s)", type(e).__name__, e)
             for delta in deltas:
                 self._deliver(delta)
         return self.running
