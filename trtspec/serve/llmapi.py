@@ -90,14 +90,9 @@ class LlmApiScheduler(Slots):
         return ticket
 
     def held(self) -> int:
-        """Slots taken: running requests, and aborted ones TensorRT-LLM still holds."""
+        """Slots taken: running requests, and aborted ones TensorRT-LLM still holds (so
+        run_until_idle also waits for those: they would sit in the next scheduler's batch)."""
         return self.running + len(self._draining)
-
-    def run_until_idle(self) -> None:
-        """Step until nothing runs, waits or drains (an aborted request TensorRT-LLM has
-        not let go of yet would otherwise sit in the next scheduler's batch)."""
-        while self.step() or self._waiting or self._draining:
-            pass
 
     def cancel(self, ticket: Ticket) -> None:
         """Stop a request (thread-safe): the next step asks TensorRT-LLM to end it."""
@@ -227,14 +222,7 @@ class LlmApiScheduler(Slots):
             waiting, self._waiting = list(self._waiting), collections.deque()
         for slot, ticket in enumerate(self._tickets):
             if ticket is not None:
-                self._tickets[slot] = None
-                stream = self._streams.pop(slot, None)
-                if stream is not None:
-                    try:
-                        stream.abort()
-                    except Exception as e:
-                        logging.getLogger("trtspec.serve.llmapi").debug("abort: %s", e)
-                self._end(ticket, "error")
+                self._free(slot, "error")
         for ticket in waiting:
             self._end(ticket, "error")
 

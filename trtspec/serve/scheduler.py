@@ -241,8 +241,8 @@ class Slots:
             self._end(ticket, "abort")
 
     def run_until_idle(self) -> None:
-        """Step until nothing runs or waits (tests, offline batches)."""
-        while self.step() or self._waiting:
+        """Step until nothing runs, waits or holds a slot (tests, offline batches)."""
+        while self.step() or self._waiting or self.held():
             pass
 
     def serve_forever(self, stop: threading.Event) -> None:
@@ -385,20 +385,14 @@ class Scheduler(Slots):
     def _deliver(self, delta: Delta) -> None:
         ticket = self._tickets[delta.index]
         assert ticket is not None and ticket.request is not None
-        keep = self._notify(ticket, delta)
+        keep = notify(ticket, delta)
         if ticket.cancelled and ticket.reported == "error":  # its client callback failed
             self._free(delta.index, "error")
             return
         if keep is not None:  # a stop string: the client keeps the first ``keep`` tokens
-            self._stop_at(ticket, keep)
+            stop_at(ticket, keep)
         if ticket.request.finish_reason is not None:
             self._free(delta.index, None)
-
-    def _stop_at(self, ticket: Ticket, keep: int) -> None:
-        stop_at(ticket, keep)
-
-    def _notify(self, ticket: Ticket, delta: Delta) -> int | None:
-        return notify(ticket, delta)
 
     def _free(self, slot: int, reason: str | None) -> None:
         """Release a slot; ``reason`` ends a request that had not finished (a cancel). The
