@@ -263,3 +263,55 @@ def test_warm_up_keeps_a_live_cache_and_a_late_compile_is_said(cache_dir) -> Non
     runner.score([[1], [2]])
     assert runner.late_compiles > 0
     assert any("compiled a graph after warm-up (rows 2, width 1)" in line for line in said)
+
+
+@pytest.mark.parametrize("kind", ["eager", "compiled"])
+def test_a_prompt_prefilled_in_chunks_gets_the_logits_of_one_prefill(kind: str,
+                                                                     cache_dir) -> None:
+    """Chunked prefill (the scheduler's admission): a 40-token prompt fed 7 tokens a call in
+    row 1, while rows 0 and 2 hold other sequences, ends with the logits one call gives, and
+    the next tokens score alike."""
+    model = tiny_llama(vocab=64)
+    prompt = [(7 * i + 3) % 64 for i in range(40)]
+    whole = make_runner(model, kind, cache_dir=cache_dir)
+    whole.prefill([[1, 2], [0], [3, 4, 5]])
+    one = admit_row(whole, 1, prompt)
+    chunked = make_runner(model, kind, cache_dir=cache_dir)
+    chunked.prefill([[1, 2], [0], [3, 4, 5]])
+    lengths = chunked.lengths()
+    lengths[1] = 0
+    chunked.rollback(lengths)
+    for start in range(0, len(prompt), 7):
+        feed = [[], prompt[start: start + 7], []]
+        last = chunked.score(feed, last_only=True)[1, 0]
+    assert chunked.lengths() == whole.lengths() == [2, 40, 3]
+    assert (last - one).abs().max().item() <= 1e-5 and last.argmax() == one.argmax()
+    assert close(last, full_logits(model, prompt)[-1])
+    after = [[9], [10, 11], [12]]
+    assert (chunked.score(after) - whole.score(after)).abs().max().item() <= 1e-5
+
+
+def test_a_cache_that_cannot_grow_raises_before_it_changes_anything(monkeypatch) -> None:
+    """The KV cache is checked before it grows: CacheFull, nothing allocated or written, and
+    the runner goes on at the size it had; a long row's memory goes back once it leaves."""
+    import trtspec.runtime.compiled as compiled_module
+    from trtspec.runtime import CacheFull
+
+    model = tiny_llama(vocab=64, positions=4096)
+    runner = CompiledRunner(model, compile=False)
+    runner.prefill([[1, 2, 3], [4]])
+    monkeypatch.setattr(compiled_module, "free_bytes", lambda device: 10_000)
+    before = [k.data_ptr() for k in runner.keys]
+    with pytest.raises(CacheFull, match=r"would grow to 1024 tokens a row \(2 rows"):
+        runner.score([[5] * 600, []])
+    assert runner.lengths() == [3, 1] and [k.data_ptr() for k in runner.keys] == before
+    assert close(runner.score([[7], [8]])[0, 0], full_logits(model, [1, 2, 3, 7])[-1])
+    monkeypatch.undo()
+    runner.score([[5] * 1500, []])  # memory is free again: 2048 slots a row
+    assert runner.keys[0].shape[0] == 2048
+    runner.fit_cache()  # the long row is still there: kept
+    assert runner.keys[0].shape[0] == 2048
+    runner.rollback([4, 2])
+    runner.fit_cache()  # it left: back to the smallest cache
+    assert runner.keys[0].shape[0] == 512
+    assert close(runner.score([[6], [9]])[1, 0], full_logits(model, [4, 8, 9])[-1])

@@ -1,7 +1,7 @@
-"""`trtspec serve --backend toy ARGS` whose target runner raises on its N-th score call
-(N = $TRTSPEC_TEST_FAIL_AT; each call takes 10 ms), for the failure test: the CLI as users
-run it, with a model that fails mid-round. Prints ``failed at <time.time()>`` to stderr when
-it raises."""
+"""`trtspec serve --backend toy ARGS` whose target runner raises on its N-th score call and
+every later one (N = $TRTSPEC_TEST_FAIL_AT; each call takes 10 ms), for the failure test: the
+CLI as users run it, with a model that fails mid-round. Prints ``failed at <time.time()>`` to
+stderr when it first raises."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ def faulty_engine(*args, **kwargs):
     def score_or_fail(tokens, last_only=False):
         calls[0] += 1
         time.sleep(0.01)
-        if calls[0] == fail_at:
-            print(f"failed at {time.time()}", file=sys.stderr, flush=True)
+        if calls[0] >= fail_at:  # from then on, as a lost device: a failure one row causes
+            if calls[0] == fail_at:  # alone ends just that request (tests/serve/test_scheduler)
+                print(f"failed at {time.time()}", file=sys.stderr, flush=True)
             raise RuntimeError("CUDA error: an illegal memory access was encountered (test)")
         return score(tokens, last_only)
 

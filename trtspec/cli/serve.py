@@ -61,6 +61,10 @@ class DraftLen(click.ParamType):
               help="requests decoded together [default: the recipe's limits.max_batch_size]")
 @click.option("--max-waiting", type=click.IntRange(0), default=256, show_default=True,
               help="queued requests beyond the slots; more are refused (429)")
+@click.option("--prefill-chunk", type=click.IntRange(1), default=None,
+              help="most prompt tokens a step prefills, over all admissions, so running "
+                   "streams keep decoding while a long prompt comes in [default: 64 on a "
+                   "CPU, 512 on a GPU; a step's whole budget is limits.max_num_tokens]")
 @click.option("--served-model-name", default=None, help="[default: the recipe's target.model]")
 @click.option("--per-request-spec-decode-metrics", "spec_metrics",
               type=click.Choice(["none", "summary", "detailed"]), default="summary",
@@ -81,7 +85,7 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
           policy_dir: str | None, slots: int | None, max_waiting: int,
           served_model_name: str | None, spec_metrics: str, overrides: tuple[str, ...],
           engines: str | None, mlflow_uri: str | None, native: bool,
-          kv_cache_fraction: float | None) -> None:
+          kv_cache_fraction: float | None, prefill_chunk: int | None) -> None:
     """Serve RECIPE's built models, or a build folder (engines/<recipe>/<gpu>/), behind an
     OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /health,
     /metrics) with exact speculative sampling and continuous batching."""
@@ -149,6 +153,19 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
         except ManifestError as e:
             raise explain_engines(e, root, why) from None
     scheduler = engine.scheduler
+    chunking = getattr(scheduler, "prefill_chunk", None)  # trtspec's scheduler, no heads
+    if prefill_chunk is not None:
+        if not hasattr(scheduler, "prefill_chunk"):
+            raise click.UsageError("--prefill-chunk is trtspec's scheduler's: TensorRT-LLM "
+                                   "chunks prompts by itself within limits.max_num_tokens")
+        if chunking is None:
+            notes.append("--prefill-chunk: draft heads read a prompt's hidden states from "
+                         "one call, so prompts are prefilled whole")
+        else:
+            scheduler.prefill_chunk = chunking = prefill_chunk
+    if chunking is not None:
+        notes.append(f"prompts are prefilled {chunking} tokens a step (at most "
+                     f"{scheduler.max_num_tokens} tokens a step in all)")
     if schedule is not None and scheduler.speculates:
         scheduler.policy = schedule
         if schedule.unreachable(scheduler.slots):
@@ -181,7 +198,8 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
     click.echo(f"trtspec serve: stopped ({scheduler.running} requests were still running)")
 
 
-IN_PROCESS_ONLY = ("api_key", "slots", "max_waiting", "served_model_name", "spec_metrics")
+IN_PROCESS_ONLY = ("api_key", "slots", "max_waiting", "served_model_name", "spec_metrics",
+                   "prefill_chunk")
 
 
 def _refuse_in_process_flags(backend: str) -> None:
@@ -496,7 +514,8 @@ def recipe_engine(recipe_path: str, overrides: tuple[str, ...], root: Path,
     arm = build.arm(method, d, schedule)  # an LlmArm: TensorRT-LLM's batch (native, drafter)
     limits = Limits(max_input_len=recipe.limits.max_input_len,
                     max_seq_len=recipe.limits.max_seq_len)
-    return Engine(make_scheduler(arm, slots, max_waiting=max_waiting),
+    return Engine(make_scheduler(arm, slots, max_waiting=max_waiting,
+                                 max_num_tokens=recipe.limits.max_num_tokens),
                   TokenizerTexts(build.tokenizer), name or recipe.target.model, limits,
                   method=method)
 

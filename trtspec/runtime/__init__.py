@@ -12,6 +12,12 @@ from typing import Protocol
 import torch
 
 
+class CacheFull(MemoryError):
+    """The KV cache would have to grow past the memory that is free: raised before anything
+    is allocated or written, so the batch is as it was and the caller can refuse the request
+    that needed the room (or let it wait) while the others go on."""
+
+
 class Runner(Protocol):
     """A batch of B sequences kept by a model between calls.
 

@@ -32,10 +32,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from trtspec.runtime import CacheFull
 from trtspec.runtime.decoder_layer import PROJECT_ROWS, layer_fn, layer_weights, project
 
 SPAN_STEP = 32
 MIN_CAPACITY = 512
+FREE_USABLE = 0.9  # of the free memory, what a growing KV cache may take
 
 
 def _stderr(line: str) -> None:
@@ -321,19 +323,60 @@ class CompiledRunner:
         self._lengths = [0] * batch
 
     def _grow(self, span: int) -> None:
-        self._capacity = pow2(span, MIN_CAPACITY)
+        """Room for ``span`` slots a row, checked first: CacheFull (nothing changed) when the
+        grown cache would not fit in the memory that is free. Layer by layer, so at most one
+        layer is held twice while it is copied."""
+        capacity = pow2(span, MIN_CAPACITY)
+        layer = self.keys[0][0].numel() * self.keys[0].element_size()  # one slot, one layer
+        more = 2 * len(self.keys) * (capacity - self._capacity) * layer
+        need = more + capacity * layer  # the grown total, plus the one layer being copied
+        free = free_bytes(self.device)
+        if free is not None and need > FREE_USABLE * free:
+            raise CacheFull(
+                f"the KV cache would grow to {capacity} tokens a row ({len(self._lengths)} "
+                f"rows: {more / 2**30:.2f} GiB more) but {free / 2**30:.2f} GiB are free")
+        self._capacity = capacity
 
         def grown(t: torch.Tensor) -> torch.Tensor:
-            return torch.cat([t, t.new_zeros((self._capacity - t.shape[0], *t.shape[1:]))])
+            return torch.cat([t, t.new_zeros((capacity - t.shape[0], *t.shape[1:]))])
 
-        self.keys = [grown(k) for k in self.keys]
-        self.values = [grown(v) for v in self.values]
+        for cache in (self.keys, self.values):
+            for i, t in enumerate(cache):
+                cache[i] = grown(t)
+
+    def fit_cache(self) -> None:
+        """Shrink the KV cache once the rows hold at most a quarter of it (a long request
+        has left): its capacity is the power of two above the longest row, for every row, so
+        one long request would otherwise keep every row's memory for good. The quarter is
+        hysteresis: a cache that would soon grow again is left as it is."""
+        if self._owner is not self or not self.keys:
+            return
+        capacity = pow2(max(self._lengths, default=0) + SPAN_STEP, MIN_CAPACITY)
+        if capacity * 4 > self._capacity:
+            return
+        self._capacity = capacity
+        for cache in (self.keys, self.values):
+            for i, t in enumerate(cache):
+                cache[i] = t[:capacity].clone()
 
     def _require(self, rows: int) -> None:
         if not self._owner.keys:
             raise RuntimeError("call prefill() before score() or rollback()")
         if rows != len(self._lengths):
             raise ValueError(f"got {rows} rows for a batch of {len(self._lengths)}")
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory a cache on ``device`` can still take: the host's available memory, or the
+    GPU's free memory plus what torch's allocator holds unused; None when unknown."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type == "cpu":
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    return None
 
 
 def _graphs_compiled() -> int:

@@ -94,9 +94,9 @@ class LlmApiScheduler(Slots):
         run_until_idle also waits for those: they would sit in the next scheduler's batch)."""
         return self.running + len(self._draining)
 
-    def cancel(self, ticket: Ticket) -> None:
+    def cancel(self, ticket: Ticket, reason: str = "abort") -> None:
         """Stop a request (thread-safe): the next step asks TensorRT-LLM to end it."""
-        super().cancel(ticket)
+        super().cancel(ticket, reason)
         self._steps.put(None)
 
     def step(self) -> int:
@@ -228,12 +228,13 @@ class LlmApiScheduler(Slots):
 
 
 def make_scheduler(arm: SpecExecutor | LlmArm, slots: int, max_waiting: int = 256,
-                   policy: DraftPolicy | None = None, keep_prompts: bool = False
-                   ) -> Scheduler | LlmApiScheduler:
+                   policy: DraftPolicy | None = None, keep_prompts: bool = False,
+                   max_num_tokens: int = 8192) -> Scheduler | LlmApiScheduler:
     """The scheduler for what a build's ``arm`` gave: trtspec's over an executor, this
-    module's over an LlmArm (``keep_prompts`` is trtspec's alone: TensorRT-LLM's block reuse
-    keeps prompts by itself)."""
+    module's over an LlmArm (``keep_prompts`` and the step budget ``max_num_tokens`` are
+    trtspec's alone: TensorRT-LLM keeps prompts by block reuse and takes its budget from the
+    options build wrote)."""
     if isinstance(arm, LlmArm):
         return LlmApiScheduler(arm, slots, max_waiting=max_waiting, policy=policy)
     return Scheduler(arm, slots, policy=policy, max_waiting=max_waiting,
-                     keep_prompts=keep_prompts)
+                     keep_prompts=keep_prompts, max_num_tokens=max_num_tokens)

@@ -1,13 +1,35 @@
 """Continuous batching on the exact executor.
 
-A fixed number of slots (rows of the target's and the draft's batch). Between verification
-rounds, waiting requests are admitted into free slots: the prompt is prefilled into that row
-alone while the other rows keep their KV cache, and its first token is sampled. A request
-leaves its slot when it finishes or is cancelled; nothing is recomputed for the others.
+A fixed number of slots (rows of the target's and the draft's batch). Each step is a token
+budget (vLLM v1's scheduler is the model): the running requests' verification round first,
+each row ``D + 1`` tokens, then prompt chunks for the requests being admitted, at most
+``prefill_chunk`` tokens a step and what is left of ``max_num_tokens``. A long prompt is
+thus prefilled over several steps while the running streams keep getting tokens, instead of
+freezing them for its whole prefill; its first token is sampled when its last chunk is in
+(a chunk emits nothing, so exactness is untouched: the rows' logits are those of one prefill,
+up to float rounding of other GEMM shapes). A request leaves its slot when it finishes or is
+cancelled; nothing is recomputed for the others.
 
 Terms:
 
 * slot          a row of the running batch; ``slots`` is ``limits.max_batch_size``
+* budget        ``max_num_tokens``: the most tokens one step feeds the target (the round's
+                ``D + 1`` per row, then prompt chunks); a round that would pass it has its D
+                cut (adaptive too: the chooser chooses within it)
+* chunk         ``prefill_chunk``: the most prompt tokens one step prefills while requests
+                are decoding, over all the requests being admitted, first come first served
+                [default: 64 on a CPU, where a chunk that size costs about one decode round,
+                512 on a GPU]; with none decoding, no stream waits, so prompts take the whole
+                budget. With Medusa or EAGLE heads prompts are prefilled whole (their heads
+                read the hidden states of the prompt's one scoring call)
+* failure       a prompt chunk that raises ends that request alone; a round that raises
+                before it committed anything is run again row by row, and a row that fails
+                alone ends that request alone (with heads, whose state a failed round leaves
+                unknown, a failed round ends every request as below). The KV cache is checked
+                before it grows: a request that cannot fit ends alone with "error" and says
+                why. A runner that cannot continue (every row fails alone, three requests in
+                a row fail, a failure after a round committed, or rolling back fails) ends
+                every request and takes the scheduler down (SchedulerDown: HTTP 503)
 * running       requests holding a slot; ``waiting`` requests queue FIFO, at most
                 ``max_waiting`` of them (beyond that, :class:`QueueFull`)
 * kept prompt   with ``keep_prompts``, a finished request's row is rolled back to its prompt
@@ -33,7 +55,9 @@ the transformers runner up to float rounding, which can flip a near-tie), a seed
 the tokens it gets alone. Under a schedule
 or an adaptive D the rounds it sees depend on the load, and on the compiled runner the GEMM
 shapes follow the row range, so logits (and, at near-ties, tokens) can differ in the last bits:
-there a seed fixes the sample only for the same load.
+there a seed fixes the sample only for the same load. A round that failed and was run again
+row by row (see "failure") drew the drafts' uniforms twice: the rows that go on keep the
+target's distribution, not the sample their seeds give alone.
 
 One thread owns the models and calls :meth:`Scheduler.step`; other threads talk to it through
 :meth:`submit` and :meth:`cancel` (thread-safe) and receive tokens in ``on_delta`` callbacks,
@@ -49,11 +73,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from trtspec.runtime import admit_row
+from trtspec.runtime import CacheFull
 from trtspec.spec.adaptive import ADAPTIVE
 from trtspec.spec.counters import SpecStats
-from trtspec.spec.executor import Delta, Request, SpecExecutor
+from trtspec.spec.executor import Delta, Request, RoundFailed, SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams, make_generator
+
+PREFILL_CHUNK = {"cpu": 64}  # default prompt tokens a step, by device type; else 512
+STRIKES = 3  # requests failing in a row (nothing succeeding between) that say the runner is
+
+
+def default_prefill_chunk(device: object) -> int:  # broken, not the requests
+    """The default ``prefill_chunk`` on a runner's device (module docstring, "chunk")."""
+    return PREFILL_CHUNK.get(getattr(device, "type", str(device)), 512)
 
 
 class QueueFull(RuntimeError):
@@ -146,7 +178,14 @@ class Ticket:
     request: Request | None = None
     slot: int | None = None
     admitted_at: float | None = None  # perf_counter when it got a slot
+    kept: int = 0  # of its prompt's tokens, those its slot kept from the last request
+    prefilled: int = 0  # of its prompt's tokens, those its row holds (chunked prefill)
+    error: str | None = None  # why it ended with "error", for its client
+    on_done: Callable[[], None] | None = None  # called on the step thread after ``done``
     cancelled: bool = False
+    end_as: str = "abort"  # the finish reason a cancel ends it with ("error": its client's
+    stop_keep: int | None = None  # side failed); a stop string found off the step thread:
+    # the tokens its client keeps (``stop``)
     final_sent: bool = False  # its client got a delta with a finish reason
     reported: str | None = None  # the finish reason its client saw, if not the ticket's own
     # (a server ends a request at a stop string by cancelling it: "stop", not "abort")
@@ -222,23 +261,39 @@ class Slots:
             self._wake.notify()
         return ticket
 
-    def cancel(self, ticket: Ticket) -> None:
-        """Stop a request (thread-safe): the step thread ends it at its next step."""
+    def cancel(self, ticket: Ticket, reason: str = "abort") -> None:
+        """Stop a request (thread-safe): the step thread ends it at its next step, with
+        ``reason`` ("error": its client's side failed)."""
+        if not ticket.cancelled:
+            ticket.end_as = reason
         ticket.cancelled = True
         with self._wake:
             self._wake.notify()
 
+    def stop(self, ticket: Ticket, keep: int) -> None:
+        """End a request at a stop string its client found off the step thread (thread-safe):
+        at its next step it keeps its first ``keep`` tokens and ends with "stop"; what it
+        emitted after them (a round may have run meanwhile) counts as discarded."""
+        ticket.stop_keep = max(1, keep)
+        self.cancel(ticket)
+
     def _drop_cancelled(self) -> None:
-        """End every cancelled request, running (its slot freed) or waiting."""
+        """End every cancelled request, running (its slot freed) or waiting; one stopped at
+        a stop string keeps its tokens up to it and ends with "stop"."""
         for slot, ticket in enumerate(self._tickets):
             if ticket is not None and ticket.cancelled:
-                self._free(slot, "abort")
+                if ticket.stop_keep is not None and ticket.request is not None \
+                        and ticket.request.output and ticket.request.finish_reason is None:
+                    stop_at(ticket, min(ticket.stop_keep, len(ticket.request.output)))
+                    self._free(slot, None)
+                else:
+                    self._free(slot, ticket.end_as)
         with self._lock:
             dropped = [t for t in self._waiting if t.cancelled]
             for ticket in dropped:
                 self._waiting.remove(ticket)
         for ticket in dropped:
-            self._end(ticket, "abort")
+            self._end(ticket, ticket.end_as)
 
     def run_until_idle(self) -> None:
         """Step until nothing runs, waits or holds a slot (tests, offline batches)."""
@@ -252,7 +307,7 @@ class Slots:
             try:
                 busy = self.step()
             except Exception as e:
-                reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
+                reason = one_line(e)
                 logging.getLogger(type(self).__module__).error(
                     "a step failed (%s): every request was ended with an error; new requests "
                     "get 503 until the server is restarted", reason)
@@ -284,20 +339,36 @@ class Slots:
                 logging.getLogger("trtspec.serve.scheduler").error(
                     "counting an ended request failed (%s: %s)", type(e).__name__, e)
         ticket.done.set()
+        if ticket.on_done is not None:
+            try:
+                ticket.on_done()
+            except Exception as e:  # the client's side is gone (its event loop closed)
+                logging.getLogger("trtspec.serve.scheduler").debug(
+                    "telling a client its request ended failed (%s: %s)", type(e).__name__, e)
 
 
 class Scheduler(Slots):
     """Slots over one executor's target (and proposer); see the module docstring."""
 
     def __init__(self, executor: SpecExecutor, slots: int, policy: DraftPolicy | None = None,
-                 max_waiting: int = 256, keep_prompts: bool = False) -> None:
+                 max_waiting: int = 256, keep_prompts: bool = False,
+                 max_num_tokens: int = 8192, prefill_chunk: int | None = None) -> None:
         super().__init__(slots, max_waiting)
+        if max_num_tokens < 1 or (prefill_chunk is not None and prefill_chunk < 1):
+            raise ValueError(f"max_num_tokens ({max_num_tokens}) and prefill_chunk "
+                             f"({prefill_chunk}) must be ≥ 1")
         self.executor = executor
         # module docstring, "kept prompt": what each row still holds of a finished request
         self.keep_prompts = keep_prompts
         self._kept: list[list[int] | None] = [None] * slots
         self.policy = policy or DraftPolicy(ADAPTIVE if executor.adaptive is not None
                                             else executor.draft_len)
+        self.max_num_tokens = max_num_tokens
+        # heads read the hidden states of a prompt's one scoring call: whole prompts there
+        self._heads = bool(getattr(executor.proposer, "hidden_layers", None))
+        self.prefill_chunk = None if self._heads else \
+            prefill_chunk or default_prefill_chunk(getattr(executor.target, "device", "cpu"))
+        self._strikes = 0  # requests failed in a row (module docstring, "failure")
         self._idle = [Request([0], SamplingParams(), frozenset(), make_generator(0),
                               finish_reason="idle") for _ in range(slots)]
         self._rows: list[Request] = list(self._idle)  # what verify sees in each row
@@ -328,16 +399,22 @@ class Scheduler(Slots):
         return self._enqueue(ticket)
 
     def step(self) -> int:
-        """Drop cancelled requests, admit waiting ones into free slots, run one round for the
-        running ones. Returns how many requests hold a slot afterwards."""
+        """Drop cancelled requests, give free slots to waiting ones, then spend one step's
+        token budget: a round for the running requests, prompt chunks for those being
+        admitted. Returns how many requests hold a slot afterwards."""
         self._drop_cancelled()
         self._admit()
-        live = [b for b, t in enumerate(self._tickets)
-                if t is not None and t.request.finish_reason is None and not t.cancelled]
+        decoding = self._decoding()
+        draft_len = self.policy.for_running(len(decoding) + len(self._prefilling()))
+        want = self.executor.draft_len if draft_len == ADAPTIVE else int(draft_len)
+        reserved = min(self.max_num_tokens, len(decoding) * (want + 1))  # rounds go first
+        # chunks keep running streams going: with none running, a prompt takes the budget
+        chunk = self.prefill_chunk if decoding else None
+        used = self._prefill(self.max_num_tokens - reserved, chunk)
+        live = self._decoding()  # with those whose prompt just completed
         if live:
-            draft_len = self.policy.for_running(len(live))
-            deltas = self.executor.round(self._rows, live, draft_len)
-            if self.on_round is not None:
+            deltas = self._round(live, draft_len, max(len(live), self.max_num_tokens - used))
+            if self.on_round is not None and deltas:
                 try:
                     self.on_round(deltas)
                 except Exception as e:  # metrics must not take the server down
@@ -346,6 +423,56 @@ class Scheduler(Slots):
             for delta in deltas:
                 self._deliver(delta)
         return self.running
+
+    def _decoding(self) -> list[int]:
+        """Slots whose request has its prompt in and runs rounds."""
+        return [b for b, t in enumerate(self._tickets) if t is not None and not t.cancelled
+                and self._rows[b] is t.request and t.request.finish_reason is None]
+
+    def _prefilling(self) -> list[int]:
+        """Slots whose request is still being prefilled, first admitted first."""
+        rows = [b for b, t in enumerate(self._tickets) if t is not None and not t.cancelled
+                and self._rows[b] is not t.request]
+        return sorted(rows, key=lambda b: self._tickets[b].admitted_at or 0.0)
+
+    def _round(self, live: list[int], draft_len: int | str, budget: int) -> list[Delta]:
+        """One round for ``live``; a round that failed before committing is run again row by
+        row, and a row that fails alone ends its request alone (module docstring)."""
+        try:
+            deltas = self.executor.round(self._rows, live, draft_len, budget)
+        except RoundFailed as e:
+            if len(live) == 1:
+                self._row_failed(live[0], e)
+                return []
+            deltas, failed = [], []
+            for b in live:
+                try:
+                    deltas += self.executor.round(self._rows, [b], draft_len, budget)
+                except RoundFailed as alone:
+                    failed.append((b, alone))
+            if len(failed) == len(live):  # no row runs alone: the runner cannot go on
+                raise e.__cause__ or e from None
+            for b, alone in failed:
+                self._row_failed(b, alone)
+        if deltas:
+            self._strikes = 0
+        return deltas
+
+    def _row_failed(self, slot: int, error: Exception) -> None:
+        """End ``slot``'s request with "error" (its row is where it was before the failed
+        call) and say why; three such failures in a row mean the runner is broken."""
+        ticket = self._tickets[slot]
+        cause = error.__cause__ if isinstance(error, RoundFailed) and error.__cause__ else error
+        reason = one_line(cause)
+        logging.getLogger("trtspec.serve.scheduler").error(
+            "a request failed and was ended alone (%s); the others go on", reason)
+        if ticket is not None:
+            ticket.error = str(cause) if isinstance(cause, CacheFull) else reason
+        self._free(slot, "error")
+        if not isinstance(cause, CacheFull):  # a request too big for memory is not a fault
+            self._strikes += 1
+            if self._strikes >= STRIKES:
+                raise RuntimeError(f"{STRIKES} requests in a row failed (the last: {reason})")
 
     def _fail(self, reason: str) -> None:
         """A step raised: end every running and waiting request with "error", without calling
@@ -360,6 +487,8 @@ class Scheduler(Slots):
             self._end(ticket, "error")  # not yet told (final_sent is False for them)
 
     def _admit(self) -> None:
+        """Give free slots to waiting requests, first come first served: each row is rolled
+        back to what it keeps of the prompt (a kept prompt) and prefilled by later steps."""
         for slot in range(self.slots):
             if self._tickets[slot] is not None:
                 continue
@@ -367,14 +496,52 @@ class Scheduler(Slots):
                 if not self._waiting:
                     return
                 ticket = self._waiting.popleft()
-            ticket.slot, self._tickets[slot], self._rows[slot] = slot, ticket, ticket.request
+            ticket.slot, self._tickets[slot] = slot, ticket
             ticket.admitted_at = time.perf_counter()
-            kept = self._kept_part(slot, ticket.prompt)
-            logits = admit_row(self.executor.target, slot, ticket.prompt, kept)  # [V]
+            ticket.kept = ticket.prefilled = self._kept_part(slot, ticket.prompt)
+            self._reset_row(slot, ticket.kept)
+
+    def _reset_row(self, slot: int, kept: int) -> None:
+        """Drop what ``slot``'s row holds past its first ``kept`` tokens (a kept prompt's)."""
+        lengths = self.executor.target.lengths()
+        lengths[slot] = kept
+        self.executor.target.rollback(lengths)
+
+    def _prefill(self, budget: int, chunk: int | None) -> int:
+        """Feed prompt chunks, first admitted first, at most ``chunk`` tokens in all and
+        ``budget``, one row a call (a call pads its rows to the longest); a prompt whose last
+        chunk is in gets its first token. Heads prefill whole prompts. Returns the tokens
+        fed."""
+        whole = self._heads
+        left, used = min(budget, self.max_num_tokens if chunk is None else chunk), 0
+        for slot in self._prefilling():
+            ticket = self._tickets[slot]
+            assert ticket is not None and ticket.request is not None
+            todo = len(ticket.prompt) - ticket.prefilled
+            n = todo if whole else min(todo, left)
+            if n <= 0:
+                break
+            feed: list[list[int]] = [[] for _ in range(self.slots)]
+            feed[slot] = ticket.prompt[ticket.prefilled: ticket.prefilled + n]
+            try:
+                logits = self.executor.target.score(feed, last_only=True)[slot, 0]  # [V]
+            except Exception as e:  # this prompt's own call: its request ends alone
+                lengths = self.executor.target.lengths()
+                lengths[slot] = min(lengths[slot], ticket.prefilled)
+                self.executor.target.rollback(lengths)
+                self._row_failed(slot, e)
+                continue
+            ticket.prefilled += n
+            left, used = left - n, used + n
+            if ticket.prefilled < len(ticket.prompt):
+                continue
+            self._strikes = 0
+            self._rows[slot] = ticket.request
             if self.executor.proposer is not None:
-                self.executor.proposer.admit(slot, ticket.prompt, kept)
+                self.executor.proposer.admit(slot, ticket.prompt, ticket.kept)
             for delta in self.executor.first_tokens(self._rows, [slot], logits[None]):
                 self._deliver(delta)
+        return used
 
     def _kept_part(self, slot: int, prompt: list[int]) -> int:
         """How many of ``prompt``'s tokens ``slot`` still holds (module docstring: all but the
@@ -409,10 +576,18 @@ class Scheduler(Slots):
             self.executor.target.rollback(lengths)
             if self.executor.proposer is not None:
                 self.executor.proposer.release(slot, lengths[slot])
+            fit = getattr(self.executor.target, "fit_cache", None)
+            if fit is not None:  # a long request has left: its memory too
+                fit()
         finally:
             if ticket is not None:
                 self._end(ticket, reason)
 
+
+def one_line(error: BaseException) -> str:
+    """``Type: first line of the message``, for logs and clients."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def stop_at(ticket: Ticket, keep: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -52,12 +53,14 @@ __all__ = ["Engine", "IdTexts", "Limits", "TokenizerTexts", "make_app"]
 
 @dataclass
 class Run:
-    """One submitted request as the HTTP side sees it: its ticket, its deltas, and the
-    (drafted, accepted) counts of each round that proposed drafts (for per-request metrics;
-    appended on the step thread, complete once ``ticket.done`` is set)."""
+    """One submitted request as the HTTP side sees it: its ticket, its deltas (with their
+    text), ``ended`` (set once the step thread is done with it), the (drafted, accepted)
+    counts of each round that proposed drafts (for per-request metrics; appended on the step
+    thread, complete once ``ended`` is set)."""
 
     ticket: Ticket
-    deltas: AsyncIterator[Delta]
+    deltas: AsyncIterator[tuple[Delta, str, str | None]]
+    ended: asyncio.Event
     steps: list[tuple[int, int]] = field(default_factory=list)
 
 
@@ -114,35 +117,22 @@ class Engine:
 
     async def run(self, prompt: list[int], params: SamplingParams, text: TextStream) -> Run:
         """Submit; the run's pieces of text cancel the request if abandoned (a client that
-        disconnects frees its slot within one round). Text is made on the step thread, as
-        the tokens arrive (O(new tokens) each), so a stop string ends the request at once:
-        no round runs past it."""
+        disconnects frees its slot within one round). The step thread only queues each
+        delta: text is made here, on the event loop, as the tokens arrive (O(new tokens)
+        each), so detokenizing and stop strings cost the step nothing. A stop string found
+        here ends the request at the scheduler's next step (:meth:`Slots.stop`): the client
+        never sees what a round made past it, and usage counts the tokens up to it."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[Delta, str, str | None]] = asyncio.Queue()
+        queue: asyncio.Queue[Delta] = asyncio.Queue()
+        ended = asyncio.Event()
         steps: list[tuple[int, int]] = []
         stops = self.scheduler.stops(params)
 
-        def push(delta: Delta) -> int | None:  # on the step thread
+        def push(delta: Delta) -> None:  # on the step thread: hand over, nothing more
             if delta.num_draft:
                 steps.append((delta.num_draft, delta.num_accepted))
-            ids, end, keep = delta.token_ids, delta.finish_reason, None
-            if end == "stop" and ids and ids[-1] in stops:  # a stop token's own text is not
-                ids = ids[:-1]  # sent (as vLLM)
-            try:
-                piece = text.push(ids)
-                if text.stopped:  # a stop string: the scheduler keeps the tokens up to it
-                    end, keep = "stop", text.tokens_used
-                elif end == "error":
-                    piece = ""
-                elif end is not None:
-                    piece += text.flush()
-            except Exception:  # the text side failed: the client gets an error, and raising
-                with contextlib.suppress(RuntimeError):  # tells the scheduler to end the
-                    loop.call_soon_threadsafe(queue.put_nowait, (delta, "", "error"))
-                raise  # request now (it logs why)
             with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown)
-                loop.call_soon_threadsafe(queue.put_nowait, (delta, piece, end))
-            return keep
+                loop.call_soon_threadsafe(queue.put_nowait, delta)
 
         try:
             ticket = self.scheduler.submit(prompt, params, push)
@@ -153,18 +143,44 @@ class Engine:
         except ValueError as e:
             raise ApiError(400, str(e)) from None
 
+        def on_done() -> None:  # on the step thread
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(ended.set)
+
+        ticket.on_done = on_done
+        if ticket.done.is_set():  # it ended before on_done was set
+            ended.set()
+
         async def deltas() -> AsyncIterator[tuple[Delta, str, str | None]]:
             try:
                 while True:
-                    item = await queue.get()
-                    yield item
-                    if item[2] is not None:
+                    delta = await queue.get()
+                    ids, end = delta.token_ids, delta.finish_reason
+                    if end == "stop" and ids and ids[-1] in stops:  # a stop token's own text
+                        ids = ids[:-1]  # is not sent (as vLLM)
+                    try:
+                        piece = text.push(ids)
+                        if text.stopped:  # a stop string: the request keeps the tokens up
+                            end = "stop"  # to it (ended at the scheduler's next step)
+                            self.scheduler.stop(ticket, text.tokens_used)
+                        elif end == "error":
+                            piece = ""
+                        elif end is not None:
+                            piece += text.flush()
+                    except Exception as e:  # the text side failed: this request ends
+                        logging.getLogger("trtspec.serve").error(
+                            "making a request's text failed (%s: %s): the request is ended",
+                            type(e).__name__, e)
+                        self.scheduler.cancel(ticket, "error")
+                        piece, end = "", "error"
+                    yield delta, piece, end
+                    if end is not None:
                         return
             finally:
                 if not ticket.done.is_set():
                     self.scheduler.cancel(ticket)
 
-        return Run(ticket, deltas(), steps)
+        return Run(ticket, deltas(), ended, steps)
 
 
 def make_app(engine: Engine, api_key: str | None = None) -> Any:
@@ -301,14 +317,14 @@ async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
                 yield piece, None
 
     async def finish(reason: str) -> dict[str, Any]:
-        """Usage, once the step thread is done with the request (its counters settled, which
-        follows the last delta at once: polled, so no thread waits). After a stop string,
-        the tokens up to the one that completed it count: the scheduler kept just those."""
-        for _ in range(30_000):
-            if ticket.done.is_set():
-                break
-            await asyncio.sleep(0.001)
+        """Usage, once the step thread is done with the request (its counters settled: at
+        its next step after a stop string, else at once). After a stop string, the tokens up
+        to the one that completed it count: the scheduler keeps just those."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.ended.wait(), timeout=30)
         tokens = len(ticket.token_ids)
+        if text.stopped:  # the request may have ended on its own before the stop reached it
+            tokens = min(tokens, text.tokens_used)
         note(request, completion=tokens, finish=reason)
         if reason != "error":
             engine.metrics.latency(times[0] if times else None, times[-1] if times else None,
@@ -327,6 +343,7 @@ async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
 
     def failed() -> ApiError:
         why = f"the model failed: {engine.scheduler.error}" if engine.scheduler.error else \
+            f"this request failed on the server: {ticket.error}" if ticket.error else \
             "this request failed on the server (see its log)"
         return ApiError(500, why, "server_error")
 

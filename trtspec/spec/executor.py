@@ -34,7 +34,13 @@ from trtspec.spec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState, RoundC
 from trtspec.spec.counters import SpecStats
 from trtspec.spec.propose.proposer import Draft, Proposer
 from trtspec.spec.sample.probs import SamplingParams, make_generator, rows_to_probs
-from trtspec.spec.sample.verify import verify
+from trtspec.spec.sample.verify import VerifyOutput, verify
+
+
+class RoundFailed(RuntimeError):
+    """A round raised before it committed anything (while proposing, scoring or verifying):
+    the target and the proposer were put back where the round found them, so the batch can go
+    on without the rows that made it fail. ``__cause__`` is what was raised."""
 
 
 @dataclass
@@ -191,11 +197,17 @@ class SpecExecutor:
         return [Delta(b, r.commit([first_ids[i]]), r.finish_reason)
                 for i, (b, r) in enumerate(zip(rows, chosen, strict=True))]
 
-    def round(self, reqs: list[Request], live: list[int], draft_len: int | str | None = None
-              ) -> list[Delta]:
+    def round(self, reqs: list[Request], live: list[int], draft_len: int | str | None = None,
+              max_tokens: int | None = None) -> list[Delta]:
         """One verification round for the rows ``live`` of a batch (other rows are left alone),
         proposing ``draft_len`` tokens each [default: the executor's: adaptive when it has a
-        chooser], clipped to the budget; "adaptive": each row's own D (needs a chooser)."""
+        chooser], clipped to the budget; "adaptive": each row's own D (needs a chooser).
+        ``max_tokens`` bounds the tokens the round feeds the target (a step's token budget):
+        each row's D is cut to ``max_tokens // len(live) − 1`` when the D asked would pass it.
+
+        A failure before anything is committed raises :class:`RoundFailed` with the target
+        rolled back and the proposer's drafts undone; one after (committing,
+        observing) is raised as it is: the batch's state is then unknown."""
         chooser = self.adaptive if draft_len in (None, ADAPTIVE) else None
         if draft_len == ADAPTIVE and chooser is None and self.proposer is not None:
             raise ValueError("draft_len adaptive needs an executor built with an AdaptiveDraft")
@@ -208,6 +220,43 @@ class SpecExecutor:
         draft_len = [0] * batch
         for i in live:
             draft_len[i] = max(0, min(want, reqs[i].remaining - 1) if self.clip_draft else want)
+        if max_tokens is not None and sum(draft_len[i] + 1 for i in live) > max_tokens:
+            cap = max(0, max_tokens // len(live) - 1)  # the chooser sees the same bound
+            for i in live:
+                draft_len[i] = min(draft_len[i], cap)
+        before = self.target.lengths()
+        try:
+            n_draft, out = self._score_and_verify(reqs, live, draft_len, chooser)
+        except Exception as e:
+            self.target.rollback(before)  # scoring appends only: this always rolls back
+            if self.proposer is not None:
+                self.proposer.undo()  # RuntimeError where it cannot: the batch ends
+            raise RoundFailed(f"{type(e).__name__}: {e}") from e
+        deltas, accepted, lengths = [], [0] * batch, self.target.lengths()
+        emitted, num_accepted = out.token_ids.tolist(), out.num_accepted.tolist()  # to host once
+        for row, b in enumerate(live):
+            r, a = reqs[b], num_accepted[row]
+            if chooser is not None and r.adaptive is not None:
+                chooser.update(r.adaptive, n_draft[b], a)
+            kept = r.commit(emitted[row][: a + 1])
+            r.stats.record_round(n_draft[b], a, len(kept), draft_len[b])
+            if r.finish_reason is None:
+                lengths[b] = len(r.prompt) + len(r.output) - 1  # all but the new last token
+            else:
+                r.stats.close_request()
+            accepted[b] = a
+            deltas.append(Delta(b, kept, r.finish_reason, n_draft[b], a, draft_len[b]))
+        self.target.rollback(lengths)
+        if self.proposer is not None:
+            self.proposer.observe(accepted)
+        return deltas
+
+    def _score_and_verify(self, reqs: list[Request], live: list[int], draft_len: list[int],
+                          chooser: AdaptiveDraft | None) -> tuple[list[int], VerifyOutput]:
+        """A round up to its verdict, with nothing committed: D chosen (adaptive), drafts
+        proposed, the target's p scored, verify() run. Returns the drafts each row got and
+        verify's result."""
+        batch = len(reqs)
         span = live[-1] - live[0] + 1  # rows the target scores (its rows are contiguous)
         if chooser is not None:  # choose within the budget: a probe that could draft
             for i in live:  # nothing would teach nothing
@@ -237,21 +286,4 @@ class SpecExecutor:
                      None if draft.probs is None else draft.probs[dev_rows, :k],
                      draft.num_draft[rows], [reqs[b].generator for b in live],
                      torch.tensor([reqs[b].params.greedy for b in live]))
-        deltas, accepted, lengths = [], [0] * batch, self.target.lengths()
-        emitted, num_accepted = out.token_ids.tolist(), out.num_accepted.tolist()  # to host once
-        for row, b in enumerate(live):
-            r, a = reqs[b], num_accepted[row]
-            if chooser is not None and r.adaptive is not None:
-                chooser.update(r.adaptive, n_draft[b], a)
-            kept = r.commit(emitted[row][: a + 1])
-            r.stats.record_round(n_draft[b], a, len(kept), draft_len[b])
-            if r.finish_reason is None:
-                lengths[b] = len(r.prompt) + len(r.output) - 1  # all but the new last token
-            else:
-                r.stats.close_request()
-            accepted[b] = a
-            deltas.append(Delta(b, kept, r.finish_reason, n_draft[b], a, draft_len[b]))
-        self.target.rollback(lengths)
-        if self.proposer is not None:
-            self.proposer.observe(accepted)
-        return deltas
+        return n_draft, out

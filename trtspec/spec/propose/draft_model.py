@@ -79,6 +79,12 @@ class DraftModelProposer:
     def _inputs(self, ids: Sequence[int]) -> list[int]:
         return [t if t < self.input_vocab else self.fallback_id for t in ids]
 
+    def undo(self) -> None:
+        """Back to what the draft held before the failed round's propose (``_valid`` moves
+        only in observe): its drafts, or the part of them sampled before a failure, go."""
+        self._after_propose = []
+        self.runner.rollback(self._valid)
+
     def observe(self, num_accepted: Sequence[int]) -> None:
         if not self._after_propose:
             return

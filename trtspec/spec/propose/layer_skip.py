@@ -57,6 +57,9 @@ class LayerSkipProposer:
     def observe(self, num_accepted: Sequence[int]) -> None:
         """Nothing to roll back: the next proposal follows the target's lengths again."""
 
+    def undo(self) -> None:
+        """Nothing to put back: the next proposal follows the target's lengths again."""
+
     def propose(self, tokens: Sequence[Sequence[int]], draft_len: Sequence[int],
                 params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> Draft:
         if max(draft_len, default=0) == 0:

@@ -71,3 +71,6 @@ class NgramProposer:
 
     def observe(self, num_accepted: Sequence[int]) -> None:
         pass
+
+    def undo(self) -> None:
+        pass  # proposing leaves no state

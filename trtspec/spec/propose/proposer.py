@@ -59,6 +59,13 @@ class Proposer(Protocol):
         """How many of each row's drafts were accepted: roll back state, adapt."""
         ...
 
+    def undo(self) -> None:
+        """The round that asked for the last proposal failed before anything was committed:
+        return to the state before that ``propose`` (a partly run one included), as if it had
+        not been asked. RuntimeError where the state cannot be put back (then the batch
+        cannot go on)."""
+        ...
+
     def forget(self) -> None:
         """Drop what outlives requests (suffix's cross-request tree): warm-up outputs are not
         there to be drafted from."""

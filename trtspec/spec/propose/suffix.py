@@ -296,3 +296,6 @@ class SuffixProposer:
 
     def observe(self, num_accepted: Sequence[int]) -> None:
         pass  # drafts leave no state: the next propose syncs the committed tokens
+
+    def undo(self) -> None:
+        pass  # the same: a failed round committed nothing to sync

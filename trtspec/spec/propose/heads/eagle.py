@@ -126,6 +126,11 @@ class EagleProposer:
     def forget(self) -> None:
         """Nothing outlives a request here."""
 
+    def undo(self) -> None:
+        """Not possible: the heads' state follows the target's hidden states of the failed
+        call, which are gone (a failed round ends the batch)."""
+        raise RuntimeError("a round with draft heads failed: their state cannot be put back")
+
     @torch.inference_mode()
     def observe(self, num_accepted: Sequence[int]) -> None:
         cap = captured(self.target)
