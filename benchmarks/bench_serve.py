@@ -16,6 +16,12 @@ Writes reports/bench-serve.md. ``--quick`` runs the open-ended group, 1 prompt a
 tokens, clients 1 and 2,
 fixed D = 2 and both adaptive policies, a round cost of 2 rows timed once (a smoke test).
 
+``--admission`` instead measures admission under the token-budget step (the "## Admission"
+section): three plain-decoding streams while a 2,000-token prompt is admitted, their largest
+inter-token gap over their median before it arrived, with the prompt prefilled whole (one
+call, as before chunked prefill) and in chunks of 16 (the CPU default), 32 and 64 tokens a
+step; and TTFT p50/p99 when 32 built-in prompts arrive at once on 8 slots, whole and chunked.
+
 ``--soak`` instead runs `trtspec serve` over HTTP for a long run (see serve_soak.py) and writes
 (or replaces) the report's "## Soak" section; ``--soak --quick``: 40 requests on the toy
 backend.
@@ -24,6 +30,7 @@ backend.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import sys
@@ -38,6 +45,7 @@ from trtspec.eval.clients import run_clients
 from trtspec.eval.workloads import builtin, per_category
 from trtspec.runtime.kinds import built_runner
 from trtspec.runtime.models import encode, load
+from trtspec.serve.scheduler import Scheduler
 from trtspec.spec.adaptive import AdaptiveDraft, RoundCost
 from trtspec.spec.cost_curve import measure, measure_rounds
 from trtspec.spec.counters import SpecStats
@@ -82,6 +90,148 @@ def cell(runner, prompts, params, method: str, policy: str, clients: int,
             "al": summary["al_pooled"], "mean_d": summary.get("draft_len_mean", 0.0)}
 
 
+WHOLE = 8192  # a prefill chunk as big as the step budget: each prompt in one call
+
+
+def admission_gaps(runner, long_prompt: list[int], chunk: int, streams: int = 3
+                   ) -> dict[str, float]:
+    """``streams`` plain-decoding requests run 24 steps, then ``long_prompt`` arrives and is
+    admitted in chunks of ``chunk`` tokens a step; after its first token, 8 more steps.
+    Returns the running streams' median inter-token gap before it arrived, their largest gap
+    from its arrival to its first token, and its TTFT (seconds)."""
+    scheduler = Scheduler(SpecExecutor(runner, None, 0), SLOTS, prefill_chunk=chunk)
+    arrivals: list[list[float]] = [[] for _ in range(streams)]
+
+    def clock(i: int):
+        def on_delta(delta) -> None:  # returns None: no stop string
+            if delta.token_ids:
+                arrivals[i].append(time.perf_counter())
+        return on_delta
+
+    params = SamplingParams(temperature=0.0, max_tokens=2000, ignore_eos=True)
+    running = [scheduler.submit([1 + i, 2, 3, 4, 5, 6, 7, 8], params, clock(i))
+               for i in range(streams)]
+    for _ in range(24):
+        scheduler.step()
+    sent = time.perf_counter()
+    long = scheduler.submit(long_prompt, params.model_copy(update={"max_tokens": 8}))
+    grew: list[tuple[float, float]] = []  # steps in which the KV cache grew (a copy)
+    while not long.token_ids:
+        capacity, began = getattr(runner, "_capacity", 0), time.perf_counter()
+        scheduler.step()
+        if getattr(runner, "_capacity", 0) != capacity:
+            grew.append((began, time.perf_counter()))
+    first = time.perf_counter()
+    for _ in range(8):
+        scheduler.step()
+    for ticket in [*running, long]:
+        scheduler.cancel(ticket)
+    scheduler.run_until_idle()
+    before = [b - a for times in arrivals for a, b in itertools.pairwise(times)
+              if b <= sent]
+    during = [(a, b) for times in arrivals for a, b in itertools.pairwise(times)
+              if b > sent and a < first + 1e-9]
+    calm = [b - a for a, b in during if not any(a < g1 and b > g0 for g0, g1 in grew)]
+    return {"median": percentile(before, 50), "max": max(b - a for a, b in during),
+            "p95": percentile([b - a for a, b in during], 95),
+            "calm": max(calm, default=float("nan")), "grew": len(grew), "ttft": first - sent}
+
+
+def burst_ttft(runner, prompts: list[list[int]], chunk: int) -> dict[str, float]:
+    """Every prompt arrives at once (8 slots, 16 greedy tokens each): TTFT p50 / p99 and the
+    wall time until the last one finished (seconds)."""
+    scheduler = Scheduler(SpecExecutor(runner, None, 0), SLOTS, prefill_chunk=chunk)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    firsts: dict[int, float] = {}
+
+    def clock(i: int):
+        def on_delta(delta) -> None:  # returns None: no stop string
+            if delta.token_ids and i not in firsts:
+                firsts[i] = time.perf_counter()
+        return on_delta
+
+    start = time.perf_counter()
+    for i, p in enumerate(prompts):
+        scheduler.submit(p, params, clock(i))
+    scheduler.run_until_idle()
+    ttft = [firsts[i] - start for i in range(len(prompts))]
+    return {"p50": percentile(ttft, 50), "p99": percentile(ttft, 99),
+            "wall": time.perf_counter() - start}
+
+
+def admission_report(args) -> None:
+    """The "## Admission" section (module docstring, ``--admission``)."""
+    torch.manual_seed(0)
+    lm = load("smollm2-135m-instruct", device="cpu")
+    kind = "eager" if args.quick else "compiled"
+    runner = built_runner(lm.model, kind, rows=SLOTS, eos_token_id=lm.tokenizer.eos_token_id,
+                          cache_dir=Path(tempfile.mkdtemp(prefix="bench-inductor-")))
+    ids = [t for r in builtin() for t in encode(lm.tokenizer, r.chat())]
+    length = 200 if args.quick else 2000
+    long_prompt = (ids * (1 + length // len(ids)))[:length]
+    chunks = [WHOLE, 16] if args.quick else [WHOLE, 16, 32, 64]
+    for c in chunks:  # warm: every graph, span and cache size a measured run needs
+        admission_gaps(runner, long_prompt, c)
+    gaps = {c: admission_gaps(runner, long_prompt, c) for c in chunks}
+    for c, g in gaps.items():
+        print(f"admission chunk={c}: max gap {g['max'] * 1e3:.0f} ms, median "
+              f"{g['median'] * 1e3:.0f} ms ({g['max'] / g['median']:.1f}×; "
+              f"{g['calm'] / g['median']:.1f}× without {g['grew']} growths), TTFT "
+              f"{g['ttft']:.2f} s", flush=True)
+    burst_prompts = [encode(lm.tokenizer, r.chat())
+                     for r in per_category(builtin(), 1 if args.quick else 4, seed=0)]
+    burst_ttft(runner, burst_prompts[:SLOTS], 16)  # warm
+    bursts = {c: burst_ttft(runner, burst_prompts, c) for c in (WHOLE, 16, 64)}
+    for c, b in bursts.items():
+        print(f"burst chunk={c}: TTFT p50 {b['p50']:.2f} s p99 {b['p99']:.2f} s, wall "
+              f"{b['wall']:.1f} s", flush=True)
+    name = {WHOLE: "whole (one call; before chunked prefill)"}
+    lines = [
+        "## Admission", "",
+        f"SmolLM2-135M-Instruct on the {kind} runner, {SLOTS} slots, plain decoding, greedy; "
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads. "
+        f"Three streams decode, then a {len(long_prompt)}-token prompt arrives. *gap ×*: "
+        "the streams' largest inter-token gap from its arrival to its first token, over "
+        "their median gap before it arrived (target ≤ 3×); *without growth*: the same, "
+        "leaving out the steps in which the KV cache grew (each a copy of every layer's "
+        "cache, to the prompt's size when it is admitted); *p95 gap ×*: the 95th percentile "
+        "of those gaps over the median; TTFT is the long prompt's.", "",
+        "| prefill | median gap | largest gap | gap × | without growth | p95 gap × | growths "
+        "| TTFT |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for c, g in gaps.items():
+        lines.append(f"| {name.get(c, f'{c} tokens a step')} | {g['median'] * 1e3:.0f} ms | "
+                     f"{g['max'] * 1e3:.0f} ms | {g['max'] / g['median']:.1f}× | "
+                     f"{g['calm'] / g['median']:.1f}× | {g['p95'] / g['median']:.1f}× | "
+                     f"{g['grew']} | {g['ttft']:.2f} s |")
+    lines += ["", f"A burst: {len(burst_prompts)} built-in prompts ({min(map(len, burst_prompts))}"
+              f"–{max(map(len, burst_prompts))} tokens) arrive at once, 16 tokens each:", "",
+              "| prefill | TTFT p50 | TTFT p99 | all done |", "|---|---:|---:|---:|"]
+    for c, b in bursts.items():
+        lines.append(f"| {name.get(c, f'{c} tokens a step')} | {b['p50']:.2f} s | "
+                     f"{b['p99']:.2f} s | {b['wall']:.1f} s |")
+    lines += ["", "Command: `.venv/bin/python benchmarks/bench_serve.py " +
+              " ".join(sys.argv[1:]) + "`", ""]
+    replace_section(args.out, "## Admission", "\n".join(lines))
+    print("\n".join(lines))
+    print(f"wrote {args.out}")
+
+
+def replace_section(path: Path, title: str, text: str) -> None:
+    """Put ``text`` (a section starting with ``title``) in the report in place of the one
+    there, or before the Soak section, leaving the rest as it was."""
+    old = path.read_text() if path.exists() else ""
+    if f"\n{title}\n" in f"\n{old}":
+        head, _, rest = f"\n{old}".partition(f"\n{title}\n")
+        _, nxt, tail = rest.partition("\n## ")
+        new = head.strip("\n") + "\n\n" + text.rstrip() + ("\n\n## " + tail if nxt else "")
+    elif "\n## Soak\n" in old:
+        head, _, tail = old.partition("\n## Soak\n")
+        new = head.rstrip() + "\n\n" + text.rstrip() + "\n\n## Soak\n" + tail
+    else:
+        new = old.rstrip() + "\n\n" + text
+    path.write_text(new.strip("\n") + "\n")
+
+
 def hf_reference(lm, prompts, max_tokens: int) -> float:
     """HF generate, greedy, one request at a time: output tokens/s."""
     tokens, start = 0, time.perf_counter()
@@ -104,6 +254,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--groups", nargs="+", choices=list(GROUPS), default=list(GROUPS),
                         help="which category groups to run")
+    parser.add_argument("--admission", action="store_true",
+                        help="instead, the admission section (module docstring)")
     parser.add_argument("--soak", action="store_true",
                         help="instead, soak `trtspec serve` over HTTP (serve_soak.py)")
     parser.add_argument("--soak-requests", type=int, default=None,
@@ -126,6 +278,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.soak:
         sys.exit(soak(args))
+    if args.admission:
+        return admission_report(args)
     torch.manual_seed(0)
     lm = load("smollm2-135m-instruct", device="cpu")
     n, max_tokens = (1, 4) if args.quick else (args.per_category, args.max_tokens)
@@ -222,7 +376,11 @@ def main() -> None:
               f"({rows[first, clients_list[0], 'plain', 'plain']['tok_s'] / hf:.2f}×).", "",
               "Command: `.venv/bin/python benchmarks/bench_serve.py " + " ".join(sys.argv[1:])
               + "`", ""]
+    old = args.out.read_text() if args.out.exists() else ""
+    admission = old.partition("\n## Admission\n")[2].partition("\n## ")[0]
     write_report(args.out, "\n".join(lines), soak_section=False)
+    if admission:  # the --admission section stays
+        replace_section(args.out, "## Admission", "## Admission\n" + admission)
     print("\n".join(lines))
     print(f"wrote {args.out}")
 

@@ -305,9 +305,13 @@ def test_a_cache_that_cannot_grow_raises_before_it_changes_anything(monkeypatch)
     with pytest.raises(CacheFull, match=r"would grow to 1024 tokens a row \(2 rows"):
         runner.score([[5] * 600, []])
     assert runner.lengths() == [3, 1] and [k.data_ptr() for k in runner.keys] == before
+    with pytest.raises(CacheFull):  # what admission asks for a long prompt, before any work
+        runner.reserve(600)
     assert close(runner.score([[7], [8]])[0, 0], full_logits(model, [1, 2, 3, 7])[-1])
     monkeypatch.undo()
-    runner.score([[5] * 1500, []])  # memory is free again: 2048 slots a row
+    runner.reserve(1500)  # memory is free again: one growth, to 2048 slots a row
+    assert runner.keys[0].shape[0] == 2048
+    runner.score([[5] * 1500, []])
     assert runner.keys[0].shape[0] == 2048
     runner.fit_cache()  # the long row is still there: kept
     assert runner.keys[0].shape[0] == 2048

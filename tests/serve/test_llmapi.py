@@ -146,6 +146,24 @@ def test_a_stop_string_ends_the_request_and_tensorrt_llm_stops_it(trtllm_standin
     assert scheduler.arm.llm.aborted == [0]  # TensorRT-LLM was told, long before 200 tokens
 
 
+def test_a_stop_found_off_the_step_thread_ends_the_request_at_the_next_step(
+        trtllm_standin) -> None:
+    """The server's text side runs on the event loop: Slots.stop(ticket, 2) from there ends
+    the request at the next step with "stop" and its first 2 tokens, what came after them
+    counted as discarded, and TensorRT-LLM is asked to end it."""
+    scheduler = make_scheduler(arm(trtllm_standin, "native", slots=1), slots=1)
+    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    ticket = scheduler.submit([1, 2, 3], params)
+    while len(ticket.token_ids) < 4:
+        scheduler.step()
+    emitted = len(ticket.token_ids)
+    scheduler.stop(ticket, 2)
+    scheduler.run_until_idle()
+    assert ticket.finish_reason == "stop" and len(ticket.token_ids) == 2
+    assert ticket.stats.discarded_tokens >= emitted - 2
+    assert scheduler.arm.llm.aborted == [0] and scheduler.running == 0
+
+
 def test_cancel_aborts_in_tensorrt_llm_and_frees_the_slot(trtllm_standin) -> None:
     scheduler = make_scheduler(arm(trtllm_standin, None, slots=1), slots=1)
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)

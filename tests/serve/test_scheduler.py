@@ -203,6 +203,26 @@ def test_a_round_callback_that_raises_ends_nothing() -> None:
     assert scheduler.error is None
 
 
+def test_a_stop_found_off_the_step_thread_ends_the_request_at_the_next_step() -> None:
+    """Slots.stop (the server's text side, on its event loop): at the next step the request
+    keeps its first ``keep`` tokens and ends with "stop", tokens after them are counted as
+    discarded, not emitted, and the slot serves the next request."""
+    scheduler = Scheduler(toy_executor("ngram"), slots=1)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=100, ignore_eos=True)
+    ticket = scheduler.submit([1, 2, 3], params)
+    ends: list = []
+    scheduler.on_end = ends.append
+    while len(ticket.token_ids) < 6:
+        scheduler.step()
+    emitted = len(ticket.token_ids)
+    scheduler.stop(ticket, 3)
+    nxt = scheduler.submit([4, 5], params.model_copy(update={"max_tokens": 4}))
+    scheduler.run_until_idle()
+    assert ticket.finish_reason == "stop" and len(ticket.token_ids) == 3
+    assert ticket.stats.emitted_tokens == 2 and ticket.stats.discarded_tokens == emitted - 3
+    assert ends[0] is ticket and nxt.finish_reason == "length"
+
+
 def test_the_waiting_queue_is_bounded_and_bad_prompts_take_no_slot() -> None:
     scheduler = Scheduler(toy_executor("none"), slots=1, max_waiting=2)
     prompt, params = requests(1)[0]
@@ -410,7 +430,8 @@ def test_requests_failing_in_a_row_mean_the_runner_is_broken() -> None:
 def test_a_long_prompt_is_admitted_in_chunks_while_the_others_decode() -> None:
     """The token budget: a 30-token prompt at 4 tokens a step takes 8 steps, every running
     stream gets tokens in each of them, and no step feeds the target more than
-    max_num_tokens."""
+    max_num_tokens (10): the two streams' rounds (D = 3: 8 tokens) have D cut to 2 so the
+    prompt gets its 4."""
     executor = toy_executor("ngram", draft_len=3)
     fed: list[int] = []
     score = executor.target.score
@@ -420,7 +441,15 @@ def test_a_long_prompt_is_admitted_in_chunks_while_the_others_decode() -> None:
         return score(tokens, last_only)
 
     executor.target.score = counted
-    scheduler = Scheduler(executor, slots=3, max_num_tokens=12, prefill_chunk=4)
+    scheduler = Scheduler(executor, slots=3, max_num_tokens=10, prefill_chunk=4)
+    asked: list[int] = []
+    round_ = executor.round
+
+    def counted_round(rows, live, draft_len, budget):
+        asked.append(budget)
+        return round_(rows, live, draft_len, budget)
+
+    executor.round = counted_round
     params = SamplingParams(temperature=0.8, max_tokens=200, ignore_eos=True)
     running = [scheduler.submit([1, 2, 3], params), scheduler.submit([4, 5], params)]
     while any(not t.token_ids for t in running):
@@ -433,8 +462,8 @@ def test_a_long_prompt_is_admitted_in_chunks_while_the_others_decode() -> None:
         scheduler.step()
         steps += 1
         assert all(len(t.token_ids) > n for t, n in zip(running, before, strict=True))
-        assert sum(fed) <= 12 + 2 * 3  # the budget; a round's D is cut to fit what is left
-    assert steps == 30 // 4 + 1
+        assert sum(fed) <= 10  # the budget: a round's D is cut to fit what the chunk left
+    assert steps == 30 // 4 + 1 and 6 in asked  # 2 rows × (D 2 + 1)
     for t in [*running, long]:
         scheduler.cancel(t)
     scheduler.run_until_idle()

@@ -382,6 +382,83 @@ def tiny_dir(tmp_path_factory):
     return path
 
 
+def tiny_engine(path, max_input_len: int = 192, max_seq_len: int = 256):
+    """The tiny Llama with SmolLM2's tokenizer on the compiled runner's decoder (eager in
+    tests), n-gram drafts, 2 slots, 4 waiting, prompts prefilled 16 tokens a step while
+    others decode: text prompts and chat templates as a user's, short sequences."""
+    from trtspec.runtime.kinds import make_runner
+    from trtspec.runtime.models import load
+    from trtspec.serve.scheduler import Scheduler
+    from trtspec.serve.server import Engine, Limits, TokenizerTexts
+    from trtspec.spec.propose.ngram import NgramProposer
+
+    lm = load(str(path), device="cpu")
+    runner = make_runner(lm.model, "compiled", eos_token_id=lm.tokenizer.eos_token_id)
+    scheduler = Scheduler(SpecExecutor(runner, NgramProposer(1, 3), 3), 2, max_waiting=4,
+                          prefill_chunk=16)
+    return Engine(scheduler, TokenizerTexts(lm.tokenizer), "tiny",
+                  Limits(max_input_len=max_input_len, max_seq_len=max_seq_len,
+                         default_max_tokens=32), method="ngram")
+
+
+def test_a_request_the_kv_cache_cannot_hold_fails_alone(tiny_dir, monkeypatch) -> None:
+    """Memory is checked before the KV cache grows: with (pretend) little memory free, a
+    request that needs a bigger cache gets a 500 saying why, a stream beside it finishes, the
+    server stays healthy and serves the next request; a prompt admitted in chunks beside a
+    running stream gets the text it gets alone."""
+    import trtspec.runtime.compiled as compiled_module
+
+    engine = tiny_engine(tiny_dir, max_input_len=1000, max_seq_len=2000)
+    long_prompt = " ".join(["colour"] * 700)
+    with serving(engine) as url:
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        alone = client.completions.create(model="tiny", prompt=long_prompt, max_tokens=8,
+                                          temperature=0).choices[0].text
+        monkeypatch.setattr(compiled_module, "free_bytes", lambda device: 1000)
+        got: dict[str, object] = {}
+
+        def streamed() -> None:
+            out = client.completions.create(model="tiny", prompt="Name three colours.",
+                                            max_tokens=600, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True})
+            got["stream"] = [c.choices[0].finish_reason for c in out if c.choices][-1]
+
+        def started() -> threading.Thread:
+            beside = threading.Thread(target=streamed)
+            beside.start()
+            deadline = time.time() + 30
+            while not engine.scheduler._decoding() and time.time() < deadline:
+                time.sleep(0.005)
+            return beside
+
+        beside = started()
+        with pytest.raises(openai.InternalServerError) as info:
+            client.completions.create(model="tiny", prompt=long_prompt, max_tokens=1200,
+                                      extra_body={"ignore_eos": True})
+        beside.join(timeout=120)
+        assert "this request failed on the server: the KV cache would grow to" \
+            in info.value.message
+        assert got["stream"] == "length" and engine.scheduler.error is None
+        assert requests.get(url.removesuffix("/v1") + "/health").status_code == 200
+        monkeypatch.undo()
+        chunks: list[int] = []
+        prefill = engine.scheduler._prefill
+
+        def counted(budget, chunk):  # prompt tokens fed in steps where a stream decoded
+            fed = prefill(budget, chunk)
+            if chunk is not None and fed:
+                chunks.append(fed)
+            return fed
+
+        engine.scheduler._prefill = counted
+        beside = started()  # the long prompt comes in 16 tokens a step beside the stream
+        again = client.completions.create(model="tiny", prompt=long_prompt, max_tokens=8,
+                                          temperature=0).choices[0].text
+        beside.join(timeout=120)
+        assert again == alone and got["stream"] == "length"
+        assert len(chunks) > 20 and max(chunks) == 16
+
+
 def test_a_transformers_model_serves_generate_s_text(tiny_dir, capsys) -> None:
     from trtspec.runtime.hf import HFRunner
     from trtspec.runtime.models import load

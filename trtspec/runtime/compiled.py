@@ -335,14 +335,30 @@ class CompiledRunner:
             raise CacheFull(
                 f"the KV cache would grow to {capacity} tokens a row ({len(self._lengths)} "
                 f"rows: {more / 2**30:.2f} GiB more) but {free / 2**30:.2f} GiB are free")
-        self._capacity = capacity
 
         def grown(t: torch.Tensor) -> torch.Tensor:
             return torch.cat([t, t.new_zeros((capacity - t.shape[0], *t.shape[1:]))])
 
-        for cache in (self.keys, self.values):
-            for i, t in enumerate(cache):
-                cache[i] = grown(t)
+        self._resize(grown)
+
+    def _resize(self, resized: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Every layer's keys and values through ``resized``, one at a time; the capacity is
+        then the smallest layer's, also when a copy fails part way (out of memory): a
+        later call grows again what is short, and no slice reads past a layer's end."""
+        try:
+            for cache in (self.keys, self.values):
+                for i, t in enumerate(cache):
+                    cache[i] = resized(t)
+        finally:
+            self._capacity = min(t.shape[0] for t in (*self.keys, *self.values))
+
+    def reserve(self, tokens: int) -> None:
+        """Room for ``tokens`` slots a row now (CacheFull when memory is short): a prompt
+        admitted in chunks grows the cache once, to its size, not by doubling chunk after
+        chunk, each growth a copy of every layer."""
+        span = -(-tokens // SPAN_STEP) * SPAN_STEP
+        if self._owner._capacity < span:
+            self._owner._grow(span)
 
     def fit_cache(self) -> None:
         """Shrink the KV cache once the rows hold at most a quarter of it (a long request
@@ -354,10 +370,7 @@ class CompiledRunner:
         capacity = pow2(max(self._lengths, default=0) + SPAN_STEP, MIN_CAPACITY)
         if capacity * 4 > self._capacity:
             return
-        self._capacity = capacity
-        for cache in (self.keys, self.values):
-            for i, t in enumerate(cache):
-                cache[i] = t[:capacity].clone()
+        self._resize(lambda t: t[:capacity].clone())
 
     def _require(self, rows: int) -> None:
         if not self._owner.keys:

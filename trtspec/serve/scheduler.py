@@ -13,23 +13,34 @@ cancelled; nothing is recomputed for the others.
 Terms:
 
 * slot          a row of the running batch; ``slots`` is ``limits.max_batch_size``
-* budget        ``max_num_tokens``: the most tokens one step feeds the target (the round's
-                ``D + 1`` per row, then prompt chunks); a round that would pass it has its D
-                cut (adaptive too: the chooser chooses within it)
+* budget        ``max_num_tokens``: the most tokens one step feeds the target: the round's
+                ``D + 1`` per row first, then prompt chunks. While a prompt waits, the round
+                leaves it its chunk (at most half the budget) and has its D cut to fit
+                (adaptive too: the chooser chooses within it). Two exceptions: a round feeds
+                every row at least one token, and with heads one whole prompt may pass it
 * chunk         ``prefill_chunk``: the most prompt tokens one step prefills while requests
                 are decoding, over all the requests being admitted, first come first served
-                [default: 64 on a CPU, where a chunk that size costs about one decode round,
-                512 on a GPU]; with none decoding, no stream waits, so prompts take the whole
-                budget. With Medusa or EAGLE heads prompts are prefilled whole (their heads
-                read the hidden states of the prompt's one scoring call)
+                [default: 16 on a CPU, where a one-row call costs about a decode round
+                whatever its width and each token ~3.5 ms more at a 1,500-token context, so a
+                gap stays under 3× the median (reports/bench-serve.md, "Admission"); 512 on a
+                GPU, not measured here]; with none decoding, no stream waits, so prompts take
+                the whole budget. With Medusa or EAGLE heads prompts are prefilled whole
+                (their heads read the hidden states of the prompt's one scoring call); a draft
+                model prefills its own copy of the prompt whole when the target's last chunk
+                is in (its cost, outside the budget)
 * failure       a prompt chunk that raises ends that request alone; a round that raises
                 before it committed anything is run again row by row, and a row that fails
-                alone ends that request alone (with heads, whose state a failed round leaves
-                unknown, a failed round ends every request as below). The KV cache is checked
-                before it grows: a request that cannot fit ends alone with "error" and says
-                why. A runner that cannot continue (every row fails alone, three requests in
-                a row fail, a failure after a round committed, or rolling back fails) ends
-                every request and takes the scheduler down (SchedulerDown: HTTP 503)
+                alone ends that request alone (with an EAGLE head, whose state a failed
+                round leaves part way, a failed round ends every request as below). The KV
+                cache is checked before it grows: a request that cannot fit ends alone with
+                "error" and says why. A runner that cannot continue (every row fails alone,
+                three requests fail with no round running between them, three rounds in a
+                row fail batched but not row by row, a failure after a round committed, or
+                rolling back fails) ends every request and takes the scheduler down
+                (SchedulerDown: 503). "Alone" holds for failures that do not depend on the
+                tokens sampled: a row that goes on after a retried round had its drafts
+                drawn again, so a failure caused by some draft tokens would bias what
+                survives it
 * running       requests holding a slot; ``waiting`` requests queue FIFO, at most
                 ``max_waiting`` of them (beyond that, :class:`QueueFull`)
 * kept prompt   with ``keep_prompts``, a finished request's row is rolled back to its prompt
@@ -79,12 +90,17 @@ from trtspec.spec.counters import SpecStats
 from trtspec.spec.executor import Delta, Request, RoundFailed, SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams, make_generator
 
-PREFILL_CHUNK = {"cpu": 64}  # default prompt tokens a step, by device type; else 512
+PREFILL_CHUNK = {"cpu": 16}  # default prompt tokens a step, by device type; else 512
 STRIKES = 3  # requests failing in a row (nothing succeeding between) that say the runner is
 
 
-def default_prefill_chunk(device: object) -> int:  # broken, not the requests
-    """The default ``prefill_chunk`` on a runner's device (module docstring, "chunk")."""
+def default_prefill_chunk(device: object | None) -> int:  # broken, not the requests
+    """The default ``prefill_chunk`` on a runner's device (module docstring, "chunk"); a
+    runner that names none (TensorRT-LLM's context logits) runs where CUDA is, if anywhere."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     return PREFILL_CHUNK.get(getattr(device, "type", str(device)), 512)
 
 
@@ -367,8 +383,9 @@ class Scheduler(Slots):
         # heads read the hidden states of a prompt's one scoring call: whole prompts there
         self._heads = bool(getattr(executor.proposer, "hidden_layers", None))
         self.prefill_chunk = None if self._heads else \
-            prefill_chunk or default_prefill_chunk(getattr(executor.target, "device", "cpu"))
+            prefill_chunk or default_prefill_chunk(getattr(executor.target, "device", None))
         self._strikes = 0  # requests failed in a row (module docstring, "failure")
+        self._split = 0  # rounds in a row that failed batched, then ran row by row
         self._idle = [Request([0], SamplingParams(), frozenset(), make_generator(0),
                               finish_reason="idle") for _ in range(slots)]
         self._rows: list[Request] = list(self._idle)  # what verify sees in each row
@@ -405,14 +422,17 @@ class Scheduler(Slots):
         self._drop_cancelled()
         self._admit()
         decoding = self._decoding()
-        draft_len = self.policy.for_running(len(decoding) + len(self._prefilling()))
+        draft_len = self.policy.for_running(len(decoding))
         want = self.executor.draft_len if draft_len == ADAPTIVE else int(draft_len)
-        reserved = min(self.max_num_tokens, len(decoding) * (want + 1))  # rounds go first
         # chunks keep running streams going: with none running, a prompt takes the budget
         chunk = self.prefill_chunk if decoding else None
+        # rounds go first, but leave prompts their chunk (D is cut to fit), at most half
+        floor = min(chunk, self.max_num_tokens // 2) if chunk and self._prefilling() else 0
+        reserved = min(self.max_num_tokens - floor, len(decoding) * (want + 1))
         used = self._prefill(self.max_num_tokens - reserved, chunk)
         live = self._decoding()  # with those whose prompt just completed
         if live:
+            draft_len = self.policy.for_running(len(live))
             deltas = self._round(live, draft_len, max(len(live), self.max_num_tokens - used))
             if self.on_round is not None and deltas:
                 try:
@@ -444,6 +464,11 @@ class Scheduler(Slots):
             if len(live) == 1:
                 self._row_failed(live[0], e)
                 return []
+            if isinstance(e.__cause__, CacheFull):  # the cache cannot grow for the longest
+                lengths = self.executor.target.lengths()  # row: it ends, the rest go on
+                longest = max(live, key=lambda b: lengths[b])  # (alone, a row fed fewer
+                self._row_failed(longest, e)  # tokens might still fit, until it did not)
+                return self._round([b for b in live if b != longest], draft_len, budget)
             deltas, failed = [], []
             for b in live:
                 try:
@@ -452,10 +477,21 @@ class Scheduler(Slots):
                     failed.append((b, alone))
             if len(failed) == len(live):  # no row runs alone: the runner cannot go on
                 raise e.__cause__ or e from None
+            if not failed:  # the batch failed, every row alone did not: the runner is not
+                self._split += 1  # to be trusted for long
+                logging.getLogger("trtspec.serve.scheduler").warning(
+                    "a round of %d rows failed (%s) and every row then ran alone", len(live),
+                    one_line(e.__cause__ or e))
+                if self._split >= STRIKES:
+                    raise RuntimeError(f"{STRIKES} rounds in a row failed batched and ran row "
+                                       f"by row (the last: {one_line(e.__cause__ or e)})"
+                                       ) from None
             for b, alone in failed:
                 self._row_failed(b, alone)
+        else:
+            self._split = 0
         if deltas:
-            self._strikes = 0
+            self._strikes = 0  # only a round that ran clears the strikes
         return deltas
 
     def _row_failed(self, slot: int, error: Exception) -> None:
@@ -470,7 +506,7 @@ class Scheduler(Slots):
             ticket.error = str(cause) if isinstance(cause, CacheFull) else reason
         self._free(slot, "error")
         if not isinstance(cause, CacheFull):  # a request too big for memory is not a fault
-            self._strikes += 1
+            self._strikes += 1  # (cleared by a round that runs)
             if self._strikes >= STRIKES:
                 raise RuntimeError(f"{STRIKES} requests in a row failed (the last: {reason})")
 
@@ -500,6 +536,12 @@ class Scheduler(Slots):
             ticket.admitted_at = time.perf_counter()
             ticket.kept = ticket.prefilled = self._kept_part(slot, ticket.prompt)
             self._reset_row(slot, ticket.kept)
+            reserve = getattr(self.executor.target, "reserve", None)  # the compiled runner
+            if reserve is not None:
+                try:  # its cache grows once, to the prompt, and a prompt that cannot fit
+                    reserve(len(ticket.prompt) + 1)  # is refused now, before any work
+                except CacheFull as e:
+                    self._row_failed(slot, e)
 
     def _reset_row(self, slot: int, kept: int) -> None:
         """Drop what ``slot``'s row holds past its first ``kept`` tokens (a kept prompt's)."""
@@ -519,7 +561,7 @@ class Scheduler(Slots):
             assert ticket is not None and ticket.request is not None
             todo = len(ticket.prompt) - ticket.prefilled
             n = todo if whole else min(todo, left)
-            if n <= 0:
+            if n <= 0 or (whole and used and n > left):  # heads: one whole prompt past it
                 break
             feed: list[list[int]] = [[] for _ in range(self.slots)]
             feed[slot] = ticket.prompt[ticket.prefilled: ticket.prefilled + n]
@@ -535,11 +577,15 @@ class Scheduler(Slots):
             left, used = left - n, used + n
             if ticket.prefilled < len(ticket.prompt):
                 continue
-            self._strikes = 0
             self._rows[slot] = ticket.request
-            if self.executor.proposer is not None:
-                self.executor.proposer.admit(slot, ticket.prompt, ticket.kept)
-            for delta in self.executor.first_tokens(self._rows, [slot], logits[None]):
+            try:  # the proposer's own prefill (a draft model's, whole) is this request's too
+                if self.executor.proposer is not None:
+                    self.executor.proposer.admit(slot, ticket.prompt, ticket.kept)
+                deltas = self.executor.first_tokens(self._rows, [slot], logits[None])
+            except Exception as e:
+                self._row_failed(slot, e)  # its row and the proposer's are released
+                continue
+            for delta in deltas:
                 self._deliver(delta)
         return used
 

@@ -200,6 +200,30 @@ def make_app(engine: Engine, api_key: str | None = None) -> Any:
 
     app = FastAPI(title="trtspec", lifespan=lifespan)
     app.add_middleware(AccessLog, d_mode=lambda: engine.d_mode)
+    bodies = {CompletionRequest: "/v1/completions", ChatRequest: "/v1/chat/completions"}
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's schema, with the request bodies the endpoints read themselves (bounded
+        reads, checks in order) declared from the same pydantic models: /docs and API
+        fuzzers see what is accepted."""
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model, path in bodies.items():
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                body["properties"]["model"] = {"type": "string", "enum": [engine.model],
+                                               "description": "the one model served here"}
+                components[model.__name__] = body
+                schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": {
+                    "application/json": {"schema": {
+                        "$ref": f"#/components/schemas/{model.__name__}"}}}}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError) -> JSONResponse:

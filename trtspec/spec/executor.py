@@ -37,7 +37,7 @@ from trtspec.spec.sample.probs import SamplingParams, make_generator, rows_to_pr
 from trtspec.spec.sample.verify import VerifyOutput, verify
 
 
-class RoundFailed(RuntimeError):
+class RoundFailed(Exception):
     """A round raised before it committed anything (while proposing, scoring or verifying):
     the target and the proposer were put back where the round found them, so the batch can go
     on without the rows that made it fail. ``__cause__`` is what was raised."""
@@ -181,7 +181,11 @@ class SpecExecutor:
             live = [i for i, r in enumerate(reqs) if r.finish_reason is None]
             if not live:
                 return
-            yield self.round(reqs, live)
+            try:
+                deltas = self.round(reqs, live)
+            except RoundFailed as e:  # offline, nothing runs on without the failed rows:
+                raise (e.__cause__ or e) from None  # what failed, as it was raised
+            yield deltas
 
     def first_tokens(self, reqs: list[Request], rows: list[int], logits: torch.Tensor
                      ) -> list[Delta]:

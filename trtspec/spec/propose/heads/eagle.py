@@ -127,9 +127,9 @@ class EagleProposer:
         """Nothing outlives a request here."""
 
     def undo(self) -> None:
-        """Not possible: the heads' state follows the target's hidden states of the failed
-        call, which are gone (a failed round ends the batch)."""
-        raise RuntimeError("a round with draft heads failed: their state cannot be put back")
+        """Not done: proposing catches the head's cache up on the pending states first, and
+        a failed round leaves that part way (the batch ends instead)."""
+        raise RuntimeError("a round with an EAGLE head failed: its state cannot be put back")
 
     @torch.inference_mode()
     def observe(self, num_accepted: Sequence[int]) -> None:

@@ -236,9 +236,7 @@ class MedusaProposer:
         """Nothing outlives a request here."""
 
     def undo(self) -> None:
-        """Not possible: the heads' state follows the target's hidden states of the failed
-        call, which are gone (a failed round ends the batch)."""
-        raise RuntimeError("a round with draft heads failed: their state cannot be put back")
+        """Nothing to put back: propose reads only h, which admit and observe set."""
 
     def observe(self, num_accepted: Sequence[int]) -> None:
         counts = captured(self.target).counts
