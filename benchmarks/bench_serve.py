@@ -201,7 +201,8 @@ def admission_report(args) -> None:
     for c, g in gaps.items():
         lines.append(f"| {name.get(c, f'{c} tokens a step')} | {g['median'] * 1e3:.0f} ms | "
                      f"{g['max'] * 1e3:.0f} ms | {g['max'] / g['median']:.1f}× | "
-                     f"{g['calm'] / g['median']:.1f}× | {g['p95'] / g['median']:.1f}× | "
+                     + (f"{g['calm'] / g['median']:.1f}×" if g['calm'] == g['calm'] else "—")
+                     + f" | {g['p95'] / g['median']:.1f}× | "
                      f"{g['grew']} | {g['ttft']:.2f} s |")
     lines += ["", f"A burst: {len(burst_prompts)} built-in prompts ({min(map(len, burst_prompts))}"
               f"–{max(map(len, burst_prompts))} tokens) arrive at once, 16 tokens each:", "",

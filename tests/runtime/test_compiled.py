@@ -316,6 +316,8 @@ def test_a_cache_that_cannot_grow_raises_before_it_changes_anything(monkeypatch)
     runner.fit_cache()  # the long row is still there: kept
     assert runner.keys[0].shape[0] == 2048
     runner.rollback([4, 2])
+    runner.fit_cache(reserved=1500)  # it left, but a prompt that size is coming in: kept
+    assert runner.keys[0].shape[0] == 2048
     runner.fit_cache()  # it left: back to the smallest cache
     assert runner.keys[0].shape[0] == 512
     assert close(runner.score([[6], [9]])[1, 0], full_logits(model, [4, 8, 9])[-1])

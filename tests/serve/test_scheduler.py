@@ -401,6 +401,10 @@ def test_a_failure_on_one_row_ends_that_request_alone(method: str) -> None:
               for s in range(4)]
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9, Poisoned.POISON, 10], [2, 4]]
     tickets = [scheduler.submit(p, s) for p, s in zip(prompts, params, strict=True)]
+    while not tickets[0].done.is_set():
+        scheduler.step()
+    if method == "draft_model":  # the failed round's drafts were undone in the draft's cache
+        assert proposer.runner.lengths() == proposer._valid
     scheduler.run_until_idle()
     assert scheduler.error is None
     assert [t.finish_reason for t in tickets] == ["error", "length", "error", "length"]
@@ -425,6 +429,97 @@ def test_requests_failing_in_a_row_mean_the_runner_is_broken() -> None:
     scheduler.serve_forever(threading.Event())
     assert [t.finish_reason for t in bad] == ["error"] * 3
     assert scheduler.error and scheduler.error.startswith("RuntimeError: 3 requests in a row")
+
+
+def test_rounds_that_fail_batched_but_not_row_by_row_take_the_scheduler_down() -> None:
+    """A runner that fails whenever two rows verify together: each round is rescued row by
+    row (every request still gets its tokens) until the third in a row, when the runner is
+    not to be trusted: the scheduler goes down and says why."""
+
+    class Pairs(ToyRunner):
+        def score(self, tokens, last_only=False):
+            if not last_only and sum(bool(t) for t in tokens) >= 2:
+                raise RuntimeError("two rows at once")
+            return super().score(tokens, last_only)
+
+    scheduler = Scheduler(SpecExecutor(Pairs(TARGET), NgramProposer(1, 3), 3), slots=2)
+    params = SamplingParams(max_tokens=50, ignore_eos=True)
+    tickets = [scheduler.submit([1, 2], params), scheduler.submit([3, 4], params)]
+    scheduler.serve_forever(threading.Event())
+    assert scheduler.error and "3 rounds in a row failed batched" in scheduler.error
+    assert all(t.finish_reason == "error" and len(t.token_ids) >= 3 for t in tickets)
+
+
+def test_a_prompt_the_kv_cache_cannot_hold_is_refused_before_any_work(monkeypatch) -> None:
+    """Admission reserves the prompt's room in the compiled runner's cache: with (pretend)
+    little memory, a 700-token prompt ends at once with "error" saying why, no call scores
+    it, and a short request beside it is served."""
+    import trtspec.runtime.compiled as compiled_module
+    from trtspec.runtime.compiled import CompiledRunner
+
+    runner = CompiledRunner(tiny_llama(vocab=64, positions=4096), compile=False)
+    scheduler = Scheduler(SpecExecutor(runner, None, 0), slots=2)
+    monkeypatch.setattr(compiled_module, "free_bytes", lambda device: 1000)
+    fed = count_fed(runner)
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    long = scheduler.submit([7] * 700, params)
+    short = scheduler.submit([1, 2, 3], params)
+    scheduler.run_until_idle()
+    assert long.finish_reason == "error" and long.token_ids == []
+    assert long.error.startswith("the KV cache would grow to 1024 tokens a row")
+    assert max(fed) < 700 and short.finish_reason == "length" and scheduler.error is None
+
+
+def test_sampling_stays_exact_when_rounds_fail_and_are_run_row_by_row() -> None:
+    """Chi-square, as below: every 4th round of two or more rows fails after the target
+    scored it (independently of the tokens drawn), is undone and run row by row. Power: a
+    recovery that leaves the failed round's tokens in the target's cache fails the test."""
+    from conftest import continuation_probs
+
+    from trtspec.analysis.gof import chi_square_gof
+
+    target = MarkovLM(vocab_size=6, order=3, seed=11)
+    prompt = [1, 4, 2, 5, 3, 1, 2]
+    params = SamplingParams(temperature=0.9, max_tokens=3, ignore_eos=True)
+    exact = continuation_probs(target, prompt, 3, params)
+
+    class Flaky(ToyRunner):
+        def __init__(self, model, broken: bool) -> None:
+            super().__init__(model)
+            self.broken, self.batched, self.failed, self.stale = broken, 0, 0, False
+
+        def score(self, tokens, last_only=False):
+            out = super().score(tokens, last_only)
+            if not last_only and sum(bool(t) for t in tokens) >= 2:
+                self.batched += 1
+                if self.batched % 4 == 0:
+                    self.failed, self.stale = self.failed + 1, True
+                    raise RuntimeError("a flaky device")
+            return out
+
+        def rollback(self, lengths):
+            if self.stale:
+                self.stale = False
+                if self.broken:  # the failed round's tokens stay
+                    return
+            super().rollback(lengths)
+
+    def pvalue(runner: Flaky) -> float:
+        draft = DraftModelProposer(ToyRunner(target.diverged(0.5, seed=12)))
+        scheduler = Scheduler(SpecExecutor(runner, draft, 3), slots=4, max_waiting=2000)
+        tickets = [scheduler.submit(prompt, params.model_copy(update={"seed": i}))
+                   for i in range(2000)]
+        scheduler.run_until_idle()
+        assert scheduler.error is None and runner.failed > 100
+        counts: dict[tuple, int] = {}
+        for t in tickets:
+            counts[tuple(t.token_ids)] = counts.get(tuple(t.token_ids), 0) + 1
+        seqs = sorted(set(exact) | set(counts))
+        return chi_square_gof([counts.get(q, 0) for q in seqs],
+                              [exact.get(q, 0.0) for q in seqs])[2]
+
+    assert pvalue(Flaky(target, broken=False)) > 1e-3
+    assert pvalue(Flaky(target, broken=True)) < 1e-3
 
 
 def test_a_long_prompt_is_admitted_in_chunks_while_the_others_decode() -> None:

@@ -37,7 +37,8 @@ from trtspec.runtime.decoder_layer import PROJECT_ROWS, layer_fn, layer_weights,
 
 SPAN_STEP = 32
 MIN_CAPACITY = 512
-FREE_USABLE = 0.9  # of the free memory, what a growing KV cache may take
+FREE_USABLE = 0.8  # of the free memory, what a growing KV cache may take (the rest: the
+# activations and logits of the calls that follow)
 
 
 def _stderr(line: str) -> None:
@@ -360,14 +361,15 @@ class CompiledRunner:
         if self._owner._capacity < span:
             self._owner._grow(span)
 
-    def fit_cache(self) -> None:
+    def fit_cache(self, reserved: int = 0) -> None:
         """Shrink the KV cache once the rows hold at most a quarter of it (a long request
         has left): its capacity is the power of two above the longest row, for every row, so
         one long request would otherwise keep every row's memory for good. The quarter is
-        hysteresis: a cache that would soon grow again is left as it is."""
+        hysteresis: a cache that would soon grow again is left as it is. ``reserved``: tokens
+        a row is about to hold (a prompt being admitted in chunks), kept room for."""
         if self._owner is not self or not self.keys:
             return
-        capacity = pow2(max(self._lengths, default=0) + SPAN_STEP, MIN_CAPACITY)
+        capacity = pow2(max([*self._lengths, reserved]) + SPAN_STEP, MIN_CAPACITY)
         if capacity * 4 > self._capacity:
             return
         self._resize(lambda t: t[:capacity].clone())

@@ -20,27 +20,29 @@ Terms:
                 every row at least one token, and with heads one whole prompt may pass it
 * chunk         ``prefill_chunk``: the most prompt tokens one step prefills while requests
                 are decoding, over all the requests being admitted, first come first served
-                [default: 16 on a CPU, where a one-row call costs about a decode round
-                whatever its width and each token ~3.5 ms more at a 1,500-token context, so a
-                gap stays under 3× the median (reports/bench-serve.md, "Admission"); 512 on a
-                GPU, not measured here]; with none decoding, no stream waits, so prompts take
-                the whole budget. With Medusa or EAGLE heads prompts are prefilled whole
-                (their heads read the hidden states of the prompt's one scoring call); a draft
-                model prefills its own copy of the prompt whole when the target's last chunk
-                is in (its cost, outside the budget)
+                [default: 16 on a CPU, the smallest measured: a one-row call costs about a
+                decode round whatever its width, so a stream's gap is about twice its median
+                and its largest 3.9× (7× in the step where the cache grows; reports/
+                bench-serve.md, "Admission"); 512 on a GPU, not measured here]; with none
+                decoding, no stream waits, so prompts take the whole budget. With Medusa or
+                EAGLE heads prompts are prefilled whole (their heads read the hidden states
+                of the prompt's one scoring call); a draft model prefills its own copy of the
+                prompt whole when the target's last chunk is in (its cost, outside the budget)
 * failure       a prompt chunk that raises ends that request alone; a round that raises
                 before it committed anything is run again row by row, and a row that fails
                 alone ends that request alone (with an EAGLE head, whose state a failed
                 round leaves part way, a failed round ends every request as below). The KV
-                cache is checked before it grows: a request that cannot fit ends alone with
-                "error" and says why. A runner that cannot continue (every row fails alone,
-                three requests fail with no round running between them, three rounds in a
-                row fail batched but not row by row, a failure after a round committed, or
+                cache is checked before it grows (at admission, to the prompt; before a
+                round proposes, to the round): a prompt that cannot fit is refused, a round
+                that cannot fit ends its longest request, each with "error" saying why. A
+                runner that cannot continue (every row fails alone, three requests fail with
+                none completing and no round running between them, three rounds in a row
+                fail batched but not row by row, a failure after a round committed, or
                 rolling back fails) ends every request and takes the scheduler down
                 (SchedulerDown: 503). "Alone" holds for failures that do not depend on the
                 tokens sampled: a row that goes on after a retried round had its drafts
-                drawn again, so a failure caused by some draft tokens would bias what
-                survives it
+                drawn again, so a failure caused by some draft tokens (or by a request's
+                length: memory) would bias what survives it
 * running       requests holding a slot; ``waiting`` requests queue FIFO, at most
                 ``max_waiting`` of them (beyond that, :class:`QueueFull`)
 * kept prompt   with ``keep_prompts``, a finished request's row is rolled back to its prompt
@@ -421,13 +423,15 @@ class Scheduler(Slots):
         admitted. Returns how many requests hold a slot afterwards."""
         self._drop_cancelled()
         self._admit()
+        self._fit()
         decoding = self._decoding()
         draft_len = self.policy.for_running(len(decoding))
         want = self.executor.draft_len if draft_len == ADAPTIVE else int(draft_len)
         # chunks keep running streams going: with none running, a prompt takes the budget
         chunk = self.prefill_chunk if decoding else None
         # rounds go first, but leave prompts their chunk (D is cut to fit), at most half
-        floor = min(chunk, self.max_num_tokens // 2) if chunk and self._prefilling() else 0
+        floor = max(1, min(chunk, self.max_num_tokens // 2)) \
+            if chunk and self._prefilling() else 0
         reserved = min(self.max_num_tokens - floor, len(decoding) * (want + 1))
         used = self._prefill(self.max_num_tokens - reserved, chunk)
         live = self._decoding()  # with those whose prompt just completed
@@ -443,6 +447,21 @@ class Scheduler(Slots):
             for delta in deltas:
                 self._deliver(delta)
         return self.running
+
+    def _fit(self) -> None:
+        """Give back the memory of long requests that left (the compiled runner's
+        fit_cache), keeping the room reserved for the prompts being admitted; after _admit,
+        so a waiting prompt's reservation is not shrunk and grown again. Optional: a failure
+        is logged, never fatal."""
+        fit = getattr(self.executor.target, "fit_cache", None)
+        if fit is None:
+            return
+        try:
+            fit(max((len(self._tickets[b].prompt) + 1 for b in self._prefilling()),
+                    default=0))
+        except Exception as e:
+            logging.getLogger("trtspec.serve.scheduler").warning(
+                "shrinking the KV cache failed (%s): it keeps its size", one_line(e))
 
     def _decoding(self) -> list[int]:
         """Slots whose request has its prompt in and runs rounds."""
@@ -464,7 +483,7 @@ class Scheduler(Slots):
             if len(live) == 1:
                 self._row_failed(live[0], e)
                 return []
-            if isinstance(e.__cause__, CacheFull):  # the cache cannot grow for the longest
+            if is_memory(e.__cause__):  # the cache cannot grow for the longest
                 lengths = self.executor.target.lengths()  # row: it ends, the rest go on
                 longest = max(live, key=lambda b: lengths[b])  # (alone, a row fed fewer
                 self._row_failed(longest, e)  # tokens might still fit, until it did not)
@@ -477,6 +496,7 @@ class Scheduler(Slots):
                     failed.append((b, alone))
             if len(failed) == len(live):  # no row runs alone: the runner cannot go on
                 raise e.__cause__ or e from None
+            self._strikes = 0  # some rows ran: the runner works
             if not failed:  # the batch failed, every row alone did not: the runner is not
                 self._split += 1  # to be trusted for long
                 logging.getLogger("trtspec.serve.scheduler").warning(
@@ -505,7 +525,7 @@ class Scheduler(Slots):
         if ticket is not None:
             ticket.error = str(cause) if isinstance(cause, CacheFull) else reason
         self._free(slot, "error")
-        if not isinstance(cause, CacheFull):  # a request too big for memory is not a fault
+        if not is_memory(cause):  # a request too big for memory is not a fault
             self._strikes += 1  # (cleared by a round that runs)
             if self._strikes >= STRIKES:
                 raise RuntimeError(f"{STRIKES} requests in a row failed (the last: {reason})")
@@ -540,7 +560,7 @@ class Scheduler(Slots):
             if reserve is not None:
                 try:  # its cache grows once, to the prompt, and a prompt that cannot fit
                     reserve(len(ticket.prompt) + 1)  # is refused now, before any work
-                except CacheFull as e:
+                except Exception as e:
                     self._row_failed(slot, e)
 
     def _reset_row(self, slot: int, kept: int) -> None:
@@ -605,6 +625,7 @@ class Scheduler(Slots):
         if keep is not None:  # a stop string: the client keeps the first ``keep`` tokens
             stop_at(ticket, keep)
         if ticket.request.finish_reason is not None:
+            self._strikes = 0  # a request completed: the runner works
             self._free(delta.index, None)
 
     def _free(self, slot: int, reason: str | None) -> None:
@@ -622,12 +643,17 @@ class Scheduler(Slots):
             self.executor.target.rollback(lengths)
             if self.executor.proposer is not None:
                 self.executor.proposer.release(slot, lengths[slot])
-            fit = getattr(self.executor.target, "fit_cache", None)
-            if fit is not None:  # a long request has left: its memory too
-                fit()
         finally:
             if ticket is not None:
                 self._end(ticket, reason)
+
+
+def is_memory(error: BaseException | None) -> bool:
+    """Whether ``error`` is memory running short (CacheFull, MemoryError, torch's out of
+    memory): a request too big for what is free, not a broken runner."""
+    import torch
+
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError))
 
 
 def one_line(error: BaseException) -> str:

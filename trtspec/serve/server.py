@@ -344,7 +344,7 @@ async def _generate(engine: Engine, body: Any, prompt: list[int], chat: bool,
         """Usage, once the step thread is done with the request (its counters settled: at
         its next step after a stop string, else at once). After a stop string, the tokens up
         to the one that completed it count: the scheduler keeps just those."""
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):  # (TimeoutError from 3.11)
             await asyncio.wait_for(run.ended.wait(), timeout=30)
         tokens = len(ticket.token_ids)
         if text.stopped:  # the request may have ended on its own before the stop reached it

@@ -229,6 +229,15 @@ class SpecExecutor:
             for i in live:
                 draft_len[i] = min(draft_len[i], cap)
         before = self.target.lengths()
+        reserve = getattr(self.target, "reserve", None)  # the compiled runner: its cache
+        if reserve is not None:  # grows (or says it cannot) before anything is proposed
+            widest = max(draft_len[i] for i in live) + 1
+            if self.round_cost is not None and widest > 1:
+                widest = max(widest, self.round_cost.width(live[-1] - live[0] + 1, widest))
+            try:  # rows between live[0] and live[-1] take part in the call: theirs count
+                reserve(max(before[live[0]: live[-1] + 1]) + widest)
+            except MemoryError as e:
+                raise RoundFailed(f"{type(e).__name__}: {e}") from e
         try:
             n_draft, out = self._score_and_verify(reqs, live, draft_len, chooser)
         except Exception as e:
