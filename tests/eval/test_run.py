@@ -193,7 +193,7 @@ def test_an_eval_with_an_adaptive_condition_end_to_end(tmp_path: Path) -> None:
     from trtspec.cli.serve import policy_from_eval
     from trtspec.eval.run import Condition
     from trtspec.report.decision import make_decision
-    from trtspec.serve.scheduler import DraftPolicy
+    from trtspec.serve.slots import DraftPolicy
     from trtspec.spec.adaptive import ADAPTIVE
     from trtspec.spec.cost_curve import chooser
     from trtspec.spec.executor import SpecExecutor

@@ -10,7 +10,8 @@ import pytest
 from conftest import count_fed, tiny_llama
 
 from trtspec.runtime.toy import MarkovLM, ToyRunner
-from trtspec.serve.scheduler import DraftPolicy, QueueFull, Scheduler, SchedulerDown
+from trtspec.serve.scheduler import Scheduler
+from trtspec.serve.slots import DraftPolicy, QueueFull, SchedulerDown
 from trtspec.spec.executor import SpecExecutor
 from trtspec.spec.propose.draft_model import DraftModelProposer
 from trtspec.spec.propose.layer_skip import LayerSkipProposer
@@ -249,15 +250,6 @@ def test_waiting_requests_are_admitted_first_come_first_served() -> None:
     assert len(set(admitted)) == len(admitted)
 
 
-def test_draft_length_policy_follows_the_running_count() -> None:
-    policy = DraftPolicy.parse("1:4,4:2,8:0")
-    assert [policy.for_running(n) for n in (1, 2, 4, 5, 8, 9)] == [4, 2, 2, 0, 0, 0]
-    assert DraftPolicy(3).for_running(50) == 3
-    for bad in ("", "4", "1:4,1:2", "4:2,1:4", "0:3", "1:-1", "a:b"):
-        with pytest.raises(ValueError, match="draft length schedule"):
-            DraftPolicy.parse(bad)
-
-
 def test_a_schedule_that_turns_speculation_off_keeps_greedy_output() -> None:
     """D changes with the running count (4 alone, 0 with company): greedy output is still
     the plain one, and the rounds at D = 0 propose nothing."""
@@ -370,6 +362,18 @@ def test_a_failure_after_tokens_were_committed_still_tells_every_client(where: s
         assert "error" in [f[0] for f in finals.values()]
 
 
+def continuation_pvalue(tickets, exact: dict[tuple, float]) -> float:
+    """Chi-square p of the tickets' outputs against the exact continuation probabilities."""
+    from trtspec.analysis.gof import chi_square_gof
+
+    counts: dict[tuple, int] = {}
+    for t in tickets:
+        counts[tuple(t.token_ids)] = counts.get(tuple(t.token_ids), 0) + 1
+    seqs = sorted(set(exact) | set(counts))
+    return chi_square_gof([counts.get(q, 0) for q in seqs],
+                          [exact.get(q, 0.0) for q in seqs])[2]
+
+
 class Poisoned(ToyRunner):
     """A target that fails on one request's row: a prompt holding POISON (its own chunk's
     call), and row 0 once it holds ``long`` tokens in a round (its row alone, say a NaN)."""
@@ -476,8 +480,6 @@ def test_sampling_stays_exact_when_rounds_fail_and_are_run_row_by_row() -> None:
     recovery that leaves the failed round's tokens in the target's cache fails the test."""
     from conftest import continuation_probs
 
-    from trtspec.analysis.gof import chi_square_gof
-
     target = MarkovLM(vocab_size=6, order=3, seed=11)
     prompt = [1, 4, 2, 5, 3, 1, 2]
     params = SamplingParams(temperature=0.9, max_tokens=3, ignore_eos=True)
@@ -511,12 +513,7 @@ def test_sampling_stays_exact_when_rounds_fail_and_are_run_row_by_row() -> None:
                    for i in range(2000)]
         scheduler.run_until_idle()
         assert scheduler.error is None and runner.failed > 100
-        counts: dict[tuple, int] = {}
-        for t in tickets:
-            counts[tuple(t.token_ids)] = counts.get(tuple(t.token_ids), 0) + 1
-        seqs = sorted(set(exact) | set(counts))
-        return chi_square_gof([counts.get(q, 0) for q in seqs],
-                              [exact.get(q, 0.0) for q in seqs])[2]
+        return continuation_pvalue(tickets, exact)
 
     assert pvalue(Flaky(target, broken=False)) > 1e-3
     assert pvalue(Flaky(target, broken=True)) < 1e-3
@@ -572,8 +569,6 @@ def test_sampling_stays_exact_with_chunked_admissions_in_flight() -> None:
     chunks forget the ones before (zeros in their place) fails the same test."""
     from conftest import continuation_probs
 
-    from trtspec.analysis.gof import chi_square_gof
-
     target = MarkovLM(vocab_size=6, order=3, seed=11)
     prompt = [1, 4, 2, 5, 3, 1, 2]
     params = SamplingParams(temperature=0.9, max_tokens=3, ignore_eos=True)
@@ -609,12 +604,7 @@ def test_sampling_stays_exact_with_chunked_admissions_in_flight() -> None:
             scheduler.step()
         scheduler.run_until_idle()
         assert chunked_beside_rounds[0] > 1500
-        counts: dict[tuple, int] = {}
-        for t in tickets:
-            counts[tuple(t.token_ids)] = counts.get(tuple(t.token_ids), 0) + 1
-        seqs = sorted(set(exact) | set(counts))
-        return chi_square_gof([counts.get(q, 0) for q in seqs],
-                              [exact.get(q, 0.0) for q in seqs])[2]
+        return continuation_pvalue(tickets, exact)
 
     assert pvalue(ToyRunner(target)) > 1e-3
     assert pvalue(Amnesia(target)) < 1e-3

@@ -574,7 +574,7 @@ def test_policy_from_a_decided_eval(tmp_path) -> None:
     import click
 
     from trtspec.cli.serve import policy_from_eval
-    from trtspec.serve.scheduler import DraftPolicy
+    from trtspec.serve.slots import DraftPolicy
 
     verdicts = [("ngram/D2/c1", "GO", 1.3), ("ngram/D4/c1", "GO", 1.6), ("ngram/D2/c4", "GO", 1.1),
                 ("ngram/D4/c4", "NO-GO", 0.9), ("layer_skip/D2/c1", "GO", 1.2),
@@ -611,7 +611,7 @@ def test_policy_from_the_file_decide_writes(tmp_path) -> None:
 
     from trtspec.analysis.policy import ServePolicy, write_policy
     from trtspec.cli.serve import policy_from_eval
-    from trtspec.serve.scheduler import DraftPolicy
+    from trtspec.serve.slots import DraftPolicy
 
     (tmp_path / "schedules").mkdir()
     file = write_policy(tmp_path / "schedules" / "trtspec-policy.yaml",
@@ -652,7 +652,7 @@ def serve_toy(*flags: str) -> str:
 
 def test_policy_from_a_decided_eval_with_an_adaptive_condition(tmp_path) -> None:
     from trtspec.cli.serve import policy_from_eval
-    from trtspec.serve.scheduler import DraftPolicy
+    from trtspec.serve.slots import DraftPolicy
 
     verdicts = [("ngram/D4/c1", "GO", 1.6), ("ngram/Dadaptive/c1", "GO", 1.5),
                 ("ngram/D2/c4", "GO", 1.1), ("ngram/Dadaptive/c4", "GO", 1.3),
@@ -1012,7 +1012,7 @@ def test_one_access_log_line_per_request_and_models_created_is_the_start_time(ca
         ("POST", "/v1/completions", "400", "-", "-", "-", "draft_model/D4"),
         ("POST", "/v1/completions", "404", "-", "-", "-", "draft_model/D4")]
     # D as the access log names it by default: read off the policy the scheduler runs
-    from trtspec.serve.scheduler import DraftPolicy
+    from trtspec.serve.slots import DraftPolicy
 
     assert toy(method="none").d_mode == "plain"
     assert toy(draft_len="adaptive").d_mode == "draft_model/adaptive"

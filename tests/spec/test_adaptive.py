@@ -17,7 +17,8 @@ from exactness import ALPHA, PROMPT, continuation_pvalue
 import trtspec.spec.executor
 from trtspec.analysis.cost_model import recommend_d
 from trtspec.runtime.toy import MarkovLM, ToyRunner
-from trtspec.serve.scheduler import DraftPolicy, Scheduler
+from trtspec.serve.scheduler import Scheduler
+from trtspec.serve.slots import DraftPolicy
 from trtspec.spec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState, RoundCost, relative_costs
 from trtspec.spec.cost_curve import CostCurve, chooser, fallback, measure
 from trtspec.spec.counters import SpecStats

@@ -53,7 +53,7 @@ from trtspec.analysis.gof import chi_square_gof, gof_bins, least_favourable
 from trtspec.runtime import Runner
 from trtspec.runtime.trtllm_stream import LlmArm
 from trtspec.serve.llmapi import make_scheduler
-from trtspec.serve.scheduler import Ticket
+from trtspec.serve.slots import Ticket
 from trtspec.spec.executor import Delta, SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams, rows_to_probs
 

@@ -12,7 +12,7 @@ import click
 
 from trtspec.build.open import PLAIN
 from trtspec.cli.evaluation import ENGINES_HELP, engines_root, explain_engines
-from trtspec.serve.scheduler import DraftPolicy
+from trtspec.serve.slots import DraftPolicy
 from trtspec.spec.adaptive import ADAPTIVE
 
 

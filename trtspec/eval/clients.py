@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trtspec.runtime.trtllm_stream import LlmArm
 from trtspec.serve.llmapi import make_scheduler
-from trtspec.serve.scheduler import Ticket
+from trtspec.serve.slots import Ticket
 from trtspec.spec.executor import Delta, SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams
 

@@ -42,7 +42,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from trtspec.runtime.trtllm_stream import LlmArm, Step, Stream
-from trtspec.serve.scheduler import DraftPolicy, Scheduler, Slots, Ticket, notify, stop_at
+from trtspec.serve.scheduler import Scheduler
+from trtspec.serve.slots import DraftPolicy, Slots, Ticket, notify, stop_at
 from trtspec.spec.executor import Delta, Request, SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams
 

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from trtspec.serve.llmapi import LlmApiScheduler
-from trtspec.serve.scheduler import Scheduler, Ticket
+from trtspec.serve.scheduler import Scheduler
+from trtspec.serve.slots import Ticket
 from trtspec.spec.counters import SpecStats
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

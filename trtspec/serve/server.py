@@ -44,7 +44,8 @@ from trtspec.serve.openai_api import (  # the text side: re-exported for the CLI
     first_error,
     refuse_unsupported,
 )
-from trtspec.serve.scheduler import QueueFull, Scheduler, SchedulerDown, Ticket
+from trtspec.serve.scheduler import Scheduler
+from trtspec.serve.slots import QueueFull, SchedulerDown, Ticket
 from trtspec.spec.executor import Delta
 from trtspec.spec.sample.probs import SamplingParams
 

@@ -21,7 +21,8 @@ import trtspec.spec.propose.heads.eagle
 from trtspec.analysis.gof import chi_square_gof
 from trtspec.runtime.compiled import CompiledRunner
 from trtspec.runtime.hf import HFRunner
-from trtspec.serve.scheduler import DraftPolicy, Scheduler
+from trtspec.serve.scheduler import Scheduler
+from trtspec.serve.slots import DraftPolicy
 from trtspec.spec.executor import SpecExecutor
 from trtspec.spec.propose.heads import HeadsError
 from trtspec.spec.propose.heads.eagle import (
