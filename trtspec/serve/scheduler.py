@@ -320,11 +320,8 @@ class Scheduler(Slots):
             feed[slot] = ticket.prompt[ticket.prefilled: ticket.prefilled + n]
             try:
                 logits = self.executor.target.score(feed, last_only=True)[slot, 0]  # [V]
-            except Exception as e:  # this prompt's own call: its request ends alone
-                lengths = self.executor.target.lengths()
-                lengths[slot] = min(lengths[slot], ticket.prefilled)
-                self.executor.target.rollback(lengths)
-                self._row_failed(slot, e)
+            except Exception as e:  # this prompt's own call: its request ends alone (its
+                self._row_failed(slot, e)  # row is emptied as the slot is freed)
                 continue
             ticket.prefilled += n
             left, used = left - n, used + n
