@@ -19,7 +19,14 @@ from trtspec.analysis.cost_model import recommend_d
 from trtspec.runtime.toy import MarkovLM, ToyRunner
 from trtspec.serve.scheduler import Scheduler
 from trtspec.serve.slots import DraftPolicy
-from trtspec.spec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState, RoundCost, relative_costs
+from trtspec.spec.adaptive import (
+    ADAPTIVE,
+    AdaptiveDraft,
+    AdaptiveState,
+    RoundClock,
+    RoundCost,
+    relative_costs,
+)
 from trtspec.spec.cost_curve import CostCurve, chooser, fallback, measure
 from trtspec.spec.counters import SpecStats
 from trtspec.spec.executor import SpecExecutor
@@ -163,6 +170,69 @@ def test_batch_aware_probes_are_rounds_judged_by_the_next_choice() -> None:
     chooser_.update(b, 1, 1)
     b.accept[:] = [0.9] * 4  # B accepts well: speculation is back, the wait reset
     assert chooser_.choose_round([a, b], [4, 4], 2) == [4, 4] and chooser_.wait == 2
+
+
+def test_the_round_clock_by_hand() -> None:
+    """EMA per (B, W); observed ratios where both were timed; else the table's ratio scaled by
+    how far the widths timed at those rows (else the nearest rows) were off it."""
+    def model(b: int, w: int) -> float:  # the table: a width costs 10 % a token, any B
+        return 1 + 0.1 * (w - 1)
+
+    clock = RoundClock(rate=0.5, refresh=3)
+    assert clock.relative(4, 3, model) == pytest.approx(1.2) and not clock.stale(4)
+    clock.observe(4, 1, 0.10)
+    clock.observe(4, 1, 0.12)  # EMA: 0.10 + 0.5 · 0.02
+    assert clock.seconds[4, 1] == pytest.approx(0.11)
+    assert clock.relative(4, 3, model) == pytest.approx(1.2)  # no width timed: the table's
+    clock.observe(4, 3, 0.165)  # 1.5 × plain where the table said 1.2: off by 1.25
+    assert clock.relative(4, 3, model) == pytest.approx(1.5)
+    assert clock.relative(4, 5, model) == pytest.approx(1.4 * 1.25)
+    assert clock.relative(2, 5, model) == pytest.approx(1.4 * 1.25)  # the nearest rows' scale
+    assert clock.relative(4, 1, model) == 1.0
+    # plain rounds at 4 rows are due after refresh = 3 speculative ones; 2 rows never had one
+    assert not clock.stale(4) and clock.stale(2)
+    clock.observe(4, 3, 0.165)
+    clock.observe(4, 3, 0.165)
+    assert clock.stale(4)
+    clock.observe(4, 1, 0.11)
+    assert not clock.stale(4)
+
+
+def test_a_timed_chooser_stops_drafting_where_rounds_cost_more_than_the_table_says() -> None:
+    """2 rows accepting 0.9: by the table (TOY_ROUNDS) W = 1 … 4 cost 2.0/1.2 … 2.6/1.2 of
+    a plain round, so the chooser drafts W = 4 (4.0951 tokens a row for 2.17: 1.89×); once
+    rounds of W = 4 are timed at 5× a plain round (a proposer and a verify the table never
+    saw), W = 4 gives 4.0951/5 = 0.82× and the widths not timed are scaled alike (5/2.17), so
+    it decodes plainly. The first round it times at a B it has no plain timing for is plain."""
+    good = state(0.9, 0.9, 0.9, 0.9)
+    timed = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), timed=True, probe_after=2)
+    untimed = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), probe_after=2)
+    assert timed.choose_round([good, good], [4, 4], 2) == [4, 4]  # nothing timed yet
+    timed.observe_round(2, 5, 0.5)
+    assert timed.choose_round([good, good], [4, 4], 2) == [0, 0]  # the baseline is timed first
+    timed.observe_round(2, 1, 0.1)
+    assert timed.round_time(2, 5) == pytest.approx(5.0)
+    assert timed.round_time(2, 2) == pytest.approx(2.0 / 1.2 * 5.0 / (2.6 / 1.2))
+    assert timed.choose_round([good, good], [4, 4], 2) == [0, 0]
+    untimed.observe_round(2, 5, 0.5)  # a chooser not timed ignores what rounds took
+    assert untimed.choose_round([good, good], [4, 4], 2) == [4, 4]
+    # and the other way: rounds that cost what plain ones do make drafting pay again
+    for _ in range(12):
+        timed.observe_round(2, 5, 0.1)
+    timed.observe_round(2, 1, 0.1)
+    assert timed.round_time(2, 5) == pytest.approx(1 + 4 * 0.8 ** 12)  # the EMA forgets
+    assert timed.choose_round([good, good], [4, 4], 2) == [4, 4]
+
+
+def test_the_executor_times_its_rounds_into_a_timed_chooser() -> None:
+    target = MarkovLM(vocab_size=16, order=2, seed=5)
+    chooser_ = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), timed=True)
+    ex = SpecExecutor(ToyRunner(target), NgramProposer(), 4, adaptive=chooser_)
+    ex.generate([[1, 2, 1, 2]] * 2, SamplingParams(max_tokens=20, ignore_eos=True))
+    assert chooser_.clock is not None and (2, 1) in chooser_.clock.seconds
+    assert all(t > 0 for t in chooser_.clock.seconds.values())
+    assert chooser(  # what a build's measured costs give: a timed chooser
+        "ngram", 4, CostCurve(target={1: 1.0, 2: 1.1}, rounds=TOY_ROUNDS)).clock is not None
 
 
 def test_the_ema_learns_only_what_a_round_observed() -> None:

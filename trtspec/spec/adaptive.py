@@ -45,6 +45,19 @@ tokens, relative to t(1, 1); a draft model's step is assumed to grow with rows a
 plain step does. Why one W and not one D per row: rows are padded to the widest anyway, so a
 row drafting less saves nothing, and a proposer drafts every row in the same batched steps.
 
+Measured rounds (``timed``, which a chooser from a build's measured costs is): the build's
+t(B, W) times the scoring call alone, on a scratch context, at build time; a round in service
+also proposes, verifies and commits, at the context it has, beside whatever else the machine
+runs, and on a 2-core CPU a 4-row round of 3 tokens measured 0.96 t(B, 1) at build and 1.3 in
+service. So the executor times every round it runs and :class:`RoundClock` keeps an EMA of the
+seconds per (B, W); a round's cost relative to plain decoding's at the same B is then what was
+observed (t̂(B, W)/t̂(B, 1)), and a width not observed yet takes the table's ratio scaled by
+how far the observed widths at those rows (else the nearest rows observed) were off the table.
+At rows whose plain rounds were last timed ``refresh`` speculative rounds ago (or never), the
+next round is plain: it costs at most one round's gain in ``refresh`` and keeps the baseline
+it is judged against current. What each round costs is then the time it took, not a model of
+it.
+
 Only D varies: verification is unchanged, so the output distribution is the target's whatever
 D each round drafts (D depends on past rounds only). Seeded outputs, though, depend on the D
 of each round, which depends on the prior, so on what ran before.
@@ -52,7 +65,7 @@ of each round, which depends on the prior, so on what ran before.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 ADAPTIVE = "adaptive"
@@ -134,6 +147,55 @@ class RoundCost:
         return self._raw(rows, self.width(rows, width))
 
 
+class RoundClock:
+    """Seconds that rounds took in service: an EMA per (rows B, tokens per row W), and how
+    many speculative rounds ran at each B since its last plain one (see the module
+    docstring). ``rate`` weighs the newest round; ``refresh`` speculative rounds without a
+    plain one at some B make the next round there plain."""
+
+    def __init__(self, rate: float = 0.2, refresh: int = 64) -> None:
+        self.rate, self.refresh = rate, refresh
+        self.seconds: dict[tuple[int, int], float] = {}  # (B, W) → EMA of a round's seconds
+        self.since_plain: dict[int, int] = {}  # B → speculative rounds since its plain one
+
+    def observe(self, rows: int, width: int, seconds: float) -> None:
+        """A round of ``width`` tokens in each of ``rows`` rows took ``seconds``."""
+        old = self.seconds.get((rows, width))
+        self.seconds[rows, width] = seconds if old is None else old + self.rate * (seconds - old)
+        self.since_plain[rows] = 0 if width == 1 else \
+            self.since_plain.get(rows, self.refresh) + 1
+
+    def stale(self, rows: int) -> bool:
+        """Whether the next round at ``rows`` rows should be plain, to time the baseline."""
+        return bool(self.seconds) and self.since_plain.get(rows, self.refresh) >= self.refresh
+
+    def relative(self, rows: int, width: int, model: Callable[[int, int], float]) -> float:
+        """A round of ``width`` tokens a row over a plain round, at ``rows`` rows: observed
+        where both were timed at these rows; else ``model(rows, width)`` (the table's ratio)
+        scaled by the mean of observed ÷ model over the widths timed at these rows, or else at
+        the nearest rows with such widths; else ``model(rows, width)``."""
+        if width == 1:
+            return 1.0
+        plain = self.seconds.get((rows, 1))
+        seen = self.seconds.get((rows, width))
+        if plain is not None and seen is not None:
+            return seen / plain
+        return model(rows, width) * self._scale(rows, model)
+
+    def _scale(self, rows: int, model: Callable[[int, int], float]) -> float:
+        def scale(b: int) -> float | None:
+            plain = self.seconds.get((b, 1))
+            ratios = [t / plain / model(b, w) for (r, w), t in self.seconds.items()
+                      if r == b and w > 1 and plain is not None]
+            return sum(ratios) / len(ratios) if ratios else None
+
+        for b in sorted({r for r, _ in self.seconds}, key=lambda r: (abs(r - rows), r)):
+            found = scale(b)  # the model of B rows is not ratio-for-ratio another B's, but
+            if found is not None:  # how far off it is carries over better than nothing
+                return found
+        return 1.0
+
+
 class AdaptiveDraft:
     """Chooses D per round (see the module docstring); pure Python.
 
@@ -147,7 +209,7 @@ class AdaptiveDraft:
                  rate: float = 0.3, prior_rate: float = 0.05, initial: float = 0.6,
                  prior_weight: int = 8, probe_budget: float = 0.02,
                  min_gain: float = 1.02, probe_after: int = 16, max_wait: int = 512,
-                 round_cost: RoundCost | None = None) -> None:
+                 round_cost: RoundCost | None = None, timed: bool = False) -> None:
         if max_draft_len < 1:
             raise ValueError(f"max_draft_len must be ≥ 1, got {max_draft_len}")
         if not target_cost:
@@ -163,6 +225,8 @@ class AdaptiveDraft:
         self.idle, self.wait = 0, probe_after  # plain rounds since the last probe, and before
         # the next one (all requests)
         self.round_cost = round_cost
+        # batch-aware, with costs worth correcting: the executor times its rounds into it
+        self.clock = RoundClock() if timed and round_cost is not None else None
         self.probed = False  # batch-aware: a probe whose verdict is pending
         self.probe_saw = False  # … and it (or a round since) observed something
 
@@ -191,18 +255,34 @@ class AdaptiveDraft:
         """Expected tokens per unit time of a round of these requests (plain decoding = 1) for
         W = 0 … max cap, each request drafting min(W, its cap); ``rows``: rows the round scores
         (B)."""
-        assert self.round_cost is not None
-        cost = self.round_cost
         emitted = [self.emitted(s, max(c, 0)) for s, c in zip(states, caps, strict=True)]
-        step = cost.time(rows, 1)
         out = []
         for w in range(max((len(e) for e in emitted), default=1)):
             ds = [min(w, len(e) - 1) for e in emitted]
             width = max(ds, default=0)
             tokens = sum(e[d] for e, d in zip(emitted, ds, strict=True))
-            out.append(tokens / len(emitted) * step
-                       / (cost.time(rows, width + 1) + width * self.draft_cost * step))
+            out.append(tokens / len(emitted) / self.round_time(rows, width + 1))
         return out
+
+    def round_time(self, rows: int, width: int) -> float:
+        """A round of ``width`` tokens in each of ``rows`` rows over a plain round (W = 1) at
+        the same rows: (t(B, W) + (W − 1)·t_draft·t(B, 1)) / t(B, 1) from the round cost, or
+        what such rounds took here (:class:`RoundClock`)."""
+        assert self.round_cost is not None
+        cost = self.round_cost
+
+        def model(b: int, w: int) -> float:
+            step = cost.time(b, 1)
+            return (cost.time(b, w) + (w - 1) * self.draft_cost * step) / step
+
+        return model(rows, width) if self.clock is None else \
+            self.clock.relative(rows, width, model)
+
+    def observe_round(self, rows: int, width: int, seconds: float) -> None:
+        """The executor's word that a round of ``width`` tokens a row (the widest row's
+        drafts + 1) at ``rows`` rows took ``seconds``; ignored unless ``timed``."""
+        if self.clock is not None:
+            self.clock.observe(rows, width, seconds)
 
     def choose_round(self, states: Sequence[AdaptiveState], caps: Sequence[int], rows: int
                      ) -> list[int]:
@@ -211,15 +291,15 @@ class AdaptiveDraft:
         if self.round_cost is None:
             return [self.choose(s, c) if c > 0 else 0 for s, c in zip(states, caps, strict=True)]
         rates = self.round_rates(states, caps, rows) if states else [1.0]
-        if len(rates) == 1:
-            return [0] * len(caps)
+        if len(rates) == 1 or (self.clock is not None and self.clock.stale(rows)):
+            return [0] * len(caps)  # nothing to draft, or the baseline is due a timing
         best = max(range(1, len(rates)), key=rates.__getitem__)  # the best-looking W > 0
         if self.probed and self.probe_saw:  # the probe's observations are in: did
             self.probed = False  # speculating come back? (one that proposed nothing, an
             self.wait = self.probe_after if rates[best] >= self.min_gain else min(  # n-gram
                 2 * self.wait, self.max_wait)  # miss, tells nothing: the next probe judges)
         if rates[best] < self.min_gain:
-            extra = self.round_cost.time(rows, 2) / self.round_cost.time(rows, 1) - 1
+            extra = self.round_time(rows, 2) - 1
             if self.idle < max(self.wait, extra / self.probe_budget):  # a probe of many rows
                 self.idle += 1  # costs more: it waits until it is ≤ probe_budget of the time
                 return [0] * len(caps)

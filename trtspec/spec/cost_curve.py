@@ -175,7 +175,8 @@ def chooser(method: str, max_draft_len: int, curve: CostCurve | None = None,
             _say_once(say, "the build has no round-cost table (built by an older trtspec): the "
                       "adaptive draft length is chosen per request, blind to the batch; "
                       "`trtspec build --force` for the batch-aware choice")
-        return AdaptiveDraft(max_draft_len, costs, step, round_cost=rounds, **knobs)
+        return AdaptiveDraft(max_draft_len, costs, step, round_cost=rounds,  # measured: its
+                             **{"timed": True, **knobs})  # rounds in service correct it
     if target is None:
         _say_once(say, "no cost curve for these models: the adaptive draft length assumes "
                   f"t(B, T) = 1 + {FALLBACK_SLOPE:g}·(B·T − 1) and a draft step of "

@@ -24,6 +24,7 @@ is rolled back with the rejections.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -238,6 +239,7 @@ class SpecExecutor:
                 reserve(max(before[live[0]: live[-1] + 1]) + widest)
             except MemoryError as e:
                 raise RoundFailed(f"{type(e).__name__}: {e}") from e
+        began = time.perf_counter()  # after any growth: a one-off, not what a round costs
         try:
             n_draft, out = self._score_and_verify(reqs, live, draft_len, chooser)
         except Exception as e:
@@ -262,6 +264,9 @@ class SpecExecutor:
         self.target.rollback(lengths)
         if self.proposer is not None:
             self.proposer.observe(accepted)
+        if chooser is not None:  # what this round took, for the next ones' choice
+            chooser.observe_round(live[-1] - live[0] + 1, max(n_draft[b] for b in live) + 1,
+                                  time.perf_counter() - began)
         return deltas
 
     def _score_and_verify(self, reqs: list[Request], live: list[int], draft_len: list[int],
