@@ -321,3 +321,94 @@ def test_a_cache_that_cannot_grow_raises_before_it_changes_anything(monkeypatch)
     runner.fit_cache()  # it left: back to the smallest cache
     assert runner.keys[0].shape[0] == 512
     assert close(runner.score([[6], [9]])[1, 0], full_logits(model, [4, 8, 9])[-1])
+
+
+@pytest.mark.parametrize("kind", ["eager", "compiled"])
+def test_live_rows_are_packed_and_score_like_full_forwards(kind: str, cache_dir) -> None:
+    """Rows 0 and 5 of 6 fed: the runner swaps row 5's cache next to row 0's and scores 2
+    rows, not 6; every row keeps its sequence (logits as one forward of it, by batch row) and
+    a runner that does not pack gives the same logits."""
+    model = tiny_llama(vocab=64)
+    prompts = [[1 + b, 2, 3 + b][: 1 + b % 3] for b in range(6)]
+    packed = make_runner(model, kind, cache_dir=cache_dir)
+    spread = make_runner(model, kind, cache_dir=cache_dir)
+    spread.pack_rows = False
+    seqs = [list(p) for p in prompts]
+    for runner in (packed, spread):
+        runner.prefill(prompts)
+    assert packed.scored_rows([0, 5]) == 2 and spread.scored_rows([0, 5]) == 6
+    calls = [[[10, 11]] + [[]] * 4 + [[12]],  # rows 0 and 5: one swap
+             [[13]] + [[]] * 4 + [[14, 15]],  # the same rows again: no swap
+             [[16]] * 6,  # every row, in whatever order the cache now holds them
+             [[]] + [[17]] + [[]] * 2 + [[18]] + [[]]]  # rows 1 and 4
+    for feed in calls:
+        packed.shapes.clear()
+        got, want = packed.score(feed), spread.score(feed)
+        for b, tokens in enumerate(feed):
+            if tokens:  # (the rows between, scored when not packed, are padding)
+                n = len(tokens)
+                assert (got[b, :n] - want[b, :n]).abs().max().item() <= 1e-5
+                seqs[b] += tokens
+                assert close(got[b, : len(tokens)], full_logits(model, seqs[b])[-len(tokens):])
+        if kind == "compiled":
+            assert {rows for rows, _ in packed.shapes} == {sum(map(bool, feed))}
+    assert packed.lengths() == spread.lengths() == [len(s) for s in seqs]
+    assert packed.swaps == 1 and spread.swaps == 0  # row 5 went to physical row 1, row 1 to
+    assert packed._phys[5] == 1 and packed._phys[1] == 5  # 5, next to row 4's: no more
+    packed.rollback([2, 1, 1, 1, 1, 1])
+    assert close(packed.score([[]] * 5 + [[19]])[5, 0], full_logits(model, [6, 19])[-1])
+
+
+def test_packing_keeps_what_a_shared_cache_view_wrote_and_hidden_states_in_row_order() -> None:
+    """A layer-skip view on the target's cache packs the target's rows too, keeping the slots
+    it wrote past the target's length; a call that keeps hidden states puts every row back
+    where its batch row is."""
+    model = tiny_llama(vocab=64, layers=3, seed=5)
+    target = CompiledRunner(model, compile=False)
+    target.prefill([[1, 2], [3], [4, 5, 6], [7]])
+    view = target.view(2, share_cache=True)
+    view.follow()
+    view.score([[8, 9], [], [], [10]])  # rows 0 and 3: packed, past the target's lengths
+    assert target.swaps == 1 and target._phys != [0, 1, 2, 3]
+    again = view.score([[11], [], [], [12]])
+    skip = layer_skip_view(model, 2)
+    assert close(again[0, 0], full_logits(skip, [1, 2, 8, 9, 11])[-1])
+    assert close(again[3, 0], full_logits(skip, [7, 10, 12])[-1])
+    after = target.score([[20], [21], [22], [23]])
+    for b, seq in enumerate([[1, 2, 20], [3, 21], [4, 5, 6, 22], [7, 23]]):
+        assert close(after[b, 0], full_logits(model, seq)[-1])
+    target.capture_hidden([0])
+    kept = target.score([[24], [], [25], []])
+    assert target._phys == [0, 1, 2, 3] and target.hidden_first == 0
+    assert target.hidden.shape[0] == 3  # rows 0 … 2, in batch order
+    assert close(kept[2, 0], full_logits(model, [4, 5, 6, 22, 25])[-1])
+
+
+def test_requests_ending_between_others_give_their_greedy_output_alone() -> None:
+    """Through the scheduler on 4 slots, requests of different lengths end between running
+    ones and new ones take their slots: the runner packs (swaps > 0), every round scores only
+    the live rows, and every request gets what it gets alone (plain and n-gram drafts)."""
+    from trtspec.serve.scheduler import Scheduler
+
+    model = tiny_llama(vocab=64, seed=3)
+    prompts = [[(5 * i + j) % 60 + 1 for j in range(3 + i % 4)] for i in range(10)]
+    params = [SamplingParams(temperature=0.0, max_tokens=3 + 5 * (i % 3), ignore_eos=True)
+              for i in range(10)]
+    for proposer in (None, NgramProposer(1, 2)):
+        alone = [SpecExecutor(CompiledRunner(model, compile=False), proposer and NgramProposer(
+            1, 2), 3).generate([p], q)[0].token_ids for p, q in zip(prompts, params, strict=True)]
+        runner = CompiledRunner(model, compile=False)
+        rows: list[tuple[int, int]] = []
+        score = runner.score
+
+        def spy(tokens, last_only=False, score=score, rows=rows, runner=runner):
+            live = [b for b, t in enumerate(tokens) if t]
+            rows.append((len(live), runner.scored_rows(live)))
+            return score(tokens, last_only)
+
+        runner.score = spy
+        scheduler = Scheduler(SpecExecutor(runner, proposer, 3), 4, prefill_chunk=2)
+        tickets = [scheduler.submit(p, q) for p, q in zip(prompts, params, strict=True)]
+        scheduler.run_until_idle()
+        assert [t.token_ids for t in tickets] == alone
+        assert runner.swaps > 0 and all(n == scored for n, scored in rows if n)

@@ -18,6 +18,15 @@ weights, inputs here, into its static buffers). Ragged rows are padded to Tb. Pa
 construction (the RowCache rule): a padded query writes its key at a slot ≥ the row's committed
 length, which the mask hides and the next real write overwrites. Inductor's on-disk cache lives
 under the build folder, so a second process reuses the kernels.
+
+Live rows only (``pack_rows``, on by default): a call scores the contiguous range of *physical*
+cache rows that hold the rows it feeds, so a batch row is a name, mapped to a physical row
+(``_phys``). When the rows a call feeds are not contiguous there (a request ended between two
+others), rows are swapped first, moving the fewest into the densest window: each swap copies two
+rows' committed keys and values, once, and every later call scores only the live rows (two live
+requests in rows 0 and 7 of 8 score 2 rows, not 8). Callers see no difference: logits, lengths
+and rollback stay by batch row. A call that keeps hidden states (heads read them by batch row)
+puts the rows back in order first and is never packed.
 """
 
 from __future__ import annotations
@@ -101,6 +110,9 @@ class CompiledRunner:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._lengths: list[int] = []
+        self._phys: list[int] = []  # batch row → physical cache row (the owner's: see packing)
+        self.pack_rows = True  # score only the rows a call feeds (module docstring)
+        self.swaps = 0  # row swaps packing has made (each copies two rows' cache)
         self._owner = self  # whose KV cache this runner reads and writes (see view)
         self._warmed: set[int] = set()  # batch sizes warm_up has compiled for
         self.late_compiles = 0  # graphs compiled after a warm-up: each made a request wait
@@ -200,15 +212,21 @@ class CompiledRunner:
             self.hidden_first, self.hidden_counts = 0, list(counts)
         if not live:
             return logits
+        self._place(live)
+        phys = self._owner._phys
         compiled, tb = self.compiled, width
-        rows = range(live[0], live[-1] + 1)  # contiguous: views of the cache, no copies
-        nb = len(rows)
-        start = torch.tensor([self._lengths[b] for b in rows])  # [Bb]
+        rows = range(min(phys[b] for b in live), max(phys[b] for b in live) + 1)  # physical,
+        nb = len(rows)  # contiguous: views of the cache, no copies
+        batch_row = [0] * len(phys)  # physical → batch row
+        for b, at in enumerate(phys):
+            batch_row[at] = b
+        order = [batch_row[at] for at in rows]  # the batch row of each row scored
+        start = torch.tensor([self._lengths[b] for b in order])  # [Bb]
         span = -(-(int(start.max()) + tb) // SPAN_STEP) * SPAN_STEP  # slots attended
         if span > self._owner._capacity:
             self._owner._grow(span)
         ids = torch.zeros((nb, tb), dtype=torch.long)
-        for i, b in enumerate(rows):
+        for i, b in enumerate(order):
             ids[i, : counts[b]] = torch.as_tensor(list(tokens[b]), dtype=torch.long)
         slots = (start[:, None] + torch.arange(tb)).to(self.device)  # [Bb, Tb]
         mask = (torch.arange(span, device=self.device)[None, None, :]
@@ -235,16 +253,66 @@ class CompiledRunner:
         if self._capture:
             self.hidden = torch.cat(kept, dim=-1)  # [Bb, Tb, k·H]: the rows scored only
             self.hidden_first = rows.start
-        n = torch.tensor([counts[b] for b in rows], device=self.device)  # [Bb]
+        n = torch.tensor([counts[b] for b in order], device=self.device)  # [Bb]
         if last_only:
             x = x[torch.arange(nb, device=self.device), (n - 1).clamp(min=0)][:, None]
         else:
             x = x[:, :width]
-        logits[rows.start: rows.stop] = project(self._norm(x), self._head.weight
-                                                 ).float()[..., : self._vocab]
+        scored = project(self._norm(x), self._head.weight).float()[..., : self._vocab]
+        if order == list(range(order[0], order[0] + nb)):  # in batch order: a slice
+            logits[order[0]: order[0] + nb] = scored
+        else:
+            logits[torch.tensor(order, device=self.device)] = scored
         for b in live:
             self._lengths[b] += counts[b]
         return logits
+
+    def scored_rows(self, live: Sequence[int]) -> int:
+        """The rows a call that feeds the batch rows ``live`` (ascending) scores: their
+        number when packed, else the physical range they span."""
+        if self.pack_rows and not self._capture:
+            return len(live)
+        phys = self._owner._phys
+        at = [phys[b] for b in live] if phys else list(live)
+        return max(at) - min(at) + 1
+
+    def _place(self, live: list[int]) -> None:
+        """Make the physical rows of the batch rows ``live`` contiguous (packing), or, for a
+        call that keeps hidden states, every row where its batch row is."""
+        owner = self._owner
+        phys = owner._phys
+        if self._capture:
+            for b in range(len(phys)):
+                if phys[b] != b:
+                    self._swap(phys[b], b)
+            return
+        at = sorted(phys[b] for b in live)
+        n = len(at)
+        if not self.pack_rows or at[-1] - at[0] + 1 == n:
+            return
+        # the window of n physical rows that holds most of them already: fewest swaps
+        lo = max(range(len(phys) - n + 1),
+                 key=lambda w: (sum(w <= a < w + n for a in at), -abs(w - at[0])))
+        holes = [r for r in range(lo, lo + n) if r not in at]
+        for src, dst in zip([a for a in at if not lo <= a < lo + n], holes, strict=True):
+            self._swap(src, dst)
+
+    def _swap(self, p: int, q: int) -> None:
+        """Exchange physical rows p and q: their keys and values up to what either row holds
+        (this runner's length or its owner's: a shared-cache view writes past the owner's)
+        in every layer, and the batch rows they belong to."""
+        owner = self._owner
+        phys = owner._phys
+        a, b = phys.index(p), phys.index(q)
+        held = max(self._lengths[a], self._lengths[b], owner._lengths[a], owner._lengths[b])
+        held = min(held, owner._capacity)
+        if held:
+            for cache in (owner.keys, owner.values):
+                for t in cache:
+                    rows = t[:held, [p, q]]  # [held, 2, Hkv, d]: a copy
+                    t[:held, [q, p]] = rows
+        phys[a], phys[b] = q, p
+        owner.swaps += 1
 
     def _layers(self, layer: Callable[..., torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, rows: range,
@@ -298,7 +366,7 @@ class CompiledRunner:
         began = time.perf_counter()
         if batch in self._warmed or not self.compiled:
             return 0.0
-        live = self.keys, self.values, self._lengths, self._capacity
+        live = self.keys, self.values, self._lengths, self._capacity, self._phys
         states = self.hidden, self.hidden_first, self.hidden_counts  # a proposer's, unread
         self._warming, self._capacity = True, MIN_CAPACITY  # a small scratch cache
         try:
@@ -309,7 +377,7 @@ class CompiledRunner:
                     self.rollback([1] * batch)
             self._warmed.add(batch)
         finally:
-            self.keys, self.values, self._lengths, self._capacity = live
+            self.keys, self.values, self._lengths, self._capacity, self._phys = live
             self.hidden, self.hidden_first, self.hidden_counts = states
             self._warming = False
         return time.perf_counter() - began
@@ -322,6 +390,7 @@ class CompiledRunner:
         self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device)
                        for _ in self._weights]
         self._lengths = [0] * batch
+        self._phys = list(range(batch))
 
     def _grow(self, span: int) -> None:
         """Room for ``span`` slots a row, checked first: CacheFull (nothing changed) when the

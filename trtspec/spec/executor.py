@@ -234,7 +234,7 @@ class SpecExecutor:
         if reserve is not None:  # grows (or says it cannot) before anything is proposed
             widest = max(draft_len[i] for i in live) + 1
             if self.round_cost is not None and widest > 1:
-                widest = max(widest, self.round_cost.width(live[-1] - live[0] + 1, widest))
+                widest = max(widest, self.round_cost.width(self.rows_scored(live), widest))
             try:  # rows between live[0] and live[-1] take part in the call: theirs count
                 reserve(max(before[live[0]: live[-1] + 1]) + widest)
             except MemoryError as e:
@@ -265,9 +265,16 @@ class SpecExecutor:
         if self.proposer is not None:
             self.proposer.observe(accepted)
         if chooser is not None:  # what this round took, for the next ones' choice
-            chooser.observe_round(live[-1] - live[0] + 1, max(n_draft[b] for b in live) + 1,
+            chooser.observe_round(self.rows_scored(live), max(n_draft[b] for b in live) + 1,
                                   time.perf_counter() - began)
         return deltas
+
+    def rows_scored(self, live: Sequence[int]) -> int:
+        """The rows the target scores in a call that feeds the batch rows ``live``: the
+        contiguous range they span, or only them where the runner packs live rows (the
+        compiled runner's ``scored_rows``)."""
+        count = getattr(self.target, "scored_rows", None)
+        return count(live) if count is not None else live[-1] - live[0] + 1
 
     def _score_and_verify(self, reqs: list[Request], live: list[int], draft_len: list[int],
                           chooser: AdaptiveDraft | None) -> tuple[list[int], VerifyOutput]:
@@ -275,7 +282,7 @@ class SpecExecutor:
         proposed, the target's p scored, verify() run. Returns the drafts each row got and
         verify's result."""
         batch = len(reqs)
-        span = live[-1] - live[0] + 1  # rows the target scores (its rows are contiguous)
+        span = self.rows_scored(live)  # rows the target scores (B)
         if chooser is not None:  # choose within the budget: a probe that could draft
             for i in live:  # nothing would teach nothing
                 if reqs[i].adaptive is None:
