@@ -22,6 +22,11 @@ inter-token gap over their median before it arrived, with the prompt prefilled w
 call, as before chunked prefill) and in chunks of 16 (the CPU default), 32 and 64 tokens a
 step; and TTFT p50/p99 when 32 built-in prompts arrive at once on 8 slots, whole and chunked.
 
+``--live-rows`` instead measures scoring only the live rows (the "## Live rows" section):
+rounds that feed some of the 8 slots while the others hold sequences, with every row in the
+slot range scored and with the live rows packed together first, and what the packing swap
+costs once.
+
 ``--soak`` instead runs `trtspec serve` over HTTP for a long run (see serve_soak.py) and writes
 (or replaces) the report's "## Soak" section; ``--soak --quick``: 40 requests on the toy
 backend.
@@ -218,6 +223,84 @@ def admission_report(args) -> None:
     print(f"wrote {args.out}")
 
 
+def live_rows_timing(runner, prompts: list[list[int]], live: list[int], width: int,
+                     repeats: int) -> dict[str, float]:
+    """Rounds that feed ``width`` tokens to each of the batch rows ``live`` while every other
+    row holds a prompt: median ms with every row in the slot range scored (``pack_rows``
+    off) and with only the live rows (on), the first packed call (which swaps) and the
+    swaps it made. Each call is rolled back; the two settings alternate in blocks of
+    ``repeats`` (three blocks each), after a prefill that puts the rows back in order."""
+    feed = [[(11 * j + 5) % runner.vocab_size for j in range(width)] if b in live else []
+            for b in range(len(prompts))]
+    times: dict[bool, list[float]] = {False: [], True: []}
+    first, swaps = [], []
+    for _ in range(3):
+        for pack in (False, True):
+            runner.prefill(prompts)
+            runner.pack_rows, before = pack, runner.swaps
+            lengths = runner.lengths()
+            for i in range(repeats + 1):
+                start = time.perf_counter()
+                runner.score(feed)
+                took = (time.perf_counter() - start) * 1e3
+                runner.rollback(lengths)
+                if i == 0 and pack:
+                    first.append(took)
+                    swaps.append(runner.swaps - before)
+                elif i:
+                    times[pack].append(took)
+    runner.pack_rows = True
+    return {"spread": percentile(times[False], 50), "packed": percentile(times[True], 50),
+            "first": percentile(first, 50), "swaps": max(swaps),
+            "rows_spread": live[-1] - live[0] + 1, "rows_packed": len(live)}
+
+
+def live_rows_report(args) -> None:
+    """The "## Live rows" section (module docstring, ``--live-rows``)."""
+    torch.manual_seed(0)
+    lm = load("smollm2-135m-instruct", device="cpu")
+    kind = "eager" if args.quick else "compiled"
+    runner = built_runner(lm.model, kind, rows=SLOTS, eos_token_id=lm.tokenizer.eos_token_id,
+                          cache_dir=Path(tempfile.mkdtemp(prefix="bench-inductor-")))
+    runner.warm_up(SLOTS)
+    context = 64 if args.quick else 512
+    prompts = [[(7 * i + 3 + b) % runner.vocab_size for i in range(context)]
+               for b in range(SLOTS)]
+    repeats = 2 if args.quick else 10
+    cases = [([0, SLOTS - 1], 1), ([0, SLOTS - 1], 4), ([0, 3, SLOTS - 1], 1),
+             (list(range(SLOTS - 1)), 1)]
+    results = [(live, width, live_rows_timing(runner, prompts, live, width, repeats))
+               for live, width in cases]
+    slot = runner.keys[0][0, 0].numel() * runner.keys[0].element_size()  # a row's token, a layer
+    swap_mib = 2 * 2 * len(runner.keys) * context * slot / 2**20  # keys and values of 2 rows
+    lines = [
+        "## Live rows", "",
+        f"SmolLM2-135M-Instruct on the {kind} runner, {SLOTS} slots each holding a "
+        f"{context}-token sequence; {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads. A round feeds W tokens to the live rows only. "
+        "*spread*: every row from the first live one to the last is scored, as before "
+        "(`pack_rows` off); *packed*: the runner first swaps rows so the live ones are "
+        "contiguous, then scores them alone. Median ms of "
+        f"{3 * repeats} calls each; *first packed call*: the call that swapped, once. A swap "
+        f"copies two rows' keys and values in every layer ({swap_mib:.1f} MiB for two rows "
+        f"of {context} tokens here).", "",
+        "| live rows | W | rows scored (spread → packed) | spread | packed | packed ÷ spread "
+        "| first packed call (swaps) |", "|---|---:|---|---:|---:|---:|---|"]
+    for live, width, r in results:
+        lines.append(f"| {', '.join(map(str, live)) if len(live) < 5 else f'0 … {live[-1]}'}"
+                     f" of {SLOTS} | {width} | {r['rows_spread']} → {r['rows_packed']} | "
+                     f"{r['spread']:.1f} ms | {r['packed']:.1f} ms | "
+                     f"{r['packed'] / r['spread']:.2f}× | {r['first']:.1f} ms "
+                     f"({r['swaps']}) |")
+    lines += ["", "The KV cache itself is not smaller: it stays dense, one row per slot at "
+              "the power of two above the longest row, shrunk when the rows hold a quarter of "
+              "it.", "", "Command: `.venv/bin/python benchmarks/bench_serve.py " +
+              " ".join(sys.argv[1:]) + "`", ""]
+    replace_section(args.out, "## Live rows", "\n".join(lines))
+    print("\n".join(lines))
+    print(f"wrote {args.out}")
+
+
 def replace_section(path: Path, title: str, text: str) -> None:
     """Put ``text`` (a section starting with ``title``) in the report in place of the one
     there, or before the Soak section, leaving the rest as it was."""
@@ -260,6 +343,8 @@ def main() -> None:
                         help="which category groups to run")
     parser.add_argument("--admission", action="store_true",
                         help="instead, the admission section (module docstring)")
+    parser.add_argument("--live-rows", action="store_true",
+                        help="instead, the live-rows section (module docstring)")
     parser.add_argument("--soak", action="store_true",
                         help="instead, soak `trtspec serve` over HTTP (serve_soak.py)")
     parser.add_argument("--soak-requests", type=int, default=None,
@@ -284,6 +369,8 @@ def main() -> None:
         sys.exit(soak(args))
     if args.admission:
         return admission_report(args)
+    if args.live_rows:
+        return live_rows_report(args)
     torch.manual_seed(0)
     lm = load("smollm2-135m-instruct", device="cpu")
     n, max_tokens = (1, 4) if args.quick else (args.per_category, args.max_tokens)
@@ -383,10 +470,12 @@ def main() -> None:
               "Command: `.venv/bin/python benchmarks/bench_serve.py " + " ".join(sys.argv[1:])
               + "`", ""]
     old = args.out.read_text() if args.out.exists() else ""
-    admission = old.partition("\n## Admission\n")[2].partition("\n## ")[0]
+    kept = {title: old.partition(f"\n{title}\n")[2].partition("\n## ")[0]
+            for title in ("## Admission", "## Live rows")}
     write_report(args.out, "\n".join(lines), soak_section=False)
-    if admission:  # the --admission section stays
-        replace_section(args.out, "## Admission", "## Admission\n" + admission)
+    for title, text in kept.items():  # the --admission and --live-rows sections stay
+        if text:
+            replace_section(args.out, title, f"{title}\n{text}")
     print("\n".join(lines))
     print(f"wrote {args.out}")
 

@@ -53,6 +53,20 @@ def test_smollm2_benchmarks_quick(bench: str, needles: tuple[str, ...], tmp_path
         assert needle in text
 
 
+def test_bench_serve_live_rows_quick(tmp_path: Path, smollm2) -> None:
+    """--live-rows: rounds on rows 0 and 7 of 8 score 8 rows spread and 2 packed (one swap);
+    the section lands in the report beside what was there."""
+    out = tmp_path / "bench-serve.md"
+    out.write_text("# Serving scheduler under load (CPU)\n\n| plain | 1 |\n")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_serve.py"),
+                          "--live-rows", "--quick", "--out", str(out)], capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = out.read_text()
+    assert text.startswith("# Serving scheduler under load (CPU)\n\n| plain | 1 |\n\n## Live rows")
+    assert "| 0, 7 of 8 | 1 | 8 → 2 |" in text and "(1) |" in text
+
+
 def test_bench_serve_soak_quick(tmp_path: Path) -> None:
     """The soak's code path on the toy backend (no weights): `trtspec serve` in a subprocess,
     streaming clients that drop a fifth of their requests, every check passing; the Soak

@@ -196,6 +196,15 @@ def test_the_round_clock_by_hand() -> None:
     assert clock.stale(4)
     clock.observe(4, 1, 0.11)
     assert not clock.stale(4)
+    clock.observe(4, 3, 10.0)  # a pause: counts as 2 × the EMA (0.165 → 0.165 + 0.5 · 0.165)
+    assert clock.seconds[4, 3] == pytest.approx(0.2475)
+    short = RoundClock(forget=2)
+    short.observe(1, 1, 0.1)
+    short.observe(1, 3, 0.3)
+    assert short.relative(1, 3, model) == pytest.approx(3.0)
+    short.observe(1, 1, 0.1)
+    short.observe(1, 1, 0.1)  # width 3 not timed in the last 2 rounds at 1 row: forgotten
+    assert short.get(1, 3) is None and short.relative(1, 3, model) == pytest.approx(1.2)
 
 
 def test_a_timed_chooser_stops_drafting_where_rounds_cost_more_than_the_table_says() -> None:

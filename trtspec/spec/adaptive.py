@@ -151,19 +151,36 @@ class RoundClock:
     """Seconds that rounds took in service: an EMA per (rows B, tokens per row W), and how
     many speculative rounds ran at each B since its last plain one (see the module
     docstring). ``rate`` weighs the newest round; ``refresh`` speculative rounds without a
-    plain one at some B make the next round there plain."""
+    plain one at some B make the next round there plain. A round that took more than
+    ``spike`` times the EMA counts as ``spike`` times it (a pause of the machine, a late
+    compile: one such round must not rule a width out), and a width not timed in the last
+    ``forget`` rounds at its B is forgotten (a width judged dear is never chosen, so never
+    timed again: it goes back to the table's ratio)."""
 
-    def __init__(self, rate: float = 0.2, refresh: int = 64) -> None:
-        self.rate, self.refresh = rate, refresh
+    def __init__(self, rate: float = 0.2, refresh: int = 64, spike: float = 2.0,
+                 forget: int = 512) -> None:
+        self.rate, self.refresh, self.spike, self.forget = rate, refresh, spike, forget
         self.seconds: dict[tuple[int, int], float] = {}  # (B, W) → EMA of a round's seconds
         self.since_plain: dict[int, int] = {}  # B → speculative rounds since its plain one
+        self.rounds: dict[int, int] = {}  # B → rounds timed there
+        self.timed_at: dict[tuple[int, int], int] = {}  # (B, W) → rounds[B] when last timed
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """A round of ``width`` tokens in each of ``rows`` rows took ``seconds``."""
-        old = self.seconds.get((rows, width))
-        self.seconds[rows, width] = seconds if old is None else old + self.rate * (seconds - old)
+        old = self.get(rows, width)
+        self.seconds[rows, width] = seconds if old is None else \
+            old + self.rate * (min(seconds, self.spike * old) - old)
+        self.rounds[rows] = self.rounds.get(rows, 0) + 1
+        self.timed_at[rows, width] = self.rounds[rows]
         self.since_plain[rows] = 0 if width == 1 else \
             self.since_plain.get(rows, self.refresh) + 1
+
+    def get(self, rows: int, width: int) -> float | None:
+        """The EMA of (rows, width), unless it was last timed ``forget`` rounds ago."""
+        at = self.timed_at.get((rows, width))
+        if at is None or self.rounds[rows] - at >= self.forget:
+            return None
+        return self.seconds[rows, width]
 
     def stale(self, rows: int) -> bool:
         """Whether the next round at ``rows`` rows should be plain, to time the baseline."""
@@ -176,17 +193,17 @@ class RoundClock:
         the nearest rows with such widths; else ``model(rows, width)``."""
         if width == 1:
             return 1.0
-        plain = self.seconds.get((rows, 1))
-        seen = self.seconds.get((rows, width))
+        plain, seen = self.get(rows, 1), self.get(rows, width)
         if plain is not None and seen is not None:
             return seen / plain
         return model(rows, width) * self._scale(rows, model)
 
     def _scale(self, rows: int, model: Callable[[int, int], float]) -> float:
         def scale(b: int) -> float | None:
-            plain = self.seconds.get((b, 1))
-            ratios = [t / plain / model(b, w) for (r, w), t in self.seconds.items()
-                      if r == b and w > 1 and plain is not None]
+            plain = self.get(b, 1)
+            timed = [(w, self.get(r, w)) for r, w in self.seconds if r == b and w > 1]
+            ratios = [t / plain / model(b, w) for w, t in timed
+                      if t is not None and plain is not None]
             return sum(ratios) / len(ratios) if ratios else None
 
         for b in sorted({r for r, _ in self.seconds}, key=lambda r: (abs(r - rows), r)):
