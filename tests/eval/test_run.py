@@ -190,7 +190,7 @@ def test_an_eval_with_an_adaptive_condition_end_to_end(tmp_path: Path) -> None:
 
     from trtspec.analysis.records import condition_parts
     from trtspec.build.recipe import load_recipe
-    from trtspec.cli.serve import policy_from_eval
+    from trtspec.cli.policy import policy_from_eval
     from trtspec.eval.run import Condition
     from trtspec.report.decision import make_decision
     from trtspec.serve.slots import DraftPolicy

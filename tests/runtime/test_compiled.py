@@ -412,3 +412,36 @@ def test_requests_ending_between_others_give_their_greedy_output_alone() -> None
         scheduler.run_until_idle()
         assert [t.token_ids for t in tickets] == alone
         assert runner.swaps > 0 and all(n == scored for n, scored in rows if n)
+
+
+def test_a_gradual_reservation_grows_a_few_layers_a_call(monkeypatch) -> None:
+    """reserve(gradual=True) checks memory at once (CacheFull) but copies nothing; each later
+    call grows GROW_PER_CALL of the cache's tensors, and the capacity is the smallest
+    layer's until all have grown; a call that needs the room at once grows the rest."""
+    import trtspec.runtime.compiled as compiled_module
+    from trtspec.runtime import CacheFull
+    from trtspec.runtime.compiled import GROW_PER_CALL
+
+    model = tiny_llama(vocab=64, layers=3, positions=4096)  # 6 tensors: keys and values
+    runner = CompiledRunner(model, compile=False)
+    runner.prefill([[1, 2, 3], [4]])
+    monkeypatch.setattr(compiled_module, "free_bytes", lambda device: 10_000)
+    with pytest.raises(CacheFull, match="would grow to 2048 tokens a row"):
+        runner.reserve(1500, gradual=True)
+    monkeypatch.undo()
+    runner.reserve(1500, gradual=True)
+    sizes = lambda: [t.shape[0] for t in (*runner.keys, *runner.values)]  # noqa: E731
+    assert sizes() == [512] * 6
+    runner.fit_cache()  # a growth under way is not undone
+    runner.score([[5], [6]])
+    assert sizes() == [2048] * GROW_PER_CALL + [512] * (6 - GROW_PER_CALL)
+    assert runner.keys[0].shape[0] == 2048 and runner._capacity == 512
+    assert close(runner.score([[7], [8]])[0, 0], full_logits(model, [1, 2, 3, 5, 7])[-1])
+    assert sizes() == [2048] * 6 and runner._capacity == 2048
+    again = CompiledRunner(model, compile=False)
+    again.prefill([[1, 2, 3], [4]])
+    again.reserve(1500, gradual=True)
+    long = [(5 * i) % 64 for i in range(600)]  # needs 640 slots now: everything grows
+    got = again.score([long, []])
+    assert [t.shape[0] for t in again.keys] == [2048] * 3
+    assert close(got[0, -1], full_logits(model, [1, 2, 3, *long])[-1])

@@ -573,7 +573,7 @@ def test_trtspec_serve_a_built_recipe_then_sigterm(tiny_dir, tmp_path) -> None:
 def test_policy_from_a_decided_eval(tmp_path) -> None:
     import click
 
-    from trtspec.cli.serve import policy_from_eval
+    from trtspec.cli.policy import policy_from_eval
     from trtspec.serve.slots import DraftPolicy
 
     verdicts = [("ngram/D2/c1", "GO", 1.3), ("ngram/D4/c1", "GO", 1.6), ("ngram/D2/c4", "GO", 1.1),
@@ -610,7 +610,7 @@ def test_policy_from_the_file_decide_writes(tmp_path) -> None:
     import click
 
     from trtspec.analysis.policy import ServePolicy, write_policy
-    from trtspec.cli.serve import policy_from_eval
+    from trtspec.cli.policy import policy_from_eval
     from trtspec.serve.slots import DraftPolicy
 
     (tmp_path / "schedules").mkdir()
@@ -651,7 +651,7 @@ def serve_toy(*flags: str) -> str:
 
 
 def test_policy_from_a_decided_eval_with_an_adaptive_condition(tmp_path) -> None:
-    from trtspec.cli.serve import policy_from_eval
+    from trtspec.cli.policy import policy_from_eval
     from trtspec.serve.slots import DraftPolicy
 
     verdicts = [("ngram/D4/c1", "GO", 1.6), ("ngram/Dadaptive/c1", "GO", 1.5),

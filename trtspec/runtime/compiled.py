@@ -48,6 +48,8 @@ SPAN_STEP = 32
 MIN_CAPACITY = 512
 FREE_USABLE = 0.8  # of the free memory, what a growing KV cache may take (the rest: the
 # activations and logits of the calls that follow)
+GROW_PER_CALL = 4  # cache tensors (keys or values of a layer) a call grows toward a gradual
+# reservation: a prompt admitted in chunks grows the cache a few layers a step, not in one stall
 
 
 def _stderr(line: str) -> None:
@@ -113,6 +115,7 @@ class CompiledRunner:
         self._phys: list[int] = []  # batch row → physical cache row (the owner's: see packing)
         self.pack_rows = True  # score only the rows a call feeds (module docstring)
         self.swaps = 0  # row swaps packing has made (each copies two rows' cache)
+        self._pending = 0  # slots a row a gradual reservation grows toward (reserve)
         self._owner = self  # whose KV cache this runner reads and writes (see view)
         self._warmed: set[int] = set()  # batch sizes warm_up has compiled for
         self.late_compiles = 0  # graphs compiled after a warm-up: each made a request wait
@@ -223,8 +226,11 @@ class CompiledRunner:
         order = [batch_row[at] for at in rows]  # the batch row of each row scored
         start = torch.tensor([self._lengths[b] for b in order])  # [Bb]
         span = -(-(int(start.max()) + tb) // SPAN_STEP) * SPAN_STEP  # slots attended
-        if span > self._owner._capacity:
-            self._owner._grow(span)
+        owner = self._owner
+        if span > owner._capacity:  # needed now: all of it (and what is reserved) at once
+            owner._grow(max(span, owner._pending))
+        elif owner._pending > owner._capacity:  # reserved: a few layers a call
+            owner._grow_some(GROW_PER_CALL)
         ids = torch.zeros((nb, tb), dtype=torch.long)
         for i, b in enumerate(order):
             ids[i, : counts[b]] = torch.as_tensor(list(tokens[b]), dtype=torch.long)
@@ -366,9 +372,10 @@ class CompiledRunner:
         began = time.perf_counter()
         if batch in self._warmed or not self.compiled:
             return 0.0
-        live = self.keys, self.values, self._lengths, self._capacity, self._phys
+        live = self.keys, self.values, self._lengths, self._capacity, self._phys, self._pending
         states = self.hidden, self.hidden_first, self.hidden_counts  # a proposer's, unread
-        self._warming, self._capacity = True, MIN_CAPACITY  # a small scratch cache
+        self._warming, self._capacity, self._pending = True, MIN_CAPACITY, 0  # a small scratch
+        # cache, that no reservation grows
         try:
             self.prefill([[0]] * batch)
             for n in sorted({1, min(2, batch), batch}):
@@ -377,7 +384,8 @@ class CompiledRunner:
                     self.rollback([1] * batch)
             self._warmed.add(batch)
         finally:
-            self.keys, self.values, self._lengths, self._capacity, self._phys = live
+            self.keys, self.values, self._lengths, self._capacity, self._phys, \
+                self._pending = live
             self.hidden, self.hidden_first, self.hidden_counts = states
             self._warming = False
         return time.perf_counter() - began
@@ -397,8 +405,17 @@ class CompiledRunner:
         grown cache would not fit in the memory that is free. Layer by layer, so at most one
         layer is held twice while it is copied."""
         capacity = pow2(span, MIN_CAPACITY)
+        self._check_room(capacity)
+
+        self._resize(lambda t: _grown(t, capacity))
+
+    def _check_room(self, capacity: int) -> None:
+        """CacheFull unless growing every layer to ``capacity`` slots a row fits in the
+        memory that is free (FREE_USABLE of it), counting the one layer held twice while it
+        is copied."""
         layer = self.keys[0][0].numel() * self.keys[0].element_size()  # one slot, one layer
-        more = 2 * len(self.keys) * (capacity - self._capacity) * layer
+        more = sum((capacity - t.shape[0]) * layer for t in (*self.keys, *self.values)
+                   if t.shape[0] < capacity)
         need = more + capacity * layer  # the grown total, plus the one layer being copied
         free = free_bytes(self.device)
         if free is not None and need > FREE_USABLE * free:
@@ -406,10 +423,16 @@ class CompiledRunner:
                 f"the KV cache would grow to {capacity} tokens a row ({len(self._lengths)} "
                 f"rows: {more / 2**30:.2f} GiB more) but {free / 2**30:.2f} GiB are free")
 
-        def grown(t: torch.Tensor) -> torch.Tensor:
-            return torch.cat([t, t.new_zeros((capacity - t.shape[0], *t.shape[1:]))])
-
-        self._resize(grown)
+    def _grow_some(self, tensors: int) -> None:
+        """Grow up to ``tensors`` of the cache's tensors to the gradual reservation (checked
+        when it was made); the capacity is the smallest layer's until all have grown."""
+        short = [(cache, i) for cache in (self.keys, self.values)
+                 for i, t in enumerate(cache) if t.shape[0] < self._pending][:tensors]
+        try:
+            for cache, i in short:
+                cache[i] = _grown(cache[i], self._pending)
+        finally:
+            self._capacity = min(t.shape[0] for t in (*self.keys, *self.values))
 
     def _resize(self, resized: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Every layer's keys and values through ``resized``, one at a time; the capacity is
@@ -422,13 +445,24 @@ class CompiledRunner:
         finally:
             self._capacity = min(t.shape[0] for t in (*self.keys, *self.values))
 
-    def reserve(self, tokens: int) -> None:
-        """Room for ``tokens`` slots a row now (CacheFull when memory is short): a prompt
+    def reserve(self, tokens: int, gradual: bool = False) -> None:
+        """Room for ``tokens`` slots a row (CacheFull when memory is short): a prompt
         admitted in chunks grows the cache once, to its size, not by doubling chunk after
-        chunk, each growth a copy of every layer."""
+        chunk, each growth a copy of every layer. Now, or with ``gradual`` checked now and
+        grown :data:`GROW_PER_CALL` tensors a call from the next call on (a call that needs
+        the room at once grows the rest then): the copies are spread over the steps that
+        admit the prompt instead of stalling one."""
         span = -(-tokens // SPAN_STEP) * SPAN_STEP
-        if self._owner._capacity < span:
-            self._owner._grow(span)
+        owner = self._owner
+        if owner._capacity >= span:
+            return
+        if not gradual:
+            owner._grow(span)
+            return
+        capacity = pow2(span, MIN_CAPACITY)
+        if capacity > owner._pending:
+            owner._check_room(capacity)
+            owner._pending = capacity
 
     def fit_cache(self, reserved: int = 0) -> None:
         """Shrink the KV cache once the rows hold at most a quarter of it (a long request
@@ -436,8 +470,9 @@ class CompiledRunner:
         one long request would otherwise keep every row's memory for good. The quarter is
         hysteresis: a cache that would soon grow again is left as it is. ``reserved``: tokens
         a row is about to hold (a prompt being admitted in chunks), kept room for."""
-        if self._owner is not self or not self.keys:
-            return
+        if self._owner is not self or not self.keys or self._pending > self._capacity:
+            return  # (a gradual growth is under way: the room is being made for a prompt)
+        self._pending = 0
         capacity = pow2(max([*self._lengths, reserved]) + SPAN_STEP, MIN_CAPACITY)
         if capacity * 4 > self._capacity:
             return
@@ -448,6 +483,13 @@ class CompiledRunner:
             raise RuntimeError("call prefill() before score() or rollback()")
         if rows != len(self._lengths):
             raise ValueError(f"got {rows} rows for a batch of {len(self._lengths)}")
+
+
+def _grown(t: torch.Tensor, capacity: int) -> torch.Tensor:
+    """``t`` [slots, …] with zeroed slots up to ``capacity`` (itself when it has them)."""
+    if t.shape[0] >= capacity:
+        return t
+    return torch.cat([t, t.new_zeros((capacity - t.shape[0], *t.shape[1:]))])
 
 
 def free_bytes(device: torch.device) -> int | None:

@@ -291,9 +291,9 @@ class Scheduler(Slots):
             self._reset_row(slot, ticket.kept)
             reserve = getattr(self.executor.target, "reserve", None)  # the compiled runner
             if reserve is not None:
-                try:  # its cache grows once, to the prompt, and a prompt that cannot fit
-                    reserve(len(ticket.prompt) + 1)  # is refused now, before any work
-                except Exception as e:
+                try:  # its cache grows once, to the prompt, a few layers a step while the
+                    reserve(len(ticket.prompt) + 1, gradual=True)  # prompt comes in chunks;
+                except Exception as e:  # one that cannot fit is refused now, before any work
                     self._row_failed(slot, e)
 
     def _reset_row(self, slot: int, kept: int) -> None:
