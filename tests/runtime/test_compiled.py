@@ -323,11 +323,25 @@ def test_a_cache_that_cannot_grow_raises_before_it_changes_anything(monkeypatch)
     assert close(runner.score([[6], [9]])[1, 0], full_logits(model, [4, 8, 9])[-1])
 
 
+def count_rows(runner: CompiledRunner) -> list[int]:
+    """The rows each of ``runner``'s calls scores from now on (what its layers are run over)."""
+    rows: list[int] = []
+    layers = runner._layers
+
+    def spy(layer, x, *args):
+        rows.append(x.shape[0])
+        return layers(layer, x, *args)
+
+    runner._layers = spy
+    return rows
+
+
 @pytest.mark.parametrize("kind", ["eager", "compiled"])
 def test_live_rows_are_packed_and_score_like_full_forwards(kind: str, cache_dir) -> None:
-    """Rows 0 and 5 of 6 fed: the runner swaps row 5's cache next to row 0's and scores 2
-    rows, not 6; every row keeps its sequence (logits as one forward of it, by batch row) and
-    a runner that does not pack gives the same logits."""
+    """Rows 0 and 5 of 6 fed twice: the first call scores the range (6 rows: a set fed once
+    is not worth a swap), the second swaps row 5's cache next to row 0's and scores 2; every
+    row keeps its sequence (logits as one forward of it, by batch row), and a runner that does
+    not pack gives the same logits."""
     model = tiny_llama(vocab=64)
     prompts = [[1 + b, 2, 3 + b][: 1 + b % 3] for b in range(6)]
     packed = make_runner(model, kind, cache_dir=cache_dir)
@@ -336,45 +350,50 @@ def test_live_rows_are_packed_and_score_like_full_forwards(kind: str, cache_dir)
     seqs = [list(p) for p in prompts]
     for runner in (packed, spread):
         runner.prefill(prompts)
+    scored = count_rows(packed)
     assert packed.scored_rows([0, 5]) == 2 and spread.scored_rows([0, 5]) == 6
-    calls = [[[10, 11]] + [[]] * 4 + [[12]],  # rows 0 and 5: one swap
-             [[13]] + [[]] * 4 + [[14, 15]],  # the same rows again: no swap
-             [[16]] * 6,  # every row, in whatever order the cache now holds them
-             [[]] + [[17]] + [[]] * 2 + [[18]] + [[]]]  # rows 1 and 4
+    calls = [[[10, 11]] + [[]] * 4 + [[12]],  # rows 0 and 5: once, scored spread
+             [[13]] + [[]] * 4 + [[14, 15]],  # the same rows again: one swap, 2 rows
+             [[16]] + [[]] * 4 + [[17]],  # and again: no swap
+             [[18]] * 6,  # every row, in whatever order the cache now holds them
+             [[]] + [[19]] + [[]] * 2 + [[20]] + [[]]]  # rows 1 and 4: contiguous now
     for feed in calls:
-        packed.shapes.clear()
         got, want = packed.score(feed), spread.score(feed)
         for b, tokens in enumerate(feed):
             if tokens:  # (the rows between, scored when not packed, are padding)
                 n = len(tokens)
                 assert (got[b, :n] - want[b, :n]).abs().max().item() <= 1e-5
                 seqs[b] += tokens
-                assert close(got[b, : len(tokens)], full_logits(model, seqs[b])[-len(tokens):])
-        if kind == "compiled":
-            assert {rows for rows, _ in packed.shapes} == {sum(map(bool, feed))}
+                assert close(got[b, :n], full_logits(model, seqs[b])[-n:])
+    assert scored == [6, 2, 2, 6, 2]
     assert packed.lengths() == spread.lengths() == [len(s) for s in seqs]
     assert packed.swaps == 1 and spread.swaps == 0  # row 5 went to physical row 1, row 1 to
     assert packed._phys[5] == 1 and packed._phys[1] == 5  # 5, next to row 4's: no more
     packed.rollback([2, 1, 1, 1, 1, 1])
-    assert close(packed.score([[]] * 5 + [[19]])[5, 0], full_logits(model, [6, 19])[-1])
+    assert close(packed.score([[]] * 5 + [[21]])[5, 0], full_logits(model, [6, 21])[-1])
 
 
 def test_packing_keeps_what_a_shared_cache_view_wrote_and_hidden_states_in_row_order() -> None:
-    """A layer-skip view on the target's cache packs the target's rows too, keeping the slots
-    it wrote past the target's length; a call that keeps hidden states puts every row back
-    where its batch row is."""
+    """A layer-skip view on the target's cache packs the target's rows too. A swap keeps what
+    the view wrote past the target's length (row 1's draft token, moved while the view still
+    reads it); a call that keeps hidden states puts every row back where its batch row is."""
     model = tiny_llama(vocab=64, layers=3, seed=5)
+    skip = layer_skip_view(model, 2)
     target = CompiledRunner(model, compile=False)
     target.prefill([[1, 2], [3], [4, 5, 6], [7]])
     view = target.view(2, share_cache=True)
     view.follow()
-    view.score([[8, 9], [], [], [10]])  # rows 0 and 3: packed, past the target's lengths
-    assert target.swaps == 1 and target._phys != [0, 1, 2, 3]
-    again = view.score([[11], [], [], [12]])
-    skip = layer_skip_view(model, 2)
-    assert close(again[0, 0], full_logits(skip, [1, 2, 8, 9, 11])[-1])
-    assert close(again[3, 0], full_logits(skip, [7, 10, 12])[-1])
-    after = target.score([[20], [21], [22], [23]])
+    view.score([[], [8], [], []])  # row 1 writes past the target's length (a draft step)
+    view.score([[9], [], [10], []])  # rows 0 and 2: once, spread
+    assert target.swaps == 0
+    got = view.score([[11], [], [12], []])  # again: row 2 swaps with row 1, whose draft
+    assert target.swaps == 1 and target._phys[1] == 2  # slot moves with it
+    assert close(got[0, 0], full_logits(skip, [1, 2, 9, 11])[-1])
+    assert close(got[2, 0], full_logits(skip, [4, 5, 6, 10, 12])[-1])
+    got = view.score([[], [13], [], []])  # row 1 reads its draft slot where it went
+    assert close(got[1, 0], full_logits(skip, [3, 8, 13])[-1])
+    view.follow()  # the target decides; the view drops its drafts
+    after = target.score([[20], [21], [22], [23]])  # over the slots the view wrote
     for b, seq in enumerate([[1, 2, 20], [3, 21], [4, 5, 6, 22], [7, 23]]):
         assert close(after[b, 0], full_logits(model, seq)[-1])
     target.capture_hidden([0])
@@ -386,8 +405,9 @@ def test_packing_keeps_what_a_shared_cache_view_wrote_and_hidden_states_in_row_o
 
 def test_requests_ending_between_others_give_their_greedy_output_alone() -> None:
     """Through the scheduler on 4 slots, requests of different lengths end between running
-    ones and new ones take their slots: the runner packs (swaps > 0), every round scores only
-    the live rows, and every request gets what it gets alone (plain and n-gram drafts)."""
+    ones and new ones take their slots: the runner packs (swaps > 0), a round whose rows the
+    call before it fed too scores only them, and every request gets what it gets alone
+    (plain and n-gram drafts)."""
     from trtspec.serve.scheduler import Scheduler
 
     model = tiny_llama(vocab=64, seed=3)
@@ -398,20 +418,23 @@ def test_requests_ending_between_others_give_their_greedy_output_alone() -> None
         alone = [SpecExecutor(CompiledRunner(model, compile=False), proposer and NgramProposer(
             1, 2), 3).generate([p], q)[0].token_ids for p, q in zip(prompts, params, strict=True)]
         runner = CompiledRunner(model, compile=False)
-        rows: list[tuple[int, int]] = []
+        fed: list[tuple[int, ...]] = []
         score = runner.score
 
-        def spy(tokens, last_only=False, score=score, rows=rows, runner=runner):
-            live = [b for b, t in enumerate(tokens) if t]
-            rows.append((len(live), runner.scored_rows(live)))
+        def spy(tokens, last_only=False, score=score, fed=fed):
+            fed.append(tuple(b for b, t in enumerate(tokens) if t))
             return score(tokens, last_only)
 
-        runner.score = spy
         scheduler = Scheduler(SpecExecutor(runner, proposer, 3), 4, prefill_chunk=2)
+        runner.score, scored = spy, count_rows(runner)  # from after the scheduler's prefill
         tickets = [scheduler.submit(p, q) for p, q in zip(prompts, params, strict=True)]
         scheduler.run_until_idle()
         assert [t.token_ids for t in tickets] == alone
-        assert runner.swaps > 0 and all(n == scored for n, scored in rows if n)
+        fed = [f for f in fed if f]
+        assert runner.swaps > 0 and len(fed) == len(scored)
+        repeated = [(now, n) for i, (now, n) in enumerate(zip(fed, scored, strict=True))
+                    if i and fed[i - 1] == now]  # a round fed the rows the call before fed
+        assert repeated and all(n == len(now) for now, n in repeated)
 
 
 def test_a_gradual_reservation_grows_a_few_layers_a_call(monkeypatch) -> None:

@@ -173,38 +173,48 @@ def test_batch_aware_probes_are_rounds_judged_by_the_next_choice() -> None:
 
 
 def test_the_round_clock_by_hand() -> None:
-    """EMA per (B, W); observed ratios where both were timed; else the table's ratio scaled by
-    how far the widths timed at those rows (else the nearest rows) were off it."""
+    """A cell counts from its third round (the median of three), then an EMA with spikes
+    clipped; observed ratios where both were timed; else the table's ratio scaled by how far
+    the widths timed at those rows (else the nearest rows) were off it; plain rounds are due
+    where they do not count yet or after ``refresh`` speculative ones; old cells forgotten."""
     def model(b: int, w: int) -> float:  # the table: a width costs 10 % a token, any B
         return 1 + 0.1 * (w - 1)
 
+    def times(clock: RoundClock, rows: int, width: int, *seconds: float) -> None:
+        for t in seconds:
+            clock.observe(rows, width, t)
+
     clock = RoundClock(rate=0.5, refresh=3)
     assert clock.relative(4, 3, model) == pytest.approx(1.2) and not clock.stale(4)
-    clock.observe(4, 1, 0.10)
-    clock.observe(4, 1, 0.12)  # EMA: 0.10 + 0.5 · 0.02
-    assert clock.seconds[4, 1] == pytest.approx(0.11)
+    times(clock, 4, 1, 0.5, 0.10, 0.12)  # a cold first round: the median of three is 0.12
+    assert clock.seconds[4, 1] == pytest.approx(0.12) and not clock.stale(4)
+    times(clock, 4, 1, 0.10)  # EMA: 0.12 + 0.5 · (0.10 − 0.12)
+    assert clock.get(4, 1) == pytest.approx(0.11)
     assert clock.relative(4, 3, model) == pytest.approx(1.2)  # no width timed: the table's
-    clock.observe(4, 3, 0.165)  # 1.5 × plain where the table said 1.2: off by 1.25
+    times(clock, 4, 3, 0.165, 0.165)
+    assert clock.get(4, 3) is None  # two rounds do not count yet
+    assert clock.relative(4, 3, model) == pytest.approx(1.2)
+    times(clock, 4, 3, 0.165)  # 1.5 × plain where the table said 1.2: off by 1.25
     assert clock.relative(4, 3, model) == pytest.approx(1.5)
     assert clock.relative(4, 5, model) == pytest.approx(1.4 * 1.25)
     assert clock.relative(2, 5, model) == pytest.approx(1.4 * 1.25)  # the nearest rows' scale
     assert clock.relative(4, 1, model) == 1.0
-    # plain rounds at 4 rows are due after refresh = 3 speculative ones; 2 rows never had one
-    assert not clock.stale(4) and clock.stale(2)
-    clock.observe(4, 3, 0.165)
-    clock.observe(4, 3, 0.165)
-    assert clock.stale(4)
-    clock.observe(4, 1, 0.11)
+    assert clock.stale(4)  # three speculative rounds since the last plain one (refresh 3)
+    assert clock.stale(2)  # 2 rows: no plain round counts there yet
+    times(clock, 4, 1, 0.11)
     assert not clock.stale(4)
-    clock.observe(4, 3, 10.0)  # a pause: counts as 2 × the EMA (0.165 → 0.165 + 0.5 · 0.165)
-    assert clock.seconds[4, 3] == pytest.approx(0.2475)
-    short = RoundClock(forget=2)
-    short.observe(1, 1, 0.1)
-    short.observe(1, 3, 0.3)
+    times(clock, 4, 3, 10.0)  # a pause: counts as 2 × the EMA (0.165 → 0.165 + 0.5 · 0.165)
+    assert clock.get(4, 3) == pytest.approx(0.2475)
+    short = RoundClock(forget=4)
+    times(short, 1, 1, 0.1, 0.1, 0.1)
+    times(short, 1, 3, 0.3, 0.3, 0.3)
     assert short.relative(1, 3, model) == pytest.approx(3.0)
-    short.observe(1, 1, 0.1)
-    short.observe(1, 1, 0.1)  # width 3 not timed in the last 2 rounds at 1 row: forgotten
+    times(short, 1, 1, 0.1, 0.1, 0.1, 0.1)  # width 3 not timed in the last 4 rounds: forgotten
     assert short.get(1, 3) is None and short.relative(1, 3, model) == pytest.approx(1.2)
+    times(short, 1, 3, 0.2, 0.2)  # and starts again: three rounds before it counts
+    assert short.get(1, 3) is None
+    times(short, 1, 3, 0.2)
+    assert short.relative(1, 3, model) == pytest.approx(2.0)
 
 
 def test_a_timed_chooser_stops_drafting_where_rounds_cost_more_than_the_table_says() -> None:
@@ -217,17 +227,20 @@ def test_a_timed_chooser_stops_drafting_where_rounds_cost_more_than_the_table_sa
     timed = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), timed=True, probe_after=2)
     untimed = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), probe_after=2)
     assert timed.choose_round([good, good], [4, 4], 2) == [4, 4]  # nothing timed yet
-    timed.observe_round(2, 5, 0.5)
+    for _ in range(3):
+        timed.observe_round(2, 5, 0.5)
     assert timed.choose_round([good, good], [4, 4], 2) == [0, 0]  # the baseline is timed first
-    timed.observe_round(2, 1, 0.1)
+    for _ in range(3):
+        timed.observe_round(2, 1, 0.1)
     assert timed.round_time(2, 5) == pytest.approx(5.0)
     assert timed.round_time(2, 2) == pytest.approx(2.0 / 1.2 * 5.0 / (2.6 / 1.2))
     assert timed.choose_round([good, good], [4, 4], 2) == [0, 0]
-    untimed.observe_round(2, 5, 0.5)  # a chooser not timed ignores what rounds took
+    for _ in range(3):  # a chooser not timed ignores what rounds took
+        untimed.observe_round(2, 5, 0.5)
     assert untimed.choose_round([good, good], [4, 4], 2) == [4, 4]
     # and the other way: rounds that cost what plain ones do make drafting pay again
     for _ in range(12):
-        timed.observe_round(2, 5, 0.1)
+        timed.observe_round(2, 5, 0.1)  # (each at most halves: 0.5 → 0.1 is no spike)
     timed.observe_round(2, 1, 0.1)
     assert timed.round_time(2, 5) == pytest.approx(1 + 4 * 0.8 ** 12)  # the EMA forgets
     assert timed.choose_round([good, good], [4, 4], 2) == [4, 4]

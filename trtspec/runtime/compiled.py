@@ -22,9 +22,11 @@ under the build folder, so a second process reuses the kernels.
 Live rows only (``pack_rows``, on by default): a call scores the contiguous range of *physical*
 cache rows that hold the rows it feeds, so a batch row is a name, mapped to a physical row
 (``_phys``). When the rows a call feeds are not contiguous there (a request ended between two
-others), rows are swapped first, moving the fewest into the densest window: each swap copies two
-rows' committed keys and values, once, and every later call scores only the live rows (two live
-requests in rows 0 and 7 of 8 score 2 rows, not 8). Callers see no difference: logits, lengths
+others) and one of the last four calls fed the same rows (a set that recurs, as a round's does
+until a request ends, not a draft step's passing subset), rows are swapped first, moving the
+fewest into the densest window: each swap copies two rows' committed keys and values, once, and
+every later call scores only the live rows (two live requests in rows 0 and 7 of 8 score 2 rows,
+not 8). Callers see no difference: logits, lengths
 and rollback stay by batch row. A call that keeps hidden states (heads read them by batch row)
 puts the rows back in order first and is never packed.
 """
@@ -35,6 +37,7 @@ import copy
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -114,7 +117,8 @@ class CompiledRunner:
         self._lengths: list[int] = []
         self._phys: list[int] = []  # batch row → physical cache row (the owner's: see packing)
         self.pack_rows = True  # score only the rows a call feeds (module docstring)
-        self.swaps = 0  # row swaps packing has made (each copies two rows' cache)
+        self.swaps = self.grows = 0  # row swaps packing made, cache tensors grown or shrunk
+        self._recent: deque[tuple[int, ...]] = deque(maxlen=4)  # rows fed by the last calls
         self._pending = 0  # slots a row a gradual reservation grows toward (reserve)
         self._owner = self  # whose KV cache this runner reads and writes (see view)
         self._warmed: set[int] = set()  # batch sizes warm_up has compiled for
@@ -159,6 +163,8 @@ class CompiledRunner:
         draft._weights = self._weights[:num_layers]
         draft.keys, draft.values, draft._lengths = [], [], []
         draft._owner = self if share_cache else draft
+        draft._phys, draft._pending, draft.swaps, draft.grows = [], 0, 0, 0
+        draft._recent = deque(maxlen=4)
         draft._warmed = set()
         draft._capture, draft.hidden, draft.hidden_counts = [], None, []
         return draft
@@ -228,9 +234,9 @@ class CompiledRunner:
         span = -(-(int(start.max()) + tb) // SPAN_STEP) * SPAN_STEP  # slots attended
         owner = self._owner
         if span > owner._capacity:  # needed now: all of it (and what is reserved) at once
-            owner._grow(max(span, owner._pending))
+            owner._grow_now(span)
         elif owner._pending > owner._capacity:  # reserved: a few layers a call
-            owner._grow_some(GROW_PER_CALL)
+            owner._grow_some()
         ids = torch.zeros((nb, tb), dtype=torch.long)
         for i, b in enumerate(order):
             ids[i, : counts[b]] = torch.as_tensor(list(tokens[b]), dtype=torch.long)
@@ -273,11 +279,18 @@ class CompiledRunner:
             self._lengths[b] += counts[b]
         return logits
 
+    @property
+    def one_offs(self) -> int:
+        """Work a call did once, not what a call costs: row swaps, cache tensors grown or
+        shrunk, graphs compiled after warm-up (a timed round that did any is not typical)."""
+        owner = self._owner
+        return owner.swaps + owner.grows + owner.late_compiles
+
     def scored_rows(self, live: Sequence[int]) -> int:
         """The rows a call that feeds the batch rows ``live`` (ascending) scores: their
         number when packed, else the physical range they span."""
-        if self.pack_rows and not self._capture:
-            return len(live)
+        if self._owner.pack_rows and not self._capture:
+            return len(live)  # (a set fed once may be scored spread: at most this once)
         phys = self._owner._phys
         at = [phys[b] for b in live] if phys else list(live)
         return max(at) - min(at) + 1
@@ -294,7 +307,9 @@ class CompiledRunner:
             return
         at = sorted(phys[b] for b in live)
         n = len(at)
-        if not self.pack_rows or at[-1] - at[0] + 1 == n:
+        fed, recent = tuple(live), self._recent
+        recent.append(fed)
+        if not owner.pack_rows or at[-1] - at[0] + 1 == n or recent.count(fed) < 2:
             return
         # the window of n physical rows that holds most of them already: fewest swaps
         lo = max(range(len(phys) - n + 1),
@@ -312,11 +327,15 @@ class CompiledRunner:
         a, b = phys.index(p), phys.index(q)
         held = max(self._lengths[a], self._lengths[b], owner._lengths[a], owner._lengths[b])
         held = min(held, owner._capacity)
-        if held:
-            for cache in (owner.keys, owner.values):
-                for t in cache:
-                    rows = t[:held, [p, q]]  # [held, 2, Hkv, d]: a copy
-                    t[:held, [q, p]] = rows
+        done: list[torch.Tensor] = []
+        try:
+            for t in (*owner.keys, *owner.values) if held else ():
+                t[:held, [q, p]] = t[:held, [p, q]]  # [held, 2, Hkv, d]: the right side copies
+                done.append(t)
+        except BaseException:  # half swapped would hand rows each other's keys: undo it
+            for t in done:
+                t[:held, [q, p]] = t[:held, [p, q]]
+            raise
         phys[a], phys[b] = q, p
         owner.swaps += 1
 
@@ -423,14 +442,34 @@ class CompiledRunner:
                 f"the KV cache would grow to {capacity} tokens a row ({len(self._lengths)} "
                 f"rows: {more / 2**30:.2f} GiB more) but {free / 2**30:.2f} GiB are free")
 
-    def _grow_some(self, tensors: int) -> None:
-        """Grow up to ``tensors`` of the cache's tensors to the gradual reservation (checked
-        when it was made); the capacity is the smallest layer's until all have grown."""
+    def _grow_now(self, span: int) -> None:
+        """Room for ``span`` slots a row before this call runs, with what a gradual
+        reservation still wants if that fits too; else the reservation is dropped (its prompt
+        asks again when its chunk needs the room, and fails alone if it cannot have it)."""
+        if self._pending > span:
+            try:
+                self._grow(self._pending)
+                return
+            except MemoryError:  # CacheFull too
+                self._pending = 0
+        self._grow(span)
+
+    def _grow_some(self) -> None:
+        """Grow the next few of the cache's tensors to the gradual reservation (its memory
+        checked when it was made): GROW_PER_CALL, or an eighth of them where there are more
+        (a deep model is done in eight calls). The capacity is the smallest tensor's until
+        all have grown. Growth that fails (memory taken since) drops the reservation and not
+        this call: the call needs none of it."""
+        tensors = (*self.keys, *self.values)
+        count = max(GROW_PER_CALL, -(-len(tensors) // 8))
         short = [(cache, i) for cache in (self.keys, self.values)
-                 for i, t in enumerate(cache) if t.shape[0] < self._pending][:tensors]
+                 for i, t in enumerate(cache) if t.shape[0] < self._pending][:count]
         try:
             for cache, i in short:
                 cache[i] = _grown(cache[i], self._pending)
+                self.grows += 1
+        except (MemoryError, RuntimeError):  # torch's out-of-memory is a RuntimeError
+            self._pending = 0
         finally:
             self._capacity = min(t.shape[0] for t in (*self.keys, *self.values))
 
@@ -442,6 +481,7 @@ class CompiledRunner:
             for cache in (self.keys, self.values):
                 for i, t in enumerate(cache):
                     cache[i] = resized(t)
+                    self.grows += cache[i] is not t
         finally:
             self._capacity = min(t.shape[0] for t in (*self.keys, *self.values))
 

@@ -55,7 +55,10 @@ observed (t̂(B, W)/t̂(B, 1)), and a width not observed yet takes the table's r
 how far the observed widths at those rows (else the nearest rows observed) were off the table.
 At rows whose plain rounds were last timed ``refresh`` speculative rounds ago (or never), the
 next round is plain: it costs at most one round's gain in ``refresh`` and keeps the baseline
-it is judged against current. What each round costs is then the time it took, not a model of
+it is judged against current. A round that did one-off work (grew the cache, swapped rows,
+compiled a graph) is not timed, nor one asked to draft that proposed nothing (an n-gram
+miss: its lookups are no plain round's), and on a GPU the clock waits for the queued work
+before and after. What each round costs is then the time it took, not a model of
 it.
 
 Only D varies: verification is unchanged, so the output distribution is the target's whatever
@@ -150,41 +153,58 @@ class RoundCost:
 class RoundClock:
     """Seconds that rounds took in service: an EMA per (rows B, tokens per row W), and how
     many speculative rounds ran at each B since its last plain one (see the module
-    docstring). ``rate`` weighs the newest round; ``refresh`` speculative rounds without a
-    plain one at some B make the next round there plain. A round that took more than
-    ``spike`` times the EMA counts as ``spike`` times it (a pause of the machine, a late
-    compile: one such round must not rule a width out), and a width not timed in the last
-    ``forget`` rounds at its B is forgotten (a width judged dear is never chosen, so never
-    timed again: it goes back to the table's ratio)."""
+    docstring). A cell counts from its third round on, starting from the median of the
+    three (one cold round, a late compile, must not rule a width out); after that
+    ``rate`` weighs the newest round, and one that took more than ``spike`` times the EMA
+    counts as ``spike`` times it (a pause of the machine). ``refresh`` speculative rounds
+    without a plain one at some B make the next round there plain, and so does a B whose
+    plain rounds have not counted yet. A cell not timed in the last ``forget`` rounds at its
+    B is forgotten (a width judged dear is never chosen, so never timed again: it goes back
+    to the table's ratio, scaled)."""
 
-    def __init__(self, rate: float = 0.2, refresh: int = 64, spike: float = 2.0,
+    FIRST = 3  # rounds a cell takes before it counts
+
+    def __init__(self, rate: float = 0.2, refresh: int = 32, spike: float = 2.0,
                  forget: int = 512) -> None:
         self.rate, self.refresh, self.spike, self.forget = rate, refresh, spike, forget
         self.seconds: dict[tuple[int, int], float] = {}  # (B, W) → EMA of a round's seconds
+        self.first: dict[tuple[int, int], list[float]] = {}  # (B, W) → its first rounds
         self.since_plain: dict[int, int] = {}  # B → speculative rounds since its plain one
         self.rounds: dict[int, int] = {}  # B → rounds timed there
         self.timed_at: dict[tuple[int, int], int] = {}  # (B, W) → rounds[B] when last timed
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """A round of ``width`` tokens in each of ``rows`` rows took ``seconds``."""
+        key = (rows, width)
         old = self.get(rows, width)
-        self.seconds[rows, width] = seconds if old is None else \
-            old + self.rate * (min(seconds, self.spike * old) - old)
         self.rounds[rows] = self.rounds.get(rows, 0) + 1
-        self.timed_at[rows, width] = self.rounds[rows]
+        if old is None:  # new, or forgotten: counts from its FIRST-th round on
+            first = self.first.setdefault(key, [])
+            if key in self.seconds:  # forgotten: starts again
+                del self.seconds[key]
+                first.clear()
+            first.append(seconds)
+            if len(first) == self.FIRST:
+                self.seconds[key] = sorted(first)[len(first) // 2]
+                del self.first[key]
+        else:
+            self.seconds[key] = old + self.rate * (min(seconds, self.spike * old) - old)
+        self.timed_at[key] = self.rounds[rows]
         self.since_plain[rows] = 0 if width == 1 else \
             self.since_plain.get(rows, self.refresh) + 1
 
     def get(self, rows: int, width: int) -> float | None:
-        """The EMA of (rows, width), unless it was last timed ``forget`` rounds ago."""
-        at = self.timed_at.get((rows, width))
-        if at is None or self.rounds[rows] - at >= self.forget:
+        """The EMA of (rows, width), unless it does not count yet or was last timed
+        ``forget`` rounds ago."""
+        if (rows, width) not in self.seconds or \
+                self.rounds[rows] - self.timed_at[rows, width] >= self.forget:
             return None
         return self.seconds[rows, width]
 
     def stale(self, rows: int) -> bool:
         """Whether the next round at ``rows`` rows should be plain, to time the baseline."""
-        return bool(self.seconds) and self.since_plain.get(rows, self.refresh) >= self.refresh
+        return bool(self.rounds) and (self.get(rows, 1) is None or self.since_plain.get(
+            rows, self.refresh) >= self.refresh)
 
     def relative(self, rows: int, width: int, model: Callable[[int, int], float]) -> float:
         """A round of ``width`` tokens a row over a plain round, at ``rows`` rows: observed

@@ -38,6 +38,14 @@ from trtspec.spec.sample.probs import SamplingParams, make_generator, rows_to_pr
 from trtspec.spec.sample.verify import VerifyOutput, verify
 
 
+def _settle(runner: Runner) -> None:
+    """Wait for the work queued on the runner's GPU, if it has one (timing: a CUDA call
+    returns before its kernels finish)."""
+    device = getattr(runner, "device", None)
+    if getattr(device, "type", None) == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class RoundFailed(Exception):
     """A round raised before it committed anything (while proposing, scoring or verifying):
     the target and the proposer were put back where the round found them, so the batch can go
@@ -230,16 +238,21 @@ class SpecExecutor:
             for i in live:
                 draft_len[i] = min(draft_len[i], cap)
         before = self.target.lengths()
+        rows = self.rows_scored(live)
         reserve = getattr(self.target, "reserve", None)  # the compiled runner: its cache
         if reserve is not None:  # grows (or says it cannot) before anything is proposed
             widest = max(draft_len[i] for i in live) + 1
             if self.round_cost is not None and widest > 1:
-                widest = max(widest, self.round_cost.width(self.rows_scored(live), widest))
-            try:  # rows between live[0] and live[-1] take part in the call: theirs count
-                reserve(max(before[live[0]: live[-1] + 1]) + widest)
+                widest = max(widest, self.round_cost.width(rows, widest))
+            scored = live if rows == len(live) else range(live[0], live[-1] + 1)  # packed, or
+            try:  # the rows between the live ones take part in the call too
+                reserve(max(before[b] for b in scored) + widest)
             except MemoryError as e:
                 raise RoundFailed(f"{type(e).__name__}: {e}") from e
-        began = time.perf_counter()  # after any growth: a one-off, not what a round costs
+        clock = chooser is not None and chooser.clock is not None
+        if clock:  # what this round costs, and nothing queued before it (a GPU runs ahead)
+            _settle(self.target)
+            one_offs, began = getattr(self.target, "one_offs", 0), time.perf_counter()
         try:
             n_draft, out = self._score_and_verify(reqs, live, draft_len, chooser)
         except Exception as e:
@@ -264,9 +277,12 @@ class SpecExecutor:
         self.target.rollback(lengths)
         if self.proposer is not None:
             self.proposer.observe(accepted)
-        if chooser is not None:  # what this round took, for the next ones' choice
-            chooser.observe_round(self.rows_scored(live), max(n_draft[b] for b in live) + 1,
-                                  time.perf_counter() - began)
+        if clock:  # what this round took, for the next ones' choice: not a round that did
+            _settle(self.target)  # one-off work (grew the cache, swapped rows, compiled),
+            k = max(n_draft[b] for b in live)  # nor one that drafted nothing though asked
+            if getattr(self.target, "one_offs", 0) == one_offs and (  # (its lookups cost
+                    k or not any(draft_len[b] for b in live)):  # what no plain round does)
+                chooser.observe_round(rows, k + 1, time.perf_counter() - began)
         return deltas
 
     def rows_scored(self, live: Sequence[int]) -> int:
