@@ -418,6 +418,7 @@ class CompiledRunner:
                        for _ in self._weights]
         self._lengths = [0] * batch
         self._phys = list(range(batch))
+        self._recent.clear()  # a new batch: no set has recurred yet
 
     def _grow(self, span: int) -> None:
         """Room for ``span`` slots a row, checked first: CacheFull (nothing changed) when the

@@ -20,14 +20,15 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 every row at least one token, and with heads one whole prompt may pass it
 * chunk         ``prefill_chunk``: the most prompt tokens one step prefills while requests
                 are decoding, over all the requests being admitted, first come first served
-                [default: 16 on a CPU, the smallest measured: a one-row call costs about a
-                decode round whatever its width, so a stream's gap is about twice its median
-                and its largest 3.9× (7× in the step where the cache grows; reports/
-                bench-serve.md, "Admission"); 512 on a GPU, not measured here]; with none
-                decoding, no stream waits, so prompts take the whole budget. With Medusa or
-                EAGLE heads prompts are prefilled whole (their heads read the hidden states
-                of the prompt's one scoring call); a draft model prefills its own copy of the
-                prompt whole when the target's last chunk is in (its cost, outside the budget)
+                [default: 32 on a CPU, of 16, 32 and 64 the one whose streams' largest gap
+                was least (3.5× their median; 2.7× at the 95th percentile): a one-row call
+                costs about a decode round whatever its width, so an admitting step is about
+                two (reports/bench-serve.md, "Admission"); 512 on a GPU, not measured here];
+                with none decoding, no stream waits, so prompts take the whole budget. With
+                Medusa or EAGLE heads prompts are prefilled whole (their heads read the hidden
+                states of the prompt's one scoring call); a draft model prefills its own copy
+                of the prompt whole when the target's last chunk is in (its cost, outside the
+                budget)
 * failure       a prompt chunk that raises ends that request alone; a round that raises
                 before it committed anything is run again row by row, and a row that fails
                 alone ends that request alone (with an EAGLE head, whose state a failed
@@ -84,7 +85,7 @@ from trtspec.spec.adaptive import ADAPTIVE
 from trtspec.spec.executor import Delta, Request, RoundFailed, SpecExecutor
 from trtspec.spec.sample.probs import SamplingParams, make_generator
 
-PREFILL_CHUNK = {"cpu": 16}  # default prompt tokens a step, by device type; else 512
+PREFILL_CHUNK = {"cpu": 32}  # default prompt tokens a step, by device type; else 512
 STRIKES = 3  # requests failing in a row (nothing succeeding between) that say the runner is
 
 
