@@ -235,6 +235,7 @@ def live_rows_timing(runner, prompts: list[list[int]], live: list[int], width: i
     feed = [[(11 * j + 5) % runner.vocab_size for j in range(width)] if b in live else []
             for b in range(len(prompts))]
     times: dict[bool, list[float]] = {False: [], True: []}
+    scored: dict[bool, list[int]] = {False: [], True: []}  # rows each timed call scored
     first, swaps = [], []
     for _ in range(3):
         for pack in (False, True):
@@ -250,12 +251,14 @@ def live_rows_timing(runner, prompts: list[list[int]], live: list[int], width: i
                     first.append(took)
                 elif i >= 2:
                     times[pack].append(took)
+                    scored[pack].append(runner.last_scored)
             if pack:
                 swaps.append(runner.swaps - before)
     runner.pack_rows = True
     return {"spread": percentile(times[False], 50), "packed": percentile(times[True], 50),
             "first": percentile(first, 50) if first else float("nan"), "swaps": max(swaps),
-            "rows_spread": live[-1] - live[0] + 1, "rows_packed": len(live)}
+            "rows_spread": percentile(scored[False], 50),
+            "rows_packed": percentile(scored[True], 50)}
 
 
 def live_rows_report(args) -> None:

@@ -246,22 +246,6 @@ def test_a_timed_chooser_stops_drafting_where_rounds_cost_more_than_the_table_sa
     assert timed.choose_round([good, good], [4, 4], 2) == [4, 4]
 
 
-def test_a_draft_asked_for_but_not_proposed_counts_as_rejected() -> None:
-    """An n-gram lookup with no match proposes nothing: the round gains no draft token, and
-    the chooser learns a_1 toward 0 as from a rejection (it is the chance that asking gains
-    the token), so a workload that rarely matches stops paying for rounds that ask."""
-    target = MarkovLM(vocab_size=16, order=2, seed=5)
-    chooser_ = AdaptiveDraft(4, FLAT, rate=0.5, initial=0.8)
-    ex = SpecExecutor(ToyRunner(target), NgramProposer(3, 3), 4, adaptive=chooser_)
-    req = ex.request([1, 2, 3, 4, 5], SamplingParams(max_tokens=3, ignore_eos=True))
-    first = ex.target.prefill([req.prompt])
-    ex.proposer.start([req.prompt])
-    ex.first_tokens([req], [0], first)
-    (delta,) = ex.round([req], [0])
-    assert delta.draft_len > 0 and delta.num_draft == 0  # asked, nothing proposed
-    assert req.adaptive is not None and req.adaptive.accept[0] == pytest.approx(0.4)
-
-
 def test_the_executor_times_its_rounds_into_a_timed_chooser() -> None:
     target = MarkovLM(vocab_size=16, order=2, seed=5)
     chooser_ = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), timed=True)

@@ -22,8 +22,8 @@ under the build folder, so a second process reuses the kernels.
 Live rows only (``pack_rows``, on by default): a call scores the contiguous range of *physical*
 cache rows that hold the rows it feeds, so a batch row is a name, mapped to a physical row
 (``_phys``). When the rows a call feeds are not contiguous there (a request ended between two
-others) and one of the last four calls fed the same rows (a set that recurs, as a round's does
-until a request ends, not a draft step's passing subset), rows are swapped first, moving the
+others) and one of the three calls before it fed the same rows (a set that recurs, as a round's
+does until a request ends, not a draft step's passing subset), rows are swapped first, moving the
 fewest into the densest window: each swap copies two rows' committed keys and values, once, and
 every later call scores only the live rows (two live requests in rows 0 and 7 of 8 score 2 rows,
 not 8). Callers see no difference: logits, lengths
@@ -118,6 +118,7 @@ class CompiledRunner:
         self._phys: list[int] = []  # batch row → physical cache row (the owner's: see packing)
         self.pack_rows = True  # score only the rows a call feeds (module docstring)
         self.swaps = self.grows = 0  # row swaps packing made, cache tensors grown or shrunk
+        self.last_scored = 0  # rows the last call scored (packed, or the range it spanned)
         self._recent: deque[tuple[int, ...]] = deque(maxlen=4)  # rows fed by the last calls
         self._pending = 0  # slots a row a gradual reservation grows toward (reserve)
         self._owner = self  # whose KV cache this runner reads and writes (see view)
@@ -225,7 +226,7 @@ class CompiledRunner:
         phys = self._owner._phys
         compiled, tb = self.compiled, width
         rows = range(min(phys[b] for b in live), max(phys[b] for b in live) + 1)  # physical,
-        nb = len(rows)  # contiguous: views of the cache, no copies
+        nb = self.last_scored = len(rows)  # contiguous: views of the cache, no copies
         batch_row = [0] * len(phys)  # physical → batch row
         for b, at in enumerate(phys):
             batch_row[at] = b
@@ -418,7 +419,8 @@ class CompiledRunner:
                        for _ in self._weights]
         self._lengths = [0] * batch
         self._phys = list(range(batch))
-        self._recent.clear()  # a new batch: no set has recurred yet
+        self._recent.clear()  # a new batch: no set has recurred yet, nothing is reserved
+        self._pending = 0
 
     def _grow(self, span: int) -> None:
         """Room for ``span`` slots a row, checked first: CacheFull (nothing changed) when the
@@ -451,7 +453,7 @@ class CompiledRunner:
             try:
                 self._grow(self._pending)
                 return
-            except MemoryError:  # CacheFull too
+            except (MemoryError, RuntimeError):  # CacheFull; torch's out of memory
                 self._pending = 0
         self._grow(span)
 
@@ -511,10 +513,12 @@ class CompiledRunner:
         one long request would otherwise keep every row's memory for good. The quarter is
         hysteresis: a cache that would soon grow again is left as it is. ``reserved``: tokens
         a row is about to hold (a prompt being admitted in chunks), kept room for."""
-        if self._owner is not self or not self.keys or self._pending > self._capacity:
-            return  # (a gradual growth is under way: the room is being made for a prompt)
-        self._pending = 0
+        if self._owner is not self or not self.keys:
+            return
         capacity = pow2(max([*self._lengths, reserved]) + SPAN_STEP, MIN_CAPACITY)
+        if capacity >= self._pending > self._capacity:
+            return  # a gradual growth is under way for a prompt still being admitted
+        self._pending = 0  # done, or its prompt left (cancelled): no more copies for it
         if capacity * 4 > self._capacity:
             return
         self._resize(lambda t: t[:capacity].clone())

@@ -20,8 +20,8 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 every row at least one token, and with heads one whole prompt may pass it
 * chunk         ``prefill_chunk``: the most prompt tokens one step prefills while requests
                 are decoding, over all the requests being admitted, first come first served
-                [default: 32 on a CPU, of 16, 32 and 64 the one whose streams' largest gap
-                was least (3.5× their median; 2.7× at the 95th percentile): a one-row call
+                [default: 32 on a CPU: of 16, 32 and 64 (one run each) the smallest largest
+                gap, 3.5× the median, and half the TTFT of 16; a one-row call
                 costs about a decode round whatever its width, so an admitting step is about
                 two (reports/bench-serve.md, "Admission"); 512 on a GPU, not measured here];
                 with none decoding, no stream waits, so prompts take the whole budget. With

@@ -13,14 +13,14 @@ of time; D = 0 (plain decoding, through the same verify()) unless some D > 0 pro
 overheads, so a break-even D would lose).
 
 Estimates: a_j is an exponential moving average per position, updated after each round from
-(asked, accepted): positions 1..a were accepted (1), position a + 1 was rejected (0) when
-a < asked; later positions were not observed. A draft asked for but not proposed (an n-gram
-or suffix lookup with no match) counts as rejected: a_j is the chance that asking for j
-drafts gains the j-th token, which is what the time a round takes buys. A new request
-starts from a process-wide prior, itself a slower EMA of every request's observations (at
-first a running mean in which the initial guess counts as ``prior_weight`` observations), so
-an open-ended workload learns fast. A
-position not observed yet (by the request, or by anyone for the prior) takes the estimate of
+(proposed, accepted): positions 1..a were accepted (1), position a + 1 was rejected (0) when
+a < proposed; later positions were not observed. What was asked but not proposed (an n-gram
+with no match) is not observed either: counting it as a rejection would price a miss as a
+round of the asked width, where a round in which nothing was proposed costs about a plain
+one (such rounds are not timed, below). A new request starts from a process-wide prior,
+itself a slower EMA of every request's observations (at first a running mean in which the
+initial guess counts as ``prior_weight`` observations), so an open-ended workload learns
+fast. A position not observed yet (by the request, or by anyone for the prior) takes the estimate of
 the last one observed before it, as under i.i.d. acceptance, so D can grow past what was tried.
 
 Probes: a request at D = 0 observes nothing, so after ``probe_after`` plain rounds (counted
@@ -182,8 +182,10 @@ class RoundClock:
         self.rounds[rows] = self.rounds.get(rows, 0) + 1
         if old is None:  # new, or forgotten: counts from its FIRST-th round on
             first = self.first.setdefault(key, [])
-            if key in self.seconds:  # forgotten: starts again
-                del self.seconds[key]
+            stale = key in self.timed_at and \
+                self.rounds[rows] - 1 - self.timed_at[key] >= self.forget
+            if key in self.seconds or stale:  # forgotten (or its first rounds are): starts
+                self.seconds.pop(key, None)  # again
                 first.clear()
             first.append(seconds)
             if len(first) == self.FIRST:
@@ -334,9 +336,9 @@ class AdaptiveDraft:
             return [0] * len(caps)  # nothing to draft, or the baseline is due a timing
         best = max(range(1, len(rates)), key=rates.__getitem__)  # the best-looking W > 0
         if self.probed and self.probe_saw:  # the probe's observations are in: did
-            self.probed = False  # speculating come back? (one asked of nothing tells nothing:
-            self.wait = self.probe_after if rates[best] >= self.min_gain else min(  # the
-                2 * self.wait, self.max_wait)  # next probe judges)
+            self.probed = False  # speculating come back? (one that proposed nothing, an
+            self.wait = self.probe_after if rates[best] >= self.min_gain else min(  # n-gram
+                2 * self.wait, self.max_wait)  # miss, tells nothing: the next probe judges)
         if rates[best] < self.min_gain:
             extra = self.round_time(rows, 2) - 1
             if self.idle < max(self.wait, extra / self.probe_budget):  # a probe of many rows
@@ -361,8 +363,7 @@ class AdaptiveDraft:
         return 0
 
     def update(self, state: AdaptiveState, proposed: int, accepted: int) -> None:
-        """Learn from a round that asked for ``proposed`` drafts (the executor passes what
-        it asked: a draft not proposed counts as rejected) and accepted ``accepted``."""
+        """Learn from a round that proposed ``proposed`` drafts and accepted ``accepted``."""
         hits = min(accepted, proposed, self.max_draft_len)
         miss = accepted < proposed and accepted < self.max_draft_len
         seen = hits + miss  # positions this round observed
@@ -382,7 +383,7 @@ class AdaptiveDraft:
             self.prior[j] += max(self.prior_rate, 1 / (self.observed[j] + self.prior_weight)) \
                 * (x - self.prior[j])
         if state.probing and seen:  # did the probe pay (bring speculation back)? else wait
-            state.probing = False  # longer. One asked of nothing (D = 0) tells nothing
+            state.probing = False  # longer. One that proposed nothing (no match) tells nothing
             rates = self.rates(state, self.max_draft_len)
             self.wait = self.probe_after if max(rates[1:]) >= self.min_gain else min(
                 2 * self.wait, self.max_wait)

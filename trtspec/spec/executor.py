@@ -252,7 +252,7 @@ class SpecExecutor:
         clock = chooser is not None and chooser.clock is not None
         if clock:  # what this round costs, and nothing queued before it (a GPU runs ahead)
             _settle(self.target)
-            one_offs, began = getattr(self.target, "one_offs", 0), time.perf_counter()
+            one_offs, began = self._one_offs(), time.perf_counter()
         try:
             n_draft, out = self._score_and_verify(reqs, live, draft_len, chooser)
         except Exception as e:
@@ -265,8 +265,7 @@ class SpecExecutor:
         for row, b in enumerate(live):
             r, a = reqs[b], num_accepted[row]
             if chooser is not None and r.adaptive is not None:
-                chooser.update(r.adaptive, draft_len[b], a)  # as asked: a draft not
-                # proposed (an n-gram miss) is a token not gained, as a rejection is
+                chooser.update(r.adaptive, n_draft[b], a)
             kept = r.commit(emitted[row][: a + 1])
             r.stats.record_round(n_draft[b], a, len(kept), draft_len[b])
             if r.finish_reason is None:
@@ -281,10 +280,17 @@ class SpecExecutor:
         if clock:  # what this round took, for the next ones' choice: not a round that did
             _settle(self.target)  # one-off work (grew the cache, swapped rows, compiled),
             k = max(n_draft[b] for b in live)  # nor one that drafted nothing though asked
-            if getattr(self.target, "one_offs", 0) == one_offs and (  # (its lookups cost
-                    k or not any(draft_len[b] for b in live)):  # what no plain round does)
-                chooser.observe_round(rows, k + 1, time.perf_counter() - began)
+            if self._one_offs() == one_offs and (  # (its lookups cost what no plain round
+                    k or not any(draft_len[b] for b in live)):  # does); B: the rows scored
+                chooser.observe_round(getattr(self.target, "last_scored", rows), k + 1,
+                                      time.perf_counter() - began)
         return deltas
+
+    def _one_offs(self) -> int:
+        """One-off work the target's and the draft's runners have done so far (grown caches,
+        swapped rows, late compiles: the compiled runner counts them)."""
+        runners = (self.target, getattr(self.proposer, "draft_runner", None))
+        return sum(getattr(r, "one_offs", 0) for r in runners if r is not None)
 
     def rows_scored(self, live: Sequence[int]) -> int:
         """The rows the target scores in a call that feeds the batch rows ``live``: the
