@@ -468,3 +468,56 @@ def test_a_gradual_reservation_grows_a_few_layers_a_call(monkeypatch) -> None:
     got = again.score([long, []])
     assert [t.shape[0] for t in again.keys] == [2048] * 3
     assert close(got[0, -1], full_logits(model, [1, 2, 3, *long])[-1])
+
+
+def test_a_reservation_that_cannot_be_grown_is_dropped_and_a_half_swap_undone(monkeypatch
+                                                                              ) -> None:
+    """Memory taken after a gradual reservation: the copy fails, the reservation is dropped
+    and the call goes on; a call that needs room it cannot have with the reservation grows
+    what it needs; a prompt that left (cancelled) drops its reservation at fit_cache; a swap
+    that fails part way leaves every row as it was."""
+    import trtspec.runtime.compiled as compiled_module
+
+    model = tiny_llama(vocab=64, layers=3, positions=4096)
+    runner = CompiledRunner(model, compile=False)
+    runner.prefill([[1, 2, 3], [4]])
+    runner.reserve(1500, gradual=True)
+    grown = compiled_module._grown
+    monkeypatch.setattr(compiled_module, "_grown", lambda t, capacity: (_ for _ in ()).throw(
+        torch.OutOfMemoryError("no memory")))
+    got = runner.score([[5], [6]])  # the copy fails: dropped, and the call is served
+    assert runner._pending == 0 and runner._capacity == 512
+    assert close(got[0, 0], full_logits(model, [1, 2, 3, 5])[-1])
+    monkeypatch.setattr(compiled_module, "_grown", grown)
+    runner.reserve(4000, gradual=True)  # 4096 a row: then a call needs 640 of them now,
+    monkeypatch.setattr(compiled_module, "free_bytes",  # and only that fits
+                        lambda device: 2 * 6 * 1024 * runner.keys[0][0].numel() * 4)
+    long = [(5 * i) % 64 for i in range(600)]
+    runner.score([long, []])
+    assert runner._pending == 0 and runner._capacity == 1024
+    monkeypatch.undo()
+    runner.rollback([4, 2])
+    runner.fit_cache()  # back to the smallest
+    runner.reserve(1500, gradual=True)
+    runner.score([[7], [8]])  # part grown, then its prompt is cancelled: fit_cache drops it
+    runner.fit_cache(reserved=0)
+    assert runner._pending == 0
+    assert [t.shape[0] for t in (*runner.keys, *runner.values)] == [512] * 6  # and the
+    before = [t.clone() for t in (*runner.keys, *runner.values)]
+    phys = list(runner._phys)
+    calls = []  # a copy that fails on the third tensor
+    real = torch.Tensor.__setitem__
+
+    def setitem(self, index, value):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("copy failed")
+        return real(self, index, value)
+
+    monkeypatch.setattr(torch.Tensor, "__setitem__", setitem)
+    with pytest.raises(RuntimeError, match="copy failed"):
+        runner._swap(0, 1)
+    monkeypatch.undo()
+    assert runner._phys == phys
+    assert all(torch.equal(a, b) for a, b in zip(before, (*runner.keys, *runner.values),
+                                                 strict=True))

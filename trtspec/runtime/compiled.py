@@ -519,9 +519,9 @@ class CompiledRunner:
         if capacity >= self._pending > self._capacity:
             return  # a gradual growth is under way for a prompt still being admitted
         self._pending = 0  # done, or its prompt left (cancelled): no more copies for it
-        if capacity * 4 > self._capacity:
+        if capacity * 4 > max(t.shape[0] for t in (*self.keys, *self.values)):
             return
-        self._resize(lambda t: t[:capacity].clone())
+        self._resize(lambda t: t if t.shape[0] <= capacity else t[:capacity].clone())
 
     def _require(self, rows: int) -> None:
         if not self._owner.keys:
