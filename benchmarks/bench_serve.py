@@ -38,6 +38,7 @@ import argparse
 import itertools
 import json
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -218,7 +219,7 @@ def admission_report(args) -> None:
         lines.append(f"| {name.get(c, f'{c} tokens a step')} | {b['p50']:.2f} s | "
                      f"{b['p99']:.2f} s | {b['wall']:.1f} s |")
     lines += ["", "Command: `.venv/bin/python benchmarks/bench_serve.py " +
-              " ".join(sys.argv[1:]) + "`", ""]
+              shlex.join(sys.argv[1:]) + "`", ""]
     replace_section(args.out, "## Admission", "\n".join(lines))
     print("\n".join(lines))
     print(f"wrote {args.out}")
@@ -303,7 +304,7 @@ def live_rows_report(args) -> None:
     lines += ["", "The KV cache itself is not smaller: it stays dense, one row per slot at "
               "the power of two above the longest row, shrunk when the rows hold a quarter of "
               "it.", "", "Command: `.venv/bin/python benchmarks/bench_serve.py " +
-              " ".join(sys.argv[1:]) + "`", ""]
+              shlex.join(sys.argv[1:]) + "`", ""]
     replace_section(args.out, "## Live rows", "\n".join(lines))
     print("\n".join(lines))
     print(f"wrote {args.out}")
@@ -475,7 +476,7 @@ def main() -> None:
               f"tokens/s; trtspec plain at 1 client on them: "
               f"{rows[first, clients_list[0], 'plain', 'plain']['tok_s']:.1f} tokens/s "
               f"({rows[first, clients_list[0], 'plain', 'plain']['tok_s'] / hf:.2f}×).", "",
-              "Command: `.venv/bin/python benchmarks/bench_serve.py " + " ".join(sys.argv[1:])
+              "Command: `.venv/bin/python benchmarks/bench_serve.py " + shlex.join(sys.argv[1:])
               + "`", ""]
     old = args.out.read_text() if args.out.exists() else ""
     kept = {title: old.partition(f"\n{title}\n")[2].partition("\n## ")[0]
