@@ -455,7 +455,7 @@ def test_a_gradual_reservation_grows_a_few_layers_a_call(monkeypatch) -> None:
     runner.reserve(1500, gradual=True)
     sizes = lambda: [t.shape[0] for t in (*runner.keys, *runner.values)]  # noqa: E731
     assert sizes() == [512] * 6
-    runner.fit_cache()  # a growth under way is not undone
+    runner.fit_cache(reserved=1500)  # a growth under way for a prompt coming in: kept
     runner.score([[5], [6]])
     assert sizes() == [2048] * GROW_PER_CALL + [512] * (6 - GROW_PER_CALL)
     assert runner.keys[0].shape[0] == 2048 and runner._capacity == 512
