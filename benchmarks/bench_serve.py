@@ -166,13 +166,20 @@ def burst_ttft(runner, prompts: list[list[int]], chunk: int) -> dict[str, float]
             "wall": time.perf_counter() - start}
 
 
-def admission_report(args) -> None:
-    """The "## Admission" section (module docstring, ``--admission``)."""
+def smollm2_runner(quick: bool):
+    """(SmolLM2, the runner kind, its runner on SLOTS rows): eager with ``--quick``, else the
+    compiled runner serve uses, compiling into a fresh inductor cache."""
     torch.manual_seed(0)
     lm = load("smollm2-135m-instruct", device="cpu")
-    kind = "eager" if args.quick else "compiled"
-    runner = built_runner(lm.model, kind, rows=SLOTS, eos_token_id=lm.tokenizer.eos_token_id,
-                          cache_dir=Path(tempfile.mkdtemp(prefix="bench-inductor-")))
+    kind = "eager" if quick else "compiled"
+    return lm, kind, built_runner(lm.model, kind, rows=SLOTS,
+                                  eos_token_id=lm.tokenizer.eos_token_id,
+                                  cache_dir=Path(tempfile.mkdtemp(prefix="bench-inductor-")))
+
+
+def admission_report(args) -> None:
+    """The "## Admission" section (module docstring, ``--admission``)."""
+    lm, kind, runner = smollm2_runner(args.quick)
     ids = [t for r in builtin() for t in encode(lm.tokenizer, r.chat())]
     length = 200 if args.quick else 2000
     long_prompt = (ids * (1 + length // len(ids)))[:length]
@@ -264,11 +271,7 @@ def live_rows_timing(runner, prompts: list[list[int]], live: list[int], width: i
 
 def live_rows_report(args) -> None:
     """The "## Live rows" section (module docstring, ``--live-rows``)."""
-    torch.manual_seed(0)
-    lm = load("smollm2-135m-instruct", device="cpu")
-    kind = "eager" if args.quick else "compiled"
-    runner = built_runner(lm.model, kind, rows=SLOTS, eos_token_id=lm.tokenizer.eos_token_id,
-                          cache_dir=Path(tempfile.mkdtemp(prefix="bench-inductor-")))
+    _, kind, runner = smollm2_runner(args.quick)
     runner.warm_up(SLOTS)
     context = 64 if args.quick else 512
     prompts = [[(7 * i + 3 + b) % runner.vocab_size for i in range(context)]
