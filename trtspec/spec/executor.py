@@ -254,7 +254,7 @@ class SpecExecutor:
             _settle(self.target)
             one_offs, began = self._one_offs(), time.perf_counter()
         try:
-            n_draft, out = self._score_and_verify(reqs, live, draft_len, chooser)
+            n_draft, out = self._score_and_verify(reqs, live, draft_len, chooser, rows)
         except Exception as e:
             self.target.rollback(before)  # scoring appends only: this always rolls back
             if self.proposer is not None:
@@ -300,12 +300,12 @@ class SpecExecutor:
         return count(live) if count is not None else live[-1] - live[0] + 1
 
     def _score_and_verify(self, reqs: list[Request], live: list[int], draft_len: list[int],
-                          chooser: AdaptiveDraft | None) -> tuple[list[int], VerifyOutput]:
+                          chooser: AdaptiveDraft | None, span: int
+                          ) -> tuple[list[int], VerifyOutput]:
         """A round up to its verdict, with nothing committed: D chosen (adaptive), drafts
-        proposed, the target's p scored, verify() run. Returns the drafts each row got and
-        verify's result."""
+        proposed, the target's p scored, verify() run; ``span``: the rows the target scores
+        (B, :meth:`rows_scored`). Returns the drafts each row got and verify's result."""
         batch = len(reqs)
-        span = self.rows_scored(live)  # rows the target scores (B)
         if chooser is not None:  # choose within the budget: a probe that could draft
             for i in live:  # nothing would teach nothing
                 if reqs[i].adaptive is None:
