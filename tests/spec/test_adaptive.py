@@ -149,6 +149,62 @@ def test_the_batch_aware_chooser_by_hand() -> None:
     assert rates[4] == pytest.approx(2 * 4.0951 / (2.6 + 4 * 0.5 * 1.2) / (2 / 1.2))
 
 
+def test_a_miss_lowers_the_supply_and_a_round_that_gets_nothing_costs_plain() -> None:
+    """(asked, proposed, accepted) by hand, at rate 0.5: asked 4 and got nothing: s₁ = 1 −
+    0.5 = 0.5, acceptance untouched. Asked 4, got 2, kept 1: s = (0.75, 0.75, 0.25) (positions
+    2 and 3 start from s₁'s 0.5), a = (0.75, 0.25, 0.5, 0.5). E[emitted | D] = 1 + s₁a₁ +
+    s₁a₁·s₂a₂ + … = 1, 1.5625, 1.66796875, 1.681152…; one row at t(T) = 1 + 0.1 (T − 1) costs
+    (1 − s₁) + s₁ (1 + 0.1 D)."""
+    chooser_ = AdaptiveDraft(4, [1 + 0.1 * t for t in range(5)], rate=0.5)
+    s = state(0.5, 0.5, 0.5, 0.5)
+    chooser_.update(s, 0, 0, asked=4)
+    assert s.supply == [0.5] and s.accept == [0.5] * 4
+    chooser_.update(s, 2, 1, asked=4)
+    assert s.supply == [0.75, 0.75, 0.25] and s.accept == [0.75, 0.25, 0.5, 0.5]
+    emitted = [1, 1.5625, 1.5625 + 0.5625 * 0.1875,
+               1.5625 + 0.5625 * 0.1875 + 0.5625 * 0.1875 * 0.125]
+    assert chooser_.emitted(s, 3) == pytest.approx(emitted)
+    assert chooser_.rates(s, 3) == pytest.approx(
+        [e / (0.25 + 0.75 * (1 + 0.1 * d)) for d, e in enumerate(emitted)])
+    chooser_.update(s, 3, 3, asked=3)  # all asked were proposed: nothing short to learn
+    assert s.supply == pytest.approx([0.875, 0.875, 0.625]) and s.supplied == 3
+    # two rows asked for drafts, one whose lookups never come up (s₁ = 0) and one that gets
+    # them half the time: P₀ = 1 · 0.5, so a round costs 0.5 · 1 + 0.5 · t(2, W + 1)/t(2, 1)
+    batch = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS))
+    half, never = state(0.9), state(0.9)
+    half.supply, never.supply = [0.5], [0.0]
+    rates = batch.round_rates([half, never], [4, 4], 2)
+    assert rates[1] == pytest.approx((2 + 0.45) / 2 / (0.5 + 0.5 * 2.0 / 1.2))
+    assert batch.round_rates([never, never], [4, 4], 2) == pytest.approx([1.0] * 5)
+
+
+def test_lookups_that_mostly_miss_decode_plainly() -> None:
+    """A lookup that proposes 4 drafts in one round of 10 (its first kept, its second
+    rejected), else nothing. Learnt without the misses (as if every ask were proposed), a₁ = 1
+    and 4 rows draft one token a round: 2 / (t(4, 2)/t(4, 1) = 1.65/1.15) = 1.39. Learnt from
+    what was asked, s₁ swings between 0.01 after nine misses and 0.31 just after a hit; at its
+    highest a round emits 1 + s₁ = 1.31 a row, P₀ = 0.69⁴ = 0.23 of rounds are plain and the
+    rest cost 1.43: 1.31 / (0.23 + 0.77 · 1.43) = 0.98 < 1.02, so it never drafts (the best
+    W's rate stays in 0.95 … 0.99)."""
+    rounds = RoundCost({b: {w: 1 + 0.05 * (b - 1) + 0.5 * b * (w - 1) / 4 for w in range(1, 6)}
+                        for b in range(1, 5)})
+    aware, blind = (AdaptiveDraft(4, FLAT, round_cost=rounds) for _ in range(2))
+    rows_aware = [aware.start() for _ in range(4)]
+    rows_blind = [blind.start() for _ in range(4)]
+    best = []
+    for i in range(400):
+        got = 4 if i % 10 == 0 else 0
+        for r in rows_aware:
+            aware.update(r, got, min(got, 1), asked=4)
+        for r in rows_blind:
+            blind.update(r, got, min(got, 1))
+        if i >= 100:
+            best.append(max(aware.round_rates(rows_aware, [4] * 4, 4)[1:]))
+    assert max(best) < aware.min_gain and min(best) > 0.9
+    assert blind.choose_round(rows_blind, [4] * 4, 4) == [1] * 4
+    assert aware.choose_round(rows_aware, [4] * 4, 4) == [0] * 4
+
+
 def test_batch_aware_probes_are_rounds_judged_by_the_next_choice() -> None:
     a, b = state(0.5, 0.5, 0.5, 0.5), state(0.0, 0.0, 0.0, 0.0)
     # a 2-row probe costs 2.0/1.2 − 1 = 0.67 of a round: at 2 % of the time, one per 34 rounds
@@ -160,7 +216,7 @@ def test_batch_aware_probes_are_rounds_judged_by_the_next_choice() -> None:
                              max_wait=8, probe_budget=1.0)  # below: the back-off alone
     picks = [chooser_.choose_round([a, b], [4, 4], 2) for _ in range(3)]
     assert picks == [[0, 0], [0, 0], [1, 1]]  # two plain rounds, then a probe of every row
-    chooser_.update(a, 0, 0)  # the n-gram found nothing: the probe told nothing, the wait
+    chooser_.update(a, 0, 0)  # not told what was asked: the probe told nothing, the wait
     assert [chooser_.choose_round([a, b], [4, 4], 2) for _ in range(3)] == [  # stays
         [0, 0], [0, 0], [1, 1]] and chooser_.wait == 2
     chooser_.update(b, 1, 0)  # the next probe sees a rejection: still plain, the wait doubles
@@ -415,12 +471,18 @@ def test_greedy_output_with_an_adaptive_d_is_plain_decoding_s(divergence: float)
 
 def test_rounds_record_the_d_asked_and_what_was_proposed() -> None:
     """Prompt lookup on a prompt with no repeats proposes nothing when asked: the round's D
-    is recorded, the proposer's 0 too, and nothing is learnt from it."""
+    is recorded, the proposer's 0 too, and the chooser learns the miss (the supply at
+    position 1 falls), not a rejection."""
     target = MarkovLM(vocab_size=16, order=2, seed=5)
-    ex = SpecExecutor(ToyRunner(target), NgramProposer(3, 3), 4,
-                      adaptive=AdaptiveDraft(4, FLAT, initial=0.9))
+    chooser_ = AdaptiveDraft(4, FLAT, initial=0.9)
+    ex = SpecExecutor(ToyRunner(target), NgramProposer(3, 3), 4, adaptive=chooser_)
     out = ex.generate([[1, 2, 3, 4, 5]], SamplingParams(temperature=0, max_tokens=4))[0]
     stats = out.stats
+    asked = sum(1 for d in stats.draft_lens if d)
+    assert asked and chooser_.supply_observed[0] == asked  # each ask observes position 1
+    assert chooser_.observed[0] == sum(1 for p in stats.proposed_lens if p)
+    if stats.proposed_lens.count(0) > stats.draft_lens.count(0):  # a miss
+        assert chooser_.supply_prior[0] < 1
     assert stats.draft_lens[0] == 2  # the first round: D = 4, clipped to the budget (2)
     assert len(stats.draft_lens) == len(stats.proposed_lens) == stats.verification_rounds
     assert sum(stats.proposed_lens) == stats.proposed_tokens

@@ -12,16 +12,34 @@ of time; D = 0 (plain decoding, through the same verify()) unless some D > 0 pro
 ``min_gain`` times plain decoding's rate (the curve leaves out the proposer's and verify's own
 overheads, so a break-even D would lose).
 
-Estimates: a_j is an exponential moving average per position, updated after each round from
-(proposed, accepted): positions 1..a were accepted (1), position a + 1 was rejected (0) when
-a < proposed; later positions were not observed. What was asked but not proposed (an n-gram
-with no match) is not observed either: counting it as a rejection would price a miss as a
-round of the asked width, where a round in which nothing was proposed costs about a plain
-one (such rounds are not timed, below). A new request starts from a process-wide prior,
-itself a slower EMA of every request's observations (at first a running mean in which the
-initial guess counts as ``prior_weight`` observations), so an open-ended workload learns
-fast. A position not observed yet (by the request, or by anyone for the prior) takes the estimate of
-the last one observed before it, as under i.i.d. acceptance, so D can grow past what was tried.
+Model-free proposers do not always propose what they are asked for: an n-gram or suffix
+lookup with no match proposes nothing, one with a short match fewer tokens. So a request also
+has a supply s_j = P(the proposer gives position j | it gave position j − 1 and was asked for
+j), and a row asked for D drafts emits on average
+
+    E[emitted | D] = 1 + Σ_{i=1..D} Π_{j≤i} s_j · a_j,
+
+(a draft model always proposes: s_j = 1, and this is the formula above). A round in which no
+row proposed anything scores one token a row, a plain round; so a round asking W of rows
+whose supplies at position 1 are s_1^(i) costs on average
+
+    P₀ · 1 + (1 − P₀) · time(W),   P₀ = Π_i (1 − s_1^(i))
+
+(over the rows asked for drafts), an upper bound: a round whose rows proposed fewer than W
+tokens is scored narrower. Counting a miss as a rejection alone (as a_j) would price it as a
+round of the asked width; leaving it out (as trtspec did before) prices it as a proposal that
+is accepted as often as real ones, and on open-ended prompts, where lookups mostly miss, the
+chooser drafted where it lost 4–18 % of plain decoding's throughput.
+
+Estimates: a_j and s_j are exponential moving averages per position, updated after each
+round from (asked, proposed, accepted): positions 1..proposed were supplied (1) and position
+proposed + 1 was not (0) when proposed < asked; positions 1..a were accepted (1) and position
+a + 1 was rejected (0) when a < proposed; later positions were not observed. A new request
+starts from a process-wide prior, itself a slower EMA of every request's observations (at
+first a running mean in which the initial guess counts as ``prior_weight`` observations; 1
+for the supply), so an open-ended workload learns fast. A position not observed yet (by the
+request, or by anyone for the prior) takes the estimate of the last one observed before it,
+as under i.i.d. acceptance, so D can grow past what was tried.
 
 Probes: a request at D = 0 observes nothing, so after ``probe_after`` plain rounds (counted
 over all requests: the back-off is process-wide) the request whose turn it is drafts once, the
@@ -35,7 +53,7 @@ row at once, padded to the widest, so one row's D costs all of them. Each round 
 W ∈ {0 … K}; row i drafts D_i = min(W, cap_i) (cap_i: its budget), and W maximises the round's
 expected tokens per unit of time,
 
-    Σ_i E_i[emitted | D_i] / (t(B, W + 1) + W · t_draft · t(B, 1)),
+    Σ_i E_i[emitted | D_i] / (P₀ · t(B, 1) + (1 − P₀) · (t(B, W + 1) + W · t_draft · t(B, 1))),
 
 against plain decoding's B / t(B, 1) (W = 0: plain decoding through the same verify()), with
 the same ``min_gain`` and probes as above (one probe is a round of all rows drafting one token
@@ -71,7 +89,7 @@ of each round, which depends on the prior, so on what ran before.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ADAPTIVE = "adaptive"
 DEFAULT_MAX_DRAFT_LEN = 8
@@ -88,6 +106,22 @@ class AdaptiveState:
     accept: list[float]  # [j-1]: a_j, the EMA of P(position j accepted | positions < j were)
     known: int = 0  # leading positions with an estimate; later ones take a_known's
     probing: bool = False  # its last round was a probe
+    supply: list[float] = field(default_factory=list)  # [j-1]: s_j, the EMA of P(position j
+    # proposed | position j − 1 was, j asked); none yet: 1 (what was asked is proposed)
+    supplied: int = 0  # leading positions with a supply estimate; later ones take s_supplied's
+
+    def factor(self, position: int) -> float:
+        """s_j · a_j at draft position j (1-based): what drafting it adds, given j − 1 kept."""
+        return _at(self.accept, position, 1.0) * _at(self.supply, position, 1.0)
+
+    def hit(self) -> float:
+        """s_1: the chance that a round asking for drafts gets any."""
+        return _at(self.supply, 1, 1.0)
+
+
+def _at(values: Sequence[float], position: int, default: float) -> float:
+    """The estimate at 1-based ``position``: its own, else the last one's, else ``default``."""
+    return values[min(position, len(values)) - 1] if values else default
 
 
 class RoundCost:
@@ -263,6 +297,8 @@ class AdaptiveDraft:
         self.min_gain, self.probe_after, self.max_wait = min_gain, probe_after, max_wait
         self.prior = [initial] * max_draft_len
         self.observed = [0] * max_draft_len  # observations of each position, all requests
+        self.supply_prior = [1.0] * max_draft_len  # the same for s_j
+        self.supply_observed = [0] * max_draft_len
         self.idle, self.wait = 0, probe_after  # plain rounds since the last probe, and before
         # the next one (all requests)
         self.round_cost = round_cost
@@ -275,20 +311,24 @@ class AdaptiveDraft:
         """A new request's state: the prior (positions nobody observed follow the last one
         observed, or the initial guess)."""
         known = next((j for j, n in enumerate(self.observed) if not n), self.max_draft_len)
-        return AdaptiveState(self.prior[:known] or [self.initial], known)
+        supplied = next((j for j, n in enumerate(self.supply_observed) if not n),
+                        self.max_draft_len)
+        return AdaptiveState(self.prior[:known] or [self.initial], known,
+                             supply=self.supply_prior[:supplied], supplied=supplied)
 
     def emitted(self, state: AdaptiveState, cap: int) -> list[float]:
         """E[emitted | D] for D = 0 … min(cap, K)."""
-        accept = state.accept
         out, run = [1.0], 1.0
         for d in range(1, min(cap, self.max_draft_len) + 1):
-            run *= accept[d - 1] if d <= len(accept) else accept[-1]
+            run *= state.factor(d)
             out.append(out[-1] + run)
         return out
 
     def rates(self, state: AdaptiveState, cap: int) -> list[float]:
-        """Expected tokens per unit time (plain decoding = 1) for D = 0 … cap, one row."""
-        return [e / (self.cost[d] + d * self.draft_cost)
+        """Expected tokens per unit time (plain decoding = 1) for D = 0 … cap, one row: a
+        round that gets no drafts (a lookup's miss) costs a plain one."""
+        hit = state.hit()
+        return [e / (1 if d == 0 else 1 - hit + hit * (self.cost[d] + d * self.draft_cost))
                 for d, e in enumerate(self.emitted(state, cap))]
 
     def round_rates(self, states: Sequence[AdaptiveState], caps: Sequence[int], rows: int
@@ -302,7 +342,11 @@ class AdaptiveDraft:
             ds = [min(w, len(e) - 1) for e in emitted]
             width = max(ds, default=0)
             tokens = sum(e[d] for e, d in zip(emitted, ds, strict=True))
-            out.append(tokens / len(emitted) / self.round_time(rows, width + 1))
+            none = 1.0  # P₀: no row asked for drafts gets any, and the round is a plain one
+            for s, d in zip(states, ds, strict=True):
+                none *= 1 - s.hit() if d else 1.0
+            time = none + (1 - none) * self.round_time(rows, width + 1) if width else 1.0
+            out.append(tokens / len(emitted) / time)
         return out
 
     def round_time(self, rows: int, width: int) -> float:
@@ -362,31 +406,47 @@ class AdaptiveDraft:
         self.idle += 1
         return 0
 
-    def update(self, state: AdaptiveState, proposed: int, accepted: int) -> None:
-        """Learn from a round that proposed ``proposed`` drafts and accepted ``accepted``."""
-        hits = min(accepted, proposed, self.max_draft_len)
-        miss = accepted < proposed and accepted < self.max_draft_len
-        seen = hits + miss  # positions this round observed
-        self.probe_saw |= seen > 0
-        accept = state.accept
-        if seen > state.known:  # new positions start from what the request assumed of them
-            del accept[state.known:]
-            accept += [accept[-1] if accept else self.initial] * (seen - len(accept))
-            state.known = seen
-        for j in range(seen):
-            x = 1.0 if j < hits else 0.0
-            accept[j] += self.rate * (x - accept[j])
-            # the prior: a running mean (the initial guess counts as prior_weight
-            # observations, so a few lucky rounds do not make every new request bold) until it
-            # is as slow as its EMA
-            self.observed[j] += 1
-            self.prior[j] += max(self.prior_rate, 1 / (self.observed[j] + self.prior_weight)) \
-                * (x - self.prior[j])
+    def update(self, state: AdaptiveState, proposed: int, accepted: int,
+               asked: int | None = None) -> None:
+        """Learn from a round that was asked for ``asked`` drafts [default: ``proposed``],
+        proposed ``proposed`` and accepted ``accepted``."""
+        k = self.max_draft_len
+        asked = proposed if asked is None else max(asked, proposed)
+        given = min(proposed, k)
+        supplied = [1.0] * given + [0.0] * (proposed < asked and proposed < k)
+        hits = min(accepted, proposed, k)
+        accepted_ = [1.0] * hits + [0.0] * (accepted < proposed and accepted < k)
+        state.supplied = self._learn(state.supply, state.supplied, supplied,
+                                     self.supply_prior, self.supply_observed, 1.0)
+        state.known = self._learn(state.accept, state.known, accepted_, self.prior,
+                                  self.observed, self.initial)
+        seen = bool(supplied or accepted_)  # a miss tells too: the lookups come up empty
+        self.probe_saw |= seen
         if state.probing and seen:  # did the probe pay (bring speculation back)? else wait
-            state.probing = False  # longer. One that proposed nothing (no match) tells nothing
+            state.probing = False  # longer
             rates = self.rates(state, self.max_draft_len)
             self.wait = self.probe_after if max(rates[1:]) >= self.min_gain else min(
                 2 * self.wait, self.max_wait)
+
+
+    def _learn(self, values: list[float], known: int, outcomes: Sequence[float],
+               prior: list[float], observed: list[int], initial: float) -> int:
+        """One request's EMA ``values`` (its first ``known`` positions estimated) and the
+        process-wide ``prior`` learn ``outcomes`` (0/1 at positions 1, 2, …); returns the
+        positions now known."""
+        if len(outcomes) > known:  # new positions start from what the request assumed of them
+            del values[known:]
+            values += [values[-1] if values else initial] * (len(outcomes) - len(values))
+            known = len(outcomes)
+        for j, x in enumerate(outcomes):
+            values[j] += self.rate * (x - values[j])
+            # the prior: a running mean (the initial guess counts as prior_weight
+            # observations, so a few lucky rounds do not make every new request bold) until it
+            # is as slow as its EMA
+            observed[j] += 1
+            prior[j] += max(self.prior_rate, 1 / (observed[j] + self.prior_weight)) \
+                * (x - prior[j])
+        return known
 
 
 def relative_costs(target_cost: Sequence[float], n: int) -> list[float]:

@@ -265,7 +265,7 @@ class SpecExecutor:
         for row, b in enumerate(live):
             r, a = reqs[b], num_accepted[row]
             if chooser is not None and r.adaptive is not None:
-                chooser.update(r.adaptive, n_draft[b], a)
+                chooser.update(r.adaptive, n_draft[b], a, draft_len[b])
             kept = r.commit(emitted[row][: a + 1])
             r.stats.record_round(n_draft[b], a, len(kept), draft_len[b])
             if r.finish_reason is None:
