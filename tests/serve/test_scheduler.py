@@ -561,6 +561,36 @@ def test_a_long_prompt_is_admitted_in_chunks_while_the_others_decode() -> None:
     scheduler.run_until_idle()
 
 
+@pytest.mark.parametrize(("length", "calls"), [(5, 1), (6, 2), (9, 2), (10, 3)])
+def test_a_prompt_s_short_tail_joins_the_chunk_before_it(length: int, calls: int) -> None:
+    """Chunks of 4 beside a decoding stream: a tail under half a chunk (1 of a 5- or
+    9-token prompt) comes in with the chunk before it, a tail of 2 gets a call of its own;
+    the prompt's first token is the one it gets alone."""
+    executor = toy_executor("none")
+    score, prefills = executor.target.score, []
+
+    def counted(tokens, last_only=False):
+        if last_only:
+            prefills.append(sum(len(t) for t in tokens))
+        return score(tokens, last_only)
+
+    executor.target.score = counted
+    scheduler = Scheduler(executor, slots=2, prefill_chunk=4)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)
+    running = scheduler.submit([1, 2], params.model_copy(update={"max_tokens": 50}))
+    while not running.token_ids:
+        scheduler.step()
+    prefills.clear()
+    prompt = [(3 * i) % 20 + 1 for i in range(length)]
+    ticket = scheduler.submit(prompt, params)
+    while not ticket.done.is_set():
+        scheduler.step()
+    assert len(prefills) == calls and sum(prefills) == length and max(prefills) < 6
+    assert ticket.token_ids == toy_executor("none").generate([prompt], params)[0].token_ids
+    scheduler.cancel(running)
+    scheduler.run_until_idle()
+
+
 def test_sampling_stays_exact_with_chunked_admissions_in_flight() -> None:
     """Chi-square against the exact continuation probabilities: 2,000 seeded requests of a
     7-token prompt (order-3 target, a sampling draft model, D = 3, T = 0.9), one a step,

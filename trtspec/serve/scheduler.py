@@ -28,7 +28,10 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 Medusa or EAGLE heads prompts are prefilled whole (their heads read the hidden
                 states of the prompt's one scoring call); a draft model prefills its own copy
                 of the prompt whole when the target's last chunk is in (its cost, outside the
-                budget)
+                budget). A prompt's tail shorter than half a chunk joins the chunk before it
+                (a 40-token prompt is one call, not 32 and 8: a one-row call's cost hardly
+                depends on its width, and requests that speculation desynchronises are
+                admitted one by one, beside rounds)
 * failure       a prompt chunk that raises ends that request alone; a round that raises
                 before it committed anything is run again row by row, and a row that fails
                 alone ends that request alone (with an EAGLE head, whose state a failed
@@ -315,6 +318,8 @@ class Scheduler(Slots):
             assert ticket is not None and ticket.request is not None
             todo = len(ticket.prompt) - ticket.prefilled
             n = todo if whole else min(todo, left)
+            if chunk is not None and 0 < todo - n < chunk / 2 and used + todo <= budget:
+                n = todo  # a short tail joins this call: one call costs about the same
             if n <= 0 or (whole and used and n > left):  # heads: one whole prompt past it
                 break
             feed: list[list[int]] = [[] for _ in range(self.slots)]
