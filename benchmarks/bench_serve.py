@@ -329,6 +329,22 @@ def replace_section(path: Path, title: str, text: str) -> None:
     path.write_text(new.strip("\n") + "\n")
 
 
+def merged(runs: list[dict[str, float]]) -> dict[str, float]:
+    """One cell's runs: the median tok/s and ratio, the ratio's range, the mean D and AL."""
+    ratios = sorted(r["ratio"] for r in runs)
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    speeds = sorted(r["tok_s"] for r in runs)
+    return {"tok_s": speeds[mid] if len(speeds) % 2 else (speeds[mid - 1] + speeds[mid]) / 2,
+            "ratio": median, "low": ratios[0], "high": ratios[-1], "runs": len(runs),
+            **{k: sum(r[k] for r in runs) / len(runs) for k in ("mean_d", "al", "tpot50")}}
+
+
+def spread(row: dict[str, float]) -> str:
+    """`` [low–high]`` of a cell run more than once, else nothing."""
+    return f" [{row['low']:.2f}–{row['high']:.2f}]" if row["runs"] > 1 else ""
+
+
 def hf_reference(lm, prompts, max_tokens: int) -> float:
     """HF generate, greedy, one request at a time: output tokens/s."""
     tokens, start = 0, time.perf_counter()
@@ -349,6 +365,10 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=2,
                         help="prompts per built-in category (4 categories a group)")
     parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each (group, clients) block, plain and every policy "
+                        "back to back in each; a cell's ratio is the median of its runs' "
+                        "ratios to the same run's plain decoding")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
                         help="the speculative policies to run (plain always runs)")
     parser.add_argument("--groups", nargs="+", choices=list(GROUPS), default=list(GROUPS),
@@ -405,19 +425,23 @@ def main() -> None:
     cost_s = time.perf_counter() - t0
     clients_list = (1, 2) if args.quick else tuple(args.clients)
     policies = POLICIES[:1] + POLICIES[-2:] if args.quick else tuple(args.policies)
-    rows: dict[tuple[str, int, str, str], dict[str, float]] = {}
+    runs: dict[tuple[str, int, str, str], list[dict[str, float]]] = {}
     for group, prompts in sets.items():
         for clients in clients_list:
-            for method, policy in [("plain", "plain"), *((m, p) for m in ("ngram", "suffix")
-                                                         for p in policies)]:
-                r = cell(runner, prompts, params[: len(prompts)], method, policy, clients,
-                         (curve, rounds), 2 if args.quick else 16)
-                rows[group, clients, method, policy] = r
-                (args.out.with_suffix(".json")).write_text(json.dumps(
-                    [[list(k), v] for k, v in rows.items()]))  # what is measured is kept
-                print(f"{group} c={clients} {method} {policy}: {r['tok_s']:.1f} tok/s "
-                      f"({r['tok_s'] / rows[group, clients, 'plain', 'plain']['tok_s']:.2f}×)",
-                      flush=True)
+            for _ in range(max(1, args.repeats)):
+                for method, policy in [("plain", "plain"), *(
+                        (m, p) for m in ("ngram", "suffix") for p in policies)]:
+                    r = cell(runner, prompts, params[: len(prompts)], method, policy, clients,
+                             (curve, rounds), 2 if args.quick else 16)
+                    r["ratio"] = r["tok_s"] / (runs[group, clients, "plain", "plain"][-1]
+                                               ["tok_s"] if method != "plain" else r["tok_s"])
+                    runs.setdefault((group, clients, method, policy), []).append(r)
+                    (args.out.with_suffix(".json")).write_text(json.dumps(
+                        [[list(k), v] for k, v in runs.items()]))  # what is measured is kept
+                    print(f"{group} c={clients} {method} {policy}: {r['tok_s']:.1f} tok/s "
+                          f"({r['ratio']:.2f}×)", flush=True)
+    rows = {key: merged(rs) for key, rs in runs.items()}
+    repeats = max(1, args.repeats)
     first = next(iter(sets))
     hf = hf_reference(lm, sets[first], max_tokens)
     table = "\n".join(f"| {b} | " + " ".join(f"{ms / measured[1][1]:.2f}" for ms in ws.values())
@@ -431,9 +455,13 @@ def main() -> None:
         f"cost curve and round cost measured in {cost_s:.0f} s); "
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads. "
         "Each cell's executor first generates 16 tokens for two of its prompts (the adaptive "
-        "prior then holds what a running server's would, not a cold start's guess). One run; "
-        "each (category, clients) group runs its policies back to back. Absolute times on a "
-        "shared machine are noisy, ratios less so.", "",
+        "prior then holds what a running server's would, not a cold start's guess). "
+        + ("One run; each (category, clients) group runs its policies back to back. "
+           if repeats == 1 else
+           f"{repeats} runs of each (category, clients) group, each running plain decoding "
+           "and its policies back to back; a ratio is the median of the runs' ratios to the "
+           "same run's plain decoding, [lowest – highest] beside it (tok/s: the median). ")
+        + "Absolute times on a shared machine are noisy, ratios less so.", "",
         "*× plain* = output tokens/s over plain decoding's at the same category and clients. "
         "*per request*: each request's D from its own acceptance and the one-row cost curve; "
         "*batch-aware*: one width per round from every running row's acceptance and the round "
@@ -447,7 +475,7 @@ def main() -> None:
             for c in clients_list:
                 r, base = rows[group, c, method, policy], rows[group, c, "plain", "plain"]
                 cells.append(f"{r['tok_s']:.1f} tok/s" if method == "plain" else
-                             f"{r['tok_s'] / base['tok_s']:.2f}× (D̄ {r['mean_d']:.1f}, "
+                             f"{r['ratio']:.2f}×{spread(r)} (D̄ {r['mean_d']:.1f}, "
                              f"AL {r['al']:.2f})")
             lines.append(f"| {method} | {policy} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -460,13 +488,14 @@ def main() -> None:
             for method in ("ngram", "suffix"):
                 if (group, c, method, "adaptive, batch-aware") not in rows:
                     continue  # --policies without it
-                ba = rows[group, c, method, "adaptive, batch-aware"]["tok_s"]
+                ba_r = rows[group, c, method, "adaptive, batch-aware"]
+                ba = ba_r["tok_s"]
                 fixed = {p: rows[group, c, method, p]["tok_s"] for p in policies
                          if p.startswith("D =")} or {"plain": base}
                 best = max(fixed, key=fixed.__getitem__)
                 best_t = max(fixed[best], base)
                 per = rows.get((group, c, method, "adaptive, per request"), {}).get("tok_s")
-                lines.append(f"| {group} | {c} | {method} | {ba / base:.2f}× | "
+                lines.append(f"| {group} | {c} | {method} | {ba_r['ratio']:.2f}×{spread(ba_r)} | "
                              f"{best if fixed[best] >= base else 'plain'} | {ba / best_t:.2f}× "
                              f"| {'—' if per is None else f'{ba / per:.2f}×'} |")
     lines += ["", "*best fixed* is the best of plain and the fixed D at that cell (choosing "
