@@ -591,6 +591,38 @@ def test_a_prompt_s_short_tail_joins_the_chunk_before_it(length: int, calls: int
     scheduler.run_until_idle()
 
 
+def test_a_draft_model_takes_the_prompt_in_chunks_as_the_target_does() -> None:
+    """Chunks of 2 beside a decoding stream: the draft model's cache takes each chunk the
+    target took, never the whole prompt in one call, and the request's output is the one it
+    gets alone (a seeded sample through the draft's q: its cache must hold the prompt)."""
+    executor = toy_executor("draft_model")
+    draft = executor.proposer.runner
+    score, fed, admitting = draft.score, [], []
+
+    def counted(tokens, last_only=False):
+        if admitting and not admitting[0].token_ids and tokens[1]:  # slot 1, until its
+            fed.append(len(tokens[1]))  # first token
+        return score(tokens, last_only)
+
+    draft.score = counted
+    scheduler = Scheduler(executor, slots=2, prefill_chunk=2)
+    params = SamplingParams(temperature=0.8, seed=7, max_tokens=12, ignore_eos=True)
+    running = scheduler.submit([1, 2], params.model_copy(update={"max_tokens": 60}))
+    while not running.token_ids:
+        scheduler.step()
+    prompt = [(3 * i) % 20 + 1 for i in range(9)]
+    ticket = scheduler.submit(prompt, params)
+    admitting.append(ticket)
+    while not ticket.token_ids:
+        scheduler.step()
+    assert fed == [2, 2, 2, 2, 1]  # 9 tokens, as the target took them (no whole prompt)
+    scheduler.run_until_idle()
+    assert ticket.token_ids == toy_executor("draft_model").generate([prompt], params
+                                                                     )[0].token_ids
+    scheduler.cancel(running)
+    scheduler.run_until_idle()
+
+
 def test_sampling_stays_exact_with_chunked_admissions_in_flight() -> None:
     """Chi-square against the exact continuation probabilities: 2,000 seeded requests of a
     7-token prompt (order-3 target, a sampling draft model, D = 3, T = 0.9), one a step,

@@ -26,12 +26,12 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 two (reports/bench-serve.md, "Admission"); 512 on a GPU, not measured here];
                 with none decoding, no stream waits, so prompts take the whole budget. With
                 Medusa or EAGLE heads prompts are prefilled whole (their heads read the hidden
-                states of the prompt's one scoring call); a draft model prefills its own copy
-                of the prompt whole when the target's last chunk is in (its cost, outside the
-                budget). A prompt's tail shorter than half a chunk joins the chunk before it
-                (a 40-token prompt is one call, not 32 and 8: a one-row call's cost hardly
-                depends on its width, and requests that speculation desynchronises are
-                admitted one by one, beside rounds)
+                states of the prompt's one scoring call); a draft model takes each chunk
+                into its own cache right after the target's (its cost, outside the budget;
+                its cache is checked at the first). A prompt's tail shorter than half a
+                chunk joins the chunk before it (a 40-token prompt is one call, not 32 and
+                8: a one-row call's cost hardly depends on its width, and requests that
+                speculation desynchronises are admitted one by one, beside rounds)
 * failure       a prompt chunk that raises ends that request alone; a round that raises
                 before it committed anything is run again row by row, and a row that fails
                 alone ends that request alone (with an EAGLE head, whose state a failed
@@ -324,8 +324,11 @@ class Scheduler(Slots):
                 break
             feed: list[list[int]] = [[] for _ in range(self.slots)]
             feed[slot] = ticket.prompt[ticket.prefilled: ticket.prefilled + n]
+            take = getattr(self.executor.proposer, "admit_chunk", None)  # a draft model
             try:
                 logits = self.executor.target.score(feed, last_only=True)[slot, 0]  # [V]
+                if take is not None:  # takes the same chunk into its own cache
+                    take(slot, ticket.prompt, ticket.prefilled, ticket.prefilled + n)
             except Exception as e:  # this prompt's own call: its request ends alone (its
                 self._row_failed(slot, e)  # row is emptied as the slot is freed)
                 continue

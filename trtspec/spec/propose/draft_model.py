@@ -48,6 +48,8 @@ class DraftModelProposer:
     def admit(self, row: int, prompt: Sequence[int], kept: int = 0) -> None:
         from trtspec.runtime import admit_row
 
+        if not kept and self._valid[row] == len(prompt) == self.runner.lengths()[row]:
+            return  # its chunks are in (admit_chunk)
         if kept and self._valid[row] >= kept:  # the row holds the prompt's first kept tokens
             lengths = self.runner.lengths()  # (release with keep): the next proposal
             lengths[row] = self._valid[row] = kept  # catches up from there, as after a
@@ -55,6 +57,28 @@ class DraftModelProposer:
             return
         admit_row(self.runner, row, self._inputs(prompt))
         self._valid[row] = len(prompt)
+
+    def admit_chunk(self, row: int, prompt: Sequence[int], start: int, end: int) -> None:
+        """The target just scored ``prompt[start:end]`` in ``row``, one chunk of a chunked
+        admission: the draft takes the same chunk in, so its prefill is chunked as the
+        target's is (a whole one would stall every stream for it) and :meth:`admit` finds
+        the prompt in. The first chunk empties the row and checks that the draft's cache can
+        hold the prompt (a runner that can say so: ``reserve``), before any work. A chunk
+        that does not follow what the row holds (a kept prompt's last token) is left to
+        :meth:`admit`."""
+        lengths = self.runner.lengths()
+        if start == 0:
+            lengths[row] = self._valid[row] = 0
+            self.runner.rollback(lengths)
+            reserve = getattr(self.runner, "reserve", None)  # the compiled runner
+            if reserve is not None:
+                reserve(len(prompt) + 1, gradual=True)
+        elif self._valid[row] != start or lengths[row] != start:
+            return
+        feed: list[list[int]] = [[] for _ in lengths]
+        feed[row] = self._inputs(prompt[start:end])
+        self.runner.score(feed, last_only=True)
+        self._valid[row] = end
 
     def release(self, row: int, keep: int = 0) -> None:
         lengths = self.runner.lengths()
