@@ -565,7 +565,7 @@ def test_a_long_prompt_is_admitted_in_chunks_while_the_others_decode() -> None:
 def test_a_prompt_s_short_tail_joins_the_chunk_before_it(length: int, calls: int) -> None:
     """Chunks of 4 beside a decoding stream: a tail under half a chunk (1 of a 5- or
     9-token prompt) comes in with the chunk before it, a tail of 2 gets a call of its own;
-    the prompt's first token is the one it gets alone."""
+    the request's output is the one it gets alone (its prompt's logits are one prefill's)."""
     executor = toy_executor("none")
     score, prefills = executor.target.score, []
 
@@ -588,6 +588,34 @@ def test_a_prompt_s_short_tail_joins_the_chunk_before_it(length: int, calls: int
     assert len(prefills) == calls and sum(prefills) == length and max(prefills) < 6
     assert ticket.token_ids == toy_executor("none").generate([prompt], params)[0].token_ids
     scheduler.cancel(running)
+    scheduler.run_until_idle()
+
+
+def test_a_tail_waits_when_the_chunk_before_it_went_to_another_prompt() -> None:
+    """Chunks of 4: a 4-token prompt takes this step's chunk; a 1-token prompt admitted
+    beside it (a tail of nothing but itself) waits for the next step, not an extra call."""
+    executor = toy_executor("none")
+    score, steps = executor.target.score, [[]]
+
+    def counted(tokens, last_only=False):
+        if last_only:
+            steps[-1].append(sum(len(t) for t in tokens))
+        return score(tokens, last_only)
+
+    executor.target.score = counted
+    scheduler = Scheduler(executor, slots=3, prefill_chunk=4)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)
+    running = scheduler.submit([1, 2], params.model_copy(update={"max_tokens": 50}))
+    while not running.token_ids:
+        scheduler.step()
+    first, second = scheduler.submit([3, 4, 5, 6], params), scheduler.submit([7], params)
+    steps.clear()
+    while not second.token_ids:
+        steps.append([])
+        scheduler.step()
+    assert steps == [[4], [1]] and first.token_ids
+    for t in (running, first, second):
+        scheduler.cancel(t)
     scheduler.run_until_idle()
 
 

@@ -151,23 +151,25 @@ def test_the_batch_aware_chooser_by_hand() -> None:
 
 def test_a_miss_lowers_the_supply_and_a_round_that_gets_nothing_costs_plain() -> None:
     """(asked, proposed, accepted) by hand, at rate 0.5: asked 4 and got nothing: s₁ = 1 −
-    0.5 = 0.5, acceptance untouched. Asked 4, got 2, kept 1: s = (0.75, 0.75, 0.25) (positions
-    2 and 3 start from s₁'s 0.5), a = (0.75, 0.25, 0.5, 0.5). E[emitted | D] = 1 + s₁a₁ +
-    s₁a₁·s₂a₂ + … = 1, 1.5625, 1.66796875, 1.681152…; one row at t(T) = 1 + 0.1 (T − 1) costs
-    (1 − s₁) + s₁ (1 + 0.1 D)."""
+    0.5 = 0.5, acceptance untouched. Asked 4, got 2, kept 1: s = (0.75, 1, 0.5) (positions 2
+    and 3 start from 1: a match mostly goes on), a = (0.75, 0.25, 0.5, 0.5). E[emitted | D] =
+    1 + s₁a₁ + s₁a₁·s₂a₂ + … = 1, 1.5625, 1.703125, 1.73828125. One row at t(T) = 1 + 0.1 (T −
+    1): r = P(≥ k drafts) = (1, 0.75, 0.75, 0.375), so E[time | D] = Σ_k (r_k − r_{k+1})·t(k +
+    1) = 1, 1.075, 1.15, 1.1875 (the round that got no draft costs a plain one)."""
     chooser_ = AdaptiveDraft(4, [1 + 0.1 * t for t in range(5)], rate=0.5)
     s = state(0.5, 0.5, 0.5, 0.5)
     chooser_.update(s, 0, 0, asked=4)
     assert s.supply == [0.5] and s.accept == [0.5] * 4
+    assert s.supply_at(2) == 1.0  # past s₁ and nothing observed there: a match goes on
     chooser_.update(s, 2, 1, asked=4)
-    assert s.supply == [0.75, 0.75, 0.25] and s.accept == [0.75, 0.25, 0.5, 0.5]
-    emitted = [1, 1.5625, 1.5625 + 0.5625 * 0.1875,
-               1.5625 + 0.5625 * 0.1875 + 0.5625 * 0.1875 * 0.125]
+    assert s.supply == [0.75, 1.0, 0.5] and s.accept == [0.75, 0.25, 0.5, 0.5]
+    assert s.reach(3) == [1.0, 0.75, 0.75, 0.375]
+    emitted = [1, 1.5625, 1.703125, 1.73828125]
     assert chooser_.emitted(s, 3) == pytest.approx(emitted)
     assert chooser_.rates(s, 3) == pytest.approx(
-        [e / (0.25 + 0.75 * (1 + 0.1 * d)) for d, e in enumerate(emitted)])
+        [e / t for e, t in zip(emitted, [1, 1.075, 1.15, 1.1875], strict=True)])
     chooser_.update(s, 3, 3, asked=3)  # all asked were proposed: nothing short to learn
-    assert s.supply == pytest.approx([0.875, 0.875, 0.625]) and s.supplied == 3
+    assert s.supply == pytest.approx([0.875, 1.0, 0.75]) and s.supplied == 3
     # two rows asked for drafts, one whose lookups never come up (s₁ = 0) and one that gets
     # them half the time: P₀ = 1 · 0.5, so a round costs 0.5 · 1 + 0.5 · t(2, W + 1)/t(2, 1)
     batch = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS))
@@ -178,14 +180,43 @@ def test_a_miss_lowers_the_supply_and_a_round_that_gets_nothing_costs_plain() ->
     assert batch.round_rates([never, never], [4, 4], 2) == pytest.approx([1.0] * 5)
 
 
+def test_a_round_costs_the_drafts_its_rows_get() -> None:
+    """Two rows asked for 2 drafts: A gets one at all half the time and then both (s = 0.5,
+    1), B always one and the second half the time (s = 1, 0.5). P(widest ≤ 0) = 0.5 · 0 = 0,
+    P(widest ≤ 1) = (1 − 0.5)(1 − 0.5) = 0.25: E[time] = 0.25 · t(2, 2)/t(2, 1) + 0.75 ·
+    t(2, 3)/t(2, 1) = (0.5 + 1.65)/1.2, not t(2, 3)/t(2, 1) as if both got what they asked.
+    A probe's expected cost counts the rounds that get nothing as plain."""
+    chooser_ = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS))
+    a, b = state(0.5), state(0.5)
+    a.supply, b.supply = [0.5, 1.0], [1.0, 0.5]
+    assert chooser_.expected_time([a, b], [2, 2], 2) == pytest.approx((0.5 + 1.65) / 1.2)
+    assert chooser_.expected_time([a, b], [0, 0], 2) == 1.0
+    never = state(0.5)
+    never.supply = [0.0]
+    assert chooser_.expected_time([a, never], [1, 1], 2) == pytest.approx(0.5 + 0.5 * 2 / 1.2)
+
+
+def test_a_probe_that_misses_is_judged() -> None:
+    """Batch-aware, told what was asked: a probe whose lookups found nothing lowered s₁, so
+    the next choice judges it (still plain: the wait doubles)."""
+    a, b = state(0.5, 0.5, 0.5, 0.5), state(0.0, 0.0, 0.0, 0.0)
+    chooser_ = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), probe_after=2,
+                             max_wait=8, probe_budget=1.0)
+    assert [chooser_.choose_round([a, b], [4, 4], 2) for _ in range(3)] == [
+        [0, 0], [0, 0], [1, 1]]
+    chooser_.update(a, 0, 0, asked=1)
+    chooser_.update(b, 0, 0, asked=1)
+    assert chooser_.choose_round([a, b], [4, 4], 2) == [0, 0] and chooser_.wait == 4
+
+
 def test_lookups_that_mostly_miss_decode_plainly() -> None:
     """A lookup that proposes 4 drafts in one round of 10 (its first kept, its second
     rejected), else nothing. Learnt without the misses (as if every ask were proposed), a₁ = 1
     and 4 rows draft one token a round: 2 / (t(4, 2)/t(4, 1) = 1.65/1.15) = 1.39. Learnt from
-    what was asked, s₁ swings between 0.01 after nine misses and 0.31 just after a hit; at its
-    highest a round emits 1 + s₁ = 1.31 a row, P₀ = 0.69⁴ = 0.23 of rounds are plain and the
-    rest cost 1.43: 1.31 / (0.23 + 0.77 · 1.43) = 0.98 < 1.02, so it never drafts (the best
-    W's rate stays in 0.95 … 0.99)."""
+    what was asked, s₁ swings between 0.01 after nine misses and 0.31 just after a hit; a
+    round asking one draft a row emits 1 + s₁ a row and costs P₀ + (1 − P₀)·1.43 with P₀ =
+    (1 − s₁)⁴, so its rate (1 + s₁)/(P₀ + (1 − P₀)·1.43) is below 1 for every s₁ > 0 (0.95 …
+    0.99 over these rounds, W = 1 the best each time): it never drafts."""
     rounds = RoundCost({b: {w: 1 + 0.05 * (b - 1) + 0.5 * b * (w - 1) / 4 for w in range(1, 6)}
                         for b in range(1, 5)})
     aware, blind = (AdaptiveDraft(4, FLAT, round_cost=rounds) for _ in range(2))
@@ -271,6 +302,12 @@ def test_the_round_clock_by_hand() -> None:
     assert short.get(1, 3) is None
     times(short, 1, 3, 0.2)
     assert short.relative(1, 3, model) == pytest.approx(2.0)
+    misses = RoundClock()  # width 0: rounds asked for drafts that got none, apart from
+    times(misses, 4, 1, 0.1, 0.1, 0.1)  # plain ones (their lookups cost), never scaled
+    assert misses.relative(4, 0, lambda b, w: 1.0) == 1.0  # not timed yet: a plain round
+    times(misses, 4, 0, 0.12, 0.12, 0.12)
+    assert misses.relative(4, 0, lambda b, w: 1.0) == pytest.approx(1.2)
+    assert misses.relative(4, 3, model) == pytest.approx(1.2)  # no scale from width 0
 
 
 def test_a_timed_chooser_stops_drafting_where_rounds_cost_more_than_the_table_says() -> None:
@@ -309,6 +346,10 @@ def test_the_executor_times_its_rounds_into_a_timed_chooser() -> None:
     ex.generate([[1, 2, 1, 2]] * 2, SamplingParams(max_tokens=20, ignore_eos=True))
     assert chooser_.clock is not None and (2, 1) in chooser_.clock.seconds
     assert all(t > 0 for t in chooser_.clock.seconds.values())
+    missing = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), timed=True, initial=1.0)
+    SpecExecutor(ToyRunner(target), NgramProposer(3, 3), 4, adaptive=missing).generate(
+        [[1, 2, 3, 4, 5]], SamplingParams(max_tokens=12, ignore_eos=True))  # no repeats:
+    assert missing.clock is not None and (1, 0) in missing.clock.timed_at  # misses
     assert chooser(  # what a build's measured costs give: a timed chooser
         "ngram", 4, CostCurve(target={1: 1.0, 2: 1.1}, rounds=TOY_ROUNDS)).clock is not None
 

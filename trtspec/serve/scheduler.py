@@ -18,8 +18,9 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 leaves it its chunk (at most half the budget) and has its D cut to fit
                 (adaptive too: the chooser chooses within it). Two exceptions: a round feeds
                 every row at least one token, and with heads one whole prompt may pass it
-* chunk         ``prefill_chunk``: the most prompt tokens one step prefills while requests
-                are decoding, over all the requests being admitted, first come first served
+* chunk         ``prefill_chunk``: the prompt tokens one step prefills while requests are
+                decoding, over all the requests being admitted, first come first served (at
+                most a chunk, and a tail below: under 1.5 chunks)
                 [default: 32 on a CPU: of 16, 32 and 64 (one run each) the smallest largest
                 gap, 3.5× the median, and half the TTFT of 16; a one-row call
                 costs about a decode round whatever its width, so an admitting step is about
@@ -29,9 +30,11 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 states of the prompt's one scoring call); a draft model takes each chunk
                 into its own cache right after the target's (its cost, outside the budget;
                 its cache is checked at the first). A prompt's tail shorter than half a
-                chunk joins the chunk before it (a 40-token prompt is one call, not 32 and
-                8: a one-row call's cost hardly depends on its width, and requests that
-                speculation desynchronises are admitted one by one, beside rounds)
+                chunk joins the chunk before it in the same call (a 40-token prompt is one
+                call, not 32 and 8: on the CPU a one-row call of up to 64 tokens costs
+                about a round whatever its width, and requests that speculation
+                desynchronises are admitted one by one, beside rounds; on a GPU, chunk 512,
+                not measured)
 * failure       a prompt chunk that raises ends that request alone; a round that raises
                 before it committed anything is run again row by row, and a row that fails
                 alone ends that request alone (with an EAGLE head, whose state a failed
@@ -307,10 +310,10 @@ class Scheduler(Slots):
         self.executor.target.rollback(lengths)
 
     def _prefill(self, budget: int, chunk: int | None) -> int:
-        """Feed prompt chunks, first admitted first, at most ``chunk`` tokens in all and
-        ``budget``, one row a call (a call pads its rows to the longest); a prompt whose last
-        chunk is in gets its first token. Heads prefill whole prompts. Returns the tokens
-        fed."""
+        """Feed prompt chunks, first admitted first, at most ``chunk`` tokens in all (and a
+        tail under half a chunk, module docstring) and ``budget``, one row a call (a call pads
+        its rows to the longest); a prompt whose last chunk is in gets its first token. Heads
+        prefill whole prompts. Returns the tokens fed."""
         whole = self._heads
         left, used = min(budget, self.max_num_tokens if chunk is None else chunk), 0
         for slot in self._prefilling():
@@ -318,7 +321,8 @@ class Scheduler(Slots):
             assert ticket is not None and ticket.request is not None
             todo = len(ticket.prompt) - ticket.prefilled
             n = todo if whole else min(todo, left)
-            if chunk is not None and 0 < todo - n < chunk / 2 and used + todo <= budget:
+            if chunk is not None and n > 0 and 0 < todo - n < chunk / 2 and \
+                    used + todo <= budget:
                 n = todo  # a short tail joins this call: one call costs about the same
             if n <= 0 or (whole and used and n > left):  # heads: one whole prompt past it
                 break

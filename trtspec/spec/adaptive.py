@@ -17,29 +17,33 @@ lookup with no match proposes nothing, one with a short match fewer tokens. So a
 has a supply s_j = P(the proposer gives position j | it gave position j − 1 and was asked for
 j), and a row asked for D drafts emits on average
 
-    E[emitted | D] = 1 + Σ_{i=1..D} Π_{j≤i} s_j · a_j,
+    E[emitted | D] = 1 + Σ_{i=1..D} Π_{j≤i} s_j · a_j
 
-(a draft model always proposes: s_j = 1, and this is the formula above). A round in which no
-row proposed anything scores one token a row, a plain round; so a round asking W of rows
-whose supplies at position 1 are s_1^(i) costs on average
+(a draft model always proposes: s_j = 1, and this is the formula above). Its round costs what
+a round of the drafts it got costs: with r_k = Π_{j≤k} s_j = P(it gets ≥ k drafts),
 
-    P₀ · 1 + (1 − P₀) · time(W),   P₀ = Π_i (1 − s_1^(i))
+    E[time | D] = Σ_{k=0..D} (r_k − r_{k+1}) · time(k),   r_0 = 1, r_{D+1} = 0,
 
-(over the rows asked for drafts), an upper bound: a round whose rows proposed fewer than W
-tokens is scored narrower. Counting a miss as a rejection alone (as a_j) would price it as a
-round of the asked width; leaving it out (as trtspec did before) prices it as a proposal that
-is accepted as often as real ones, and on open-ended prompts, where lookups mostly miss, the
-chooser drafted where it lost 4–18 % of plain decoding's throughput.
+where time(0), a round that got no draft, is a plain round plus the lookups that found nothing
+(1 until such rounds were timed, below). Counting a miss as a rejection alone (as a_j) would
+price it as a round of the asked width; leaving it out (as trtspec did before) prices it as a
+proposal accepted as often as real ones, and on open-ended prompts, where lookups mostly miss,
+the chooser drafted where it lost (0.82–0.96× plain at 4–16 clients, one run a cell:
+reports/bench-serve-clients.md, "Run 2").
 
 Estimates: a_j and s_j are exponential moving averages per position, updated after each
 round from (asked, proposed, accepted): positions 1..proposed were supplied (1) and position
 proposed + 1 was not (0) when proposed < asked; positions 1..a were accepted (1) and position
 a + 1 was rejected (0) when a < proposed; later positions were not observed. A new request
 starts from a process-wide prior, itself a slower EMA of every request's observations (at
-first a running mean in which the initial guess counts as ``prior_weight`` observations; 1
-for the supply), so an open-ended workload learns fast. A position not observed yet (by the
-request, or by anyone for the prior) takes the estimate of the last one observed before it,
-as under i.i.d. acceptance, so D can grow past what was tried.
+first a running mean in which the initial guess, ``initial`` for a_j and 1 for s_j, counts as
+``prior_weight`` observations), so an open-ended workload learns fast. An acceptance not
+observed yet (by the request, or by anyone for the prior) takes the estimate of the last one
+observed before it, as under i.i.d. acceptance, so D can grow past what was tried. A supply
+not observed yet takes the last one observed past position 1, else 1: s_1 is whether a lookup
+matches at all, s_j (j ≥ 2) whether a match goes on, which it mostly does; probes ask for one
+draft, so s_1 taken for every position would, after a few misses, rule out the widths that
+would teach otherwise.
 
 Probes: a request at D = 0 observes nothing, so after ``probe_after`` plain rounds (counted
 over all requests: the back-off is process-wide) the request whose turn it is drafts once, the
@@ -53,12 +57,15 @@ row at once, padded to the widest, so one row's D costs all of them. Each round 
 W ∈ {0 … K}; row i drafts D_i = min(W, cap_i) (cap_i: its budget), and W maximises the round's
 expected tokens per unit of time,
 
-    Σ_i E_i[emitted | D_i] / (P₀ · t(B, 1) + (1 − P₀) · (t(B, W + 1) + W · t_draft · t(B, 1))),
+    Σ_i E_i[emitted | D_i] / Σ_{k=0..W} P(the widest row gets k drafts) · time_B(k),
 
-against plain decoding's B / t(B, 1) (W = 0: plain decoding through the same verify()), with
-the same ``min_gain`` and probes as above (one probe is a round of all rows drafting one token
-each, the cheapest round that observes anything, and it also waits until its extra cost
-t(B, 2)/t(B, 1) − 1 is at most ``probe_budget`` of the plain rounds since the last: on the
+time_B(k) = (t(B, k + 1) + k · t_draft · t(B, 1)) / t(B, 1) for k ≥ 1 and time_B(0) a round in
+which no row got a draft, P(widest ≤ k) = Π_i (1 − r^(i)_{k+1}) (rows taken as independent:
+where their lookups miss together, a round is cheaper than this says), against plain
+decoding's rate (W = 0: plain decoding through the same verify()), with the same
+``min_gain`` and probes as above (one probe is a round of all rows drafting one token each,
+the cheapest round that observes anything, and it also waits until its expected extra cost
+over a plain round is at most ``probe_budget`` of the plain rounds since the last: on the
 2-core CPU a 4-row probe costs ~0.8 of a round, so it waits ~40; the wait is judged by the next
 round that knows what a probe saw). t(B, W) is the round cost measured at build for B rows × W
 tokens, relative to t(1, 1); a draft model's step is assumed to grow with rows as the target's
@@ -76,8 +83,9 @@ how far the observed widths at those rows (else the nearest rows observed) were 
 At rows whose plain rounds were last timed ``refresh`` speculative rounds ago (or never), the
 next round is plain: it costs at most one round's gain in ``refresh`` and keeps the baseline
 it is judged against current. A round that did one-off work (grew the cache, swapped rows,
-compiled a graph) is not timed, nor one asked to draft that proposed nothing (an n-gram
-miss: its lookups are no plain round's), and on a GPU the clock waits for the queued work
+compiled a graph) is not timed; one asked to draft that proposed nothing (every row's lookup
+missed) is timed as width 0, time_B(0), apart from plain rounds (its lookups are no plain
+round's), and on a GPU the clock waits for the queued work
 before and after. What each round costs is then the time it took, not a model of
 it.
 
@@ -107,21 +115,32 @@ class AdaptiveState:
     known: int = 0  # leading positions with an estimate; later ones take a_known's
     probing: bool = False  # its last round was a probe
     supply: list[float] = field(default_factory=list)  # [j-1]: s_j, the EMA of P(position j
-    # proposed | position j − 1 was, j asked); none yet: 1 (what was asked is proposed)
-    supplied: int = 0  # leading positions with a supply estimate; later ones take s_supplied's
+    # proposed | position j − 1 was, j asked)
+    supplied: int = 0  # leading positions with a supply estimate
 
-    def factor(self, position: int) -> float:
-        """s_j · a_j at draft position j (1-based): what drafting it adds, given j − 1 kept."""
-        return _at(self.accept, position, 1.0) * _at(self.supply, position, 1.0)
+    def accept_at(self, position: int, initial: float = 0.6) -> float:
+        """a_j at 1-based ``position``: its own, else the last one's, else ``initial``."""
+        accept = self.accept
+        return accept[min(position, len(accept)) - 1] if accept else initial
+
+    def supply_at(self, position: int) -> float:
+        """s_j at 1-based ``position``: its own, else the last one's past position 1, else 1
+        (module docstring: s_1 is a match at all, later ones a match going on)."""
+        supply = self.supply
+        if position <= len(supply):
+            return supply[position - 1]
+        return supply[-1] if position > 1 and len(supply) > 1 else 1.0
+
+    def reach(self, drafts: int) -> list[float]:
+        """r_k = P(a round asking ``drafts`` gets ≥ k of them) for k = 0 … drafts."""
+        out = [1.0]
+        for j in range(1, drafts + 1):
+            out.append(out[-1] * self.supply_at(j))
+        return out
 
     def hit(self) -> float:
         """s_1: the chance that a round asking for drafts gets any."""
-        return _at(self.supply, 1, 1.0)
-
-
-def _at(values: Sequence[float], position: int, default: float) -> float:
-    """The estimate at 1-based ``position``: its own, else the last one's, else ``default``."""
-    return values[min(position, len(values)) - 1] if values else default
+        return self.supply_at(1)
 
 
 class RoundCost:
@@ -187,10 +206,11 @@ class RoundCost:
 
 
 class RoundClock:
-    """Seconds that rounds took in service: an EMA per (rows B, tokens per row W), and how
-    many speculative rounds ran at each B since its last plain one (see the module
-    docstring). A cell counts from its third round on, starting from the median of the
-    three (one cold round, a late compile, must not rule a width out); after that
+    """Seconds that rounds took in service: an EMA per (rows B, tokens per row W; W = 0 a
+    round asked for drafts that got none), and how many speculative rounds ran at each B
+    since its last plain one (see the module docstring). A cell counts from its third round
+    on, starting from the median of the three (one cold round, a late compile, must not rule
+    a width out); after that
     ``rate`` weighs the newest round, and one that took more than ``spike`` times the EMA
     counts as ``spike`` times it (a pause of the machine). ``refresh`` speculative rounds
     without a plain one at some B make the next round there plain, and so does a B whose
@@ -254,6 +274,8 @@ class RoundClock:
         plain, seen = self.get(rows, 1), self.get(rows, width)
         if plain is not None and seen is not None:
             return seen / plain
+        if width == 0:  # a round whose lookups all missed, not timed here yet: plain
+            return model(rows, width)
         return model(rows, width) * self._scale(rows, model)
 
     def _scale(self, rows: int, model: Callable[[int, int], float]) -> float:
@@ -320,16 +342,19 @@ class AdaptiveDraft:
         """E[emitted | D] for D = 0 … min(cap, K)."""
         out, run = [1.0], 1.0
         for d in range(1, min(cap, self.max_draft_len) + 1):
-            run *= state.factor(d)
+            run *= state.accept_at(d, self.initial) * state.supply_at(d)
             out.append(out[-1] + run)
         return out
 
     def rates(self, state: AdaptiveState, cap: int) -> list[float]:
         """Expected tokens per unit time (plain decoding = 1) for D = 0 … cap, one row: a
-        round that gets no drafts (a lookup's miss) costs a plain one."""
-        hit = state.hit()
-        return [e / (1 if d == 0 else 1 - hit + hit * (self.cost[d] + d * self.draft_cost))
-                for d, e in enumerate(self.emitted(state, cap))]
+        round costs what the drafts it gets cost (one that gets none, a plain round)."""
+        def time(d: int) -> float:
+            r = state.reach(d) + [0.0]
+            return sum((r[k] - r[k + 1]) * (self.cost[k] + k * self.draft_cost)
+                       for k in range(d + 1))
+
+        return [e / time(d) for d, e in enumerate(self.emitted(state, cap))]
 
     def round_rates(self, states: Sequence[AdaptiveState], caps: Sequence[int], rows: int
                     ) -> list[float]:
@@ -340,21 +365,36 @@ class AdaptiveDraft:
         out = []
         for w in range(max((len(e) for e in emitted), default=1)):
             ds = [min(w, len(e) - 1) for e in emitted]
-            width = max(ds, default=0)
             tokens = sum(e[d] for e, d in zip(emitted, ds, strict=True))
-            none = 1.0  # P₀: no row asked for drafts gets any, and the round is a plain one
-            for s, d in zip(states, ds, strict=True):
-                none *= 1 - s.hit() if d else 1.0
-            time = none + (1 - none) * self.round_time(rows, width + 1) if width else 1.0
-            out.append(tokens / len(emitted) / time)
+            out.append(tokens / len(emitted) / self.expected_time(states, ds, rows))
         return out
+
+    def expected_time(self, states: Sequence[AdaptiveState], drafts: Sequence[int], rows: int
+                      ) -> float:
+        """E[a round's time] over a plain round's at ``rows`` rows, row i asked for
+        ``drafts[i]``: Σ_k P(the widest row gets k drafts) · time_B(k) (module docstring)."""
+        width = max(drafts, default=0)
+        if not width:
+            return 1.0
+        reach = [s.reach(d) for s, d in zip(states, drafts, strict=True)]  # [i][k]: r_k
+        total, below = 0.0, 0.0  # below: P(widest ≤ k − 1)
+        for k in range(width + 1):
+            at_most = 1.0  # P(widest ≤ k) = Π_i P(row i gets ≤ k) = Π_i (1 − r_{k+1})
+            for r in reach:
+                at_most *= 1 - r[k + 1] if k + 1 < len(r) else 1.0
+            total += (at_most - below) * self.round_time(rows, k + 1 if k else 0)
+            below = at_most
+        return total
 
     def round_time(self, rows: int, width: int) -> float:
         """A round of ``width`` tokens in each of ``rows`` rows over a plain round (W = 1) at
         the same rows: (t(B, W) + (W − 1)·t_draft·t(B, 1)) / t(B, 1) from the round cost, or
-        what such rounds took here (:class:`RoundClock`)."""
+        what such rounds took here (:class:`RoundClock`). Width 0: a round asked for drafts
+        that got none (1, a plain round, until such rounds were timed)."""
         assert self.round_cost is not None
         cost = self.round_cost
+        if width == 0:
+            return 1.0 if self.clock is None else self.clock.relative(rows, 0, lambda b, w: 1.0)
 
         def model(b: int, w: int) -> float:
             step = cost.time(b, 1)
@@ -365,7 +405,8 @@ class AdaptiveDraft:
 
     def observe_round(self, rows: int, width: int, seconds: float) -> None:
         """The executor's word that a round of ``width`` tokens a row (the widest row's
-        drafts + 1) at ``rows`` rows took ``seconds``; ignored unless ``timed``."""
+        drafts + 1; 0: asked for drafts, got none) at ``rows`` rows took ``seconds``; ignored
+        unless ``timed``."""
         if self.clock is not None:
             self.clock.observe(rows, width, seconds)
 
@@ -379,12 +420,12 @@ class AdaptiveDraft:
         if len(rates) == 1 or (self.clock is not None and self.clock.stale(rows)):
             return [0] * len(caps)  # nothing to draft, or the baseline is due a timing
         best = max(range(1, len(rates)), key=rates.__getitem__)  # the best-looking W > 0
-        if self.probed and self.probe_saw:  # the probe's observations are in: did
-            self.probed = False  # speculating come back? (one that proposed nothing, an
-            self.wait = self.probe_after if rates[best] >= self.min_gain else min(  # n-gram
-                2 * self.wait, self.max_wait)  # miss, tells nothing: the next probe judges)
+        if self.probed and self.probe_saw:  # the probe's observations are in (a miss is
+            self.probed = False  # one: it lowered s_1): did speculating come back?
+            self.wait = self.probe_after if rates[best] >= self.min_gain else min(
+                2 * self.wait, self.max_wait)
         if rates[best] < self.min_gain:
-            extra = self.round_time(rows, 2) - 1
+            extra = self.expected_time(states, [min(1, c) for c in caps], rows) - 1
             if self.idle < max(self.wait, extra / self.probe_budget):  # a probe of many rows
                 self.idle += 1  # costs more: it waits until it is ≤ probe_budget of the time
                 return [0] * len(caps)
@@ -417,9 +458,9 @@ class AdaptiveDraft:
         hits = min(accepted, proposed, k)
         accepted_ = [1.0] * hits + [0.0] * (accepted < proposed and accepted < k)
         state.supplied = self._learn(state.supply, state.supplied, supplied,
-                                     self.supply_prior, self.supply_observed, 1.0)
+                                     self.supply_prior, self.supply_observed, state.supply_at)
         state.known = self._learn(state.accept, state.known, accepted_, self.prior,
-                                  self.observed, self.initial)
+                                  self.observed, lambda j: state.accept_at(j, self.initial))
         seen = bool(supplied or accepted_)  # a miss tells too: the lookups come up empty
         self.probe_saw |= seen
         if state.probing and seen:  # did the probe pay (bring speculation back)? else wait
@@ -430,13 +471,15 @@ class AdaptiveDraft:
 
 
     def _learn(self, values: list[float], known: int, outcomes: Sequence[float],
-               prior: list[float], observed: list[int], initial: float) -> int:
+               prior: list[float], observed: list[int], assumed: Callable[[int], float]
+               ) -> int:
         """One request's EMA ``values`` (its first ``known`` positions estimated) and the
-        process-wide ``prior`` learn ``outcomes`` (0/1 at positions 1, 2, …); returns the
-        positions now known."""
+        process-wide ``prior`` learn ``outcomes`` (0/1 at positions 1, 2, …); ``assumed(j)``:
+        what the request took position j for until now. Returns the positions now known."""
         if len(outcomes) > known:  # new positions start from what the request assumed of them
+            start = [assumed(j) for j in range(known + 1, len(outcomes) + 1)]
             del values[known:]
-            values += [values[-1] if values else initial] * (len(outcomes) - len(values))
+            values += start
             known = len(outcomes)
         for j, x in enumerate(outcomes):
             values[j] += self.rate * (x - values[j])

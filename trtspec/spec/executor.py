@@ -278,12 +278,12 @@ class SpecExecutor:
         if self.proposer is not None:
             self.proposer.observe(accepted)
         if clock:  # what this round took, for the next ones' choice: not a round that did
-            _settle(self.target)  # one-off work (grew the cache, swapped rows, compiled),
-            k = max(n_draft[b] for b in live)  # nor one that drafted nothing though asked
-            if self._one_offs() == one_offs and (  # (its lookups cost what no plain round
-                    k or not any(draft_len[b] for b in live)):  # does); B: the rows scored
-                chooser.observe_round(getattr(self.target, "last_scored", rows), k + 1,
-                                      time.perf_counter() - began)
+            _settle(self.target)  # one-off work (grew the cache, swapped rows, compiled);
+            k = max(n_draft[b] for b in live)  # one asked to draft that got nothing is
+            if self._one_offs() == one_offs:  # width 0 (its lookups are no plain round's)
+                width = k + 1 if k or not any(draft_len[b] for b in live) else 0
+                chooser.observe_round(getattr(self.target, "last_scored", rows), width,
+                                      time.perf_counter() - began)  # B: the rows scored
         return deltas
 
     def _one_offs(self) -> int:
