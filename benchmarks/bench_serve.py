@@ -13,8 +13,9 @@ them alike. Also TPOT p50, AL and mean D. HF ``generate`` runs the copy-heavy pr
 time beside it, as the reference a user has (the first group's prompts).
 
 ``--repeats N`` runs each (category, clients) block N times, plain decoding and the policies
-back to back in each (forward, then backward), and reports the median of each run's ratio to
-its own plain decoding with the range.
+back to back in each (forward, then backward: an even N balances linear drift, an odd N runs
+one direction once more), and reports the median of each run's ratio to its own plain
+decoding with the range.
 
 Writes reports/bench-serve.md. ``--quick`` runs the open-ended group, 1 prompt a category, 4
 tokens, clients 1 and 2,
@@ -403,6 +404,8 @@ def main() -> None:
                         "first]")
     parser.add_argument("--seed", type=int, default=0, help="--soak: seeds its requests and drops")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be ≥ 1, got {args.repeats}")
     if args.soak:
         sys.exit(soak(args))
     if args.admission:
@@ -431,8 +434,6 @@ def main() -> None:
     cost_s = time.perf_counter() - t0
     clients_list = (1, 2) if args.quick else tuple(args.clients)
     policies = POLICIES[:1] + POLICIES[-2:] if args.quick else tuple(args.policies)
-    if args.repeats < 1:
-        parser.error(f"--repeats must be ≥ 1, got {args.repeats}")
     repeats = args.repeats
     arms = [("plain", "plain"), *((m, p) for m in ("ngram", "suffix") for p in policies)]
     runs: dict[tuple[str, int, str, str], list[dict[str, float]]] = {}

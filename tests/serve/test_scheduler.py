@@ -651,6 +651,36 @@ def test_a_draft_model_takes_the_prompt_in_chunks_as_the_target_does() -> None:
     scheduler.run_until_idle()
 
 
+def test_a_draft_chunk_that_fails_ends_its_request_alone() -> None:
+    """The draft model's own chunk raises (a prompt that breaks the draft): that request ends
+    with "error" and the draft's row is emptied; a stream decoding beside it goes on, and the
+    next request in the slot gets the output it gets alone."""
+    class Breaks(ToyRunner):  # the draft fails on one chunk of one prompt: [21, 5]
+        def score(self, tokens, last_only=False):
+            if any(list(row) == [Poisoned.POISON, 5] for row in tokens):
+                raise ValueError("this prompt breaks the model")
+            return super().score(tokens, last_only)
+
+    proposer = DraftModelProposer(Breaks(DRAFT))
+    executor = SpecExecutor(ToyRunner(TARGET), proposer, 3)
+    scheduler = Scheduler(executor, slots=2, prefill_chunk=2)
+    params = SamplingParams(temperature=0.8, seed=11, max_tokens=10, ignore_eos=True)
+    running = scheduler.submit([1, 2], params.model_copy(update={"max_tokens": 40}))
+    while not running.token_ids:
+        scheduler.step()
+    bad = scheduler.submit([3, 4, Poisoned.POISON, 5, 6], params)
+    while not bad.done.is_set():
+        scheduler.step()
+    assert bad.finish_reason == "error" and bad.error == "ValueError: this prompt breaks the model"
+    assert proposer.runner.lengths()[1] == 0 and proposer._valid[1] == 0
+    after = scheduler.submit([5, 6, 7, 8, 9], params)
+    scheduler.run_until_idle()
+    assert running.finish_reason == "length" and len(running.token_ids) == 40
+    reference = SpecExecutor(ToyRunner(TARGET), DraftModelProposer(ToyRunner(DRAFT)), 3)
+    assert after.token_ids == reference.generate([[5, 6, 7, 8, 9]], params)[0].token_ids
+    assert scheduler.error is None
+
+
 def test_sampling_stays_exact_with_chunked_admissions_in_flight() -> None:
     """Chi-square against the exact continuation probabilities: 2,000 seeded requests of a
     7-token prompt (order-3 target, a sampling draft model, D = 3, T = 0.9), one a step,

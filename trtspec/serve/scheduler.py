@@ -29,12 +29,12 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 Medusa or EAGLE heads prompts are prefilled whole (their heads read the hidden
                 states of the prompt's one scoring call); a draft model takes each chunk
                 into its own cache right after the target's (its cost, outside the budget;
-                its cache is checked at the first). A prompt's tail shorter than half a
-                chunk joins the chunk before it in the same call (a 40-token prompt is one
-                call, not 32 and 8: on the CPU a one-row call of up to 64 tokens costs
-                about a round whatever its width, and requests that speculation
-                desynchronises are admitted one by one, beside rounds; on a GPU, chunk 512,
-                not measured)
+                on the compiled runner its cache is checked for the prompt at the first).
+                A prompt's tail shorter than half a chunk joins the chunk before it in the
+                same call (a 40-token prompt is one call, not 32 and 8: on the CPU a
+                one-row call of up to 64 tokens costs about a round whatever its width, and
+                requests that speculation desynchronises are admitted one by one, beside
+                rounds; on a GPU, chunk 512, not measured)
 * failure       a prompt chunk that raises ends that request alone; a round that raises
                 before it committed anything is run again row by row, and a row that fails
                 alone ends that request alone (with an EAGLE head, whose state a failed
@@ -193,15 +193,20 @@ class Scheduler(Slots):
         fit_cache), keeping the room reserved for the prompts being admitted; after _admit,
         so a waiting prompt's reservation is not shrunk and grown again. Optional: a failure
         is logged, never fatal."""
-        fit = getattr(self.executor.target, "fit_cache", None)
-        if fit is None:
-            return
-        try:
-            fit(max((len(self._tickets[b].prompt) + 1 for b in self._prefilling()),
-                    default=0))
-        except Exception as e:
-            logging.getLogger("trtspec.serve.scheduler").warning(
-                "shrinking the KV cache failed (%s): it keeps its size", one_line(e))
+        draft = getattr(self.executor.proposer, "draft_runner", None)  # a draft model's own
+        runners = [self.executor.target, *([draft] if draft not in (None, self.executor.target)
+                                           else [])]  # cache: its reservations too
+        reserved = max((len(self._tickets[b].prompt) + 1 for b in self._prefilling()),
+                       default=0)
+        for runner in runners:
+            fit = getattr(runner, "fit_cache", None)
+            if fit is None:
+                continue
+            try:
+                fit(reserved)
+            except Exception as e:
+                logging.getLogger("trtspec.serve.scheduler").warning(
+                    "shrinking the KV cache failed (%s): it keeps its size", one_line(e))
 
     def _decoding(self) -> list[int]:
         """Slots whose request has its prompt in and runs rounds."""
@@ -341,7 +346,8 @@ class Scheduler(Slots):
             if ticket.prefilled < len(ticket.prompt):
                 continue
             self._rows[slot] = ticket.request
-            try:  # the proposer's own prefill (a draft model's, whole) is this request's too
+            try:  # the proposer's admission (a kept prompt's, a lookup's index) is this
+                # request's too
                 if self.executor.proposer is not None:
                     self.executor.proposer.admit(slot, ticket.prompt, ticket.kept)
                 deltas = self.executor.first_tokens(self._rows, [slot], logits[None])

@@ -25,7 +25,8 @@ a round of the drafts it got costs: with r_k = Π_{j≤k} s_j = P(it gets ≥ k 
     E[time | D] = Σ_{k=0..D} (r_k − r_{k+1}) · time(k),   r_0 = 1, r_{D+1} = 0,
 
 where time(0), a round that got no draft, is a plain round plus the lookups that found nothing
-(1 until such rounds were timed, below). Counting a miss as a rejection alone (as a_j) would
+(1 until such rounds were timed, below, and never less; the per-request chooser has no
+clock: 1). Counting a miss as a rejection alone (as a_j) would
 price it as a round of the asked width; leaving it out (as trtspec did before) prices it as a
 proposal accepted as often as real ones, and on open-ended prompts, where lookups mostly miss,
 the chooser drafted where it lost (0.82–0.96× plain at 4–16 clients, one run a cell:
@@ -138,9 +139,6 @@ class AdaptiveState:
             out.append(out[-1] * self.supply_at(j))
         return out
 
-    def hit(self) -> float:
-        """s_1: the chance that a round asking for drafts gets any."""
-        return self.supply_at(1)
 
 
 class RoundCost:
@@ -393,8 +391,9 @@ class AdaptiveDraft:
         that got none (1, a plain round, until such rounds were timed)."""
         assert self.round_cost is not None
         cost = self.round_cost
-        if width == 0:
-            return 1.0 if self.clock is None else self.clock.relative(rows, 0, lambda b, w: 1.0)
+        if width == 0:  # plain plus lookups: never cheaper than plain (noise between two
+            return 1.0 if self.clock is None else max(  # cells timed at different rates)
+                1.0, self.clock.relative(rows, 0, lambda b, w: 1.0))
 
         def model(b: int, w: int) -> float:
             step = cost.time(b, 1)

@@ -35,6 +35,7 @@ class DraftModelProposer:
         self.fallback_id = fallback_id or 0
         self._valid: list[int] = []  # per row: leading cache tokens that are committed
         self._after_propose: list[tuple[int, int]] = []  # per row: (committed len, cache len)
+        self._chunked: set[int] = set()  # rows whose prompt came in whole by admit_chunk
 
     @property
     def draft_runner(self) -> Runner:
@@ -44,12 +45,14 @@ class DraftModelProposer:
         self.runner.prefill([self._inputs(p) for p in prompts])
         self._valid = [len(p) for p in prompts]
         self._after_propose = []
+        self._chunked.clear()
 
     def admit(self, row: int, prompt: Sequence[int], kept: int = 0) -> None:
         from trtspec.runtime import admit_row
 
-        if not kept and self._valid[row] == len(prompt) == self.runner.lengths()[row]:
-            return  # its chunks are in (admit_chunk)
+        if row in self._chunked:  # its chunks are in (admit_chunk)
+            self._chunked.discard(row)
+            return
         if kept and self._valid[row] >= kept:  # the row holds the prompt's first kept tokens
             lengths = self.runner.lengths()  # (release with keep): the next proposal
             lengths[row] = self._valid[row] = kept  # catches up from there, as after a
@@ -62,12 +65,15 @@ class DraftModelProposer:
         """The target just scored ``prompt[start:end]`` in ``row``, one chunk of a chunked
         admission: the draft takes the same chunk in, so its prefill is chunked as the
         target's is (a whole one would stall every stream for it) and :meth:`admit` finds
-        the prompt in. The first chunk empties the row and checks that the draft's cache can
-        hold the prompt (a runner that can say so: ``reserve``), before any work. A chunk
-        that does not follow what the row holds (a kept prompt's last token) is left to
-        :meth:`admit`."""
+        the prompt in. The first chunk empties the row and, on a runner that can say so (the
+        compiled one's ``reserve``), checks that the draft's cache can hold the prompt before
+        the draft's own work (the target's first chunk is done by then); elsewhere a prompt
+        too big for the draft fails at the chunk that does not fit, and its request ends
+        alone. A chunk that does not follow what the row holds (a kept prompt's last token)
+        is left to :meth:`admit`."""
         lengths = self.runner.lengths()
         if start == 0:
+            self._chunked.discard(row)
             lengths[row] = self._valid[row] = 0
             self.runner.rollback(lengths)
             reserve = getattr(self.runner, "reserve", None)  # the compiled runner
@@ -79,8 +85,11 @@ class DraftModelProposer:
         feed[row] = self._inputs(prompt[start:end])
         self.runner.score(feed, last_only=True)
         self._valid[row] = end
+        if end == len(prompt):
+            self._chunked.add(row)
 
     def release(self, row: int, keep: int = 0) -> None:
+        self._chunked.discard(row)
         lengths = self.runner.lengths()
         lengths[row] = self._valid[row] = min(keep, self._valid[row], lengths[row])
         self.runner.rollback(lengths)
