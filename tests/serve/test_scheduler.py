@@ -11,7 +11,7 @@ from conftest import count_fed, tiny_llama
 
 from trtspec.runtime.toy import MarkovLM, ToyRunner
 from trtspec.serve.scheduler import Scheduler
-from trtspec.serve.slots import DraftPolicy, QueueFull, SchedulerDown
+from trtspec.serve.slots import DraftPolicy, QueueFull, SchedulerDown, Ticket
 from trtspec.spec.executor import SpecExecutor
 from trtspec.spec.propose.draft_model import DraftModelProposer
 from trtspec.spec.propose.layer_skip import LayerSkipProposer
@@ -561,39 +561,9 @@ def test_a_long_prompt_is_admitted_in_chunks_while_the_others_decode() -> None:
     scheduler.run_until_idle()
 
 
-@pytest.mark.parametrize(("length", "calls"), [(5, 1), (6, 2), (9, 2), (10, 3)])
-def test_a_prompt_s_short_tail_joins_the_chunk_before_it(length: int, calls: int) -> None:
-    """Chunks of 4 beside a decoding stream: a tail under half a chunk (1 of a 5- or
-    9-token prompt) comes in with the chunk before it, a tail of 2 gets a call of its own;
-    the request's output is the one it gets alone (its prompt's logits are one prefill's)."""
-    executor = toy_executor("none")
-    score, prefills = executor.target.score, []
-
-    def counted(tokens, last_only=False):
-        if last_only:
-            prefills.append(sum(len(t) for t in tokens))
-        return score(tokens, last_only)
-
-    executor.target.score = counted
-    scheduler = Scheduler(executor, slots=2, prefill_chunk=4)
-    params = SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)
-    running = scheduler.submit([1, 2], params.model_copy(update={"max_tokens": 50}))
-    while not running.token_ids:
-        scheduler.step()
-    prefills.clear()
-    prompt = [(3 * i) % 20 + 1 for i in range(length)]
-    ticket = scheduler.submit(prompt, params)
-    while not ticket.done.is_set():
-        scheduler.step()
-    assert len(prefills) == calls and sum(prefills) == length and max(prefills) < 6
-    assert ticket.token_ids == toy_executor("none").generate([prompt], params)[0].token_ids
-    scheduler.cancel(running)
-    scheduler.run_until_idle()
-
-
-def test_a_tail_waits_when_the_chunk_before_it_went_to_another_prompt() -> None:
-    """Chunks of 4: a 4-token prompt takes this step's chunk; a 1-token prompt admitted
-    beside it (a tail of nothing but itself) waits for the next step, not an extra call."""
+def beside_a_stream(slots: int, chunk: int) -> tuple[Scheduler, Ticket, list[list[int]]]:
+    """A toy-target scheduler admitting prompts ``chunk`` tokens a step, one stream decoding,
+    and the prefill calls' token counts: a list per step, the caller starting each one."""
     executor = toy_executor("none")
     score, steps = executor.target.score, [[]]
 
@@ -603,13 +573,40 @@ def test_a_tail_waits_when_the_chunk_before_it_went_to_another_prompt() -> None:
         return score(tokens, last_only)
 
     executor.target.score = counted
-    scheduler = Scheduler(executor, slots=3, prefill_chunk=4)
-    params = SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)
-    running = scheduler.submit([1, 2], params.model_copy(update={"max_tokens": 50}))
+    scheduler = Scheduler(executor, slots=slots, prefill_chunk=chunk)
+    running = scheduler.submit([1, 2], SamplingParams(temperature=0.8, seed=3, max_tokens=50,
+                                                      ignore_eos=True))
     while not running.token_ids:
         scheduler.step()
-    first, second = scheduler.submit([3, 4, 5, 6], params), scheduler.submit([7], params)
     steps.clear()
+    return scheduler, running, steps
+
+
+@pytest.mark.parametrize(("length", "calls"), [(5, 1), (6, 2), (9, 2), (10, 3)])
+def test_a_prompt_s_short_tail_joins_the_chunk_before_it(length: int, calls: int) -> None:
+    """Chunks of 4 beside a decoding stream: a tail under half a chunk (1 of a 5- or
+    9-token prompt) comes in with the chunk before it, a tail of 2 gets a call of its own;
+    the request's output is the one it gets alone (its prompt's logits are one prefill's)."""
+    scheduler, running, steps = beside_a_stream(2, 4)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)
+    prompt = [(3 * i) % 20 + 1 for i in range(length)]
+    ticket = scheduler.submit(prompt, params)
+    while not ticket.done.is_set():
+        steps.append([])
+        scheduler.step()
+    prefills = [n for step in steps for n in step]
+    assert len(prefills) == calls and sum(prefills) == length and max(prefills) < 6
+    assert ticket.token_ids == toy_executor("none").generate([prompt], params)[0].token_ids
+    scheduler.cancel(running)
+    scheduler.run_until_idle()
+
+
+def test_a_tail_waits_when_the_chunk_before_it_went_to_another_prompt() -> None:
+    """Chunks of 4: a 4-token prompt takes this step's chunk; a 1-token prompt admitted
+    beside it (a tail of nothing but itself) waits for the next step, not an extra call."""
+    scheduler, running, steps = beside_a_stream(3, 4)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)
+    first, second = scheduler.submit([3, 4, 5, 6], params), scheduler.submit([7], params)
     while not second.token_ids:
         steps.append([])
         scheduler.step()
