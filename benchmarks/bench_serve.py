@@ -487,8 +487,7 @@ def main() -> None:
     for group in sets:
         lines += [f"## {group}", "", "| method | policy | " + " | ".join(
             f"c = {c}" for c in clients_list) + " |", "|---|---|" + "---:|" * len(clients_list)]
-        for method, policy in [("plain", "plain"), *((m, p) for m in ("ngram", "suffix")
-                                                     for p in policies)]:
+        for method, policy in arms:
             cells = []
             for c in clients_list:
                 r = rows[group, c, method, policy]
@@ -512,9 +511,9 @@ def main() -> None:
                 if fixed.get(best, 0.0) < 1.0:
                     best = "plain"  # the best fixed policy by its median ratio to plain
                 ba_runs = runs[group, c, method, "adaptive, batch-aware"]
-                versus_best = median([b["ratio"] / (1.0 if best == "plain" else o["ratio"])
-                                      for b, o in zip(ba_runs, runs.get(
-                                          (group, c, method, best), ba_runs), strict=True)])
+                versus_best = ba_r["ratio"] if best == "plain" else median(
+                    [b["ratio"] / o["ratio"]
+                     for b, o in zip(ba_runs, runs[group, c, method, best], strict=True)])
                 per_runs = runs.get((group, c, method, "adaptive, per request"))
                 per = None if per_runs is None else median(
                     [b["ratio"] / o["ratio"] for b, o in zip(ba_runs, per_runs, strict=True)])

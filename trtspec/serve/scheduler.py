@@ -193,9 +193,10 @@ class Scheduler(Slots):
         fit_cache), keeping the room reserved for the prompts being admitted; after _admit,
         so a waiting prompt's reservation is not shrunk and grown again. Optional: a failure
         is logged, never fatal."""
-        draft = getattr(self.executor.proposer, "draft_runner", None)  # a draft model's own
-        runners = [self.executor.target, *([draft] if draft not in (None, self.executor.target)
-                                           else [])]  # cache: its reservations too
+        runners = [self.executor.target]
+        draft = getattr(self.executor.proposer, "draft_runner", None)
+        if draft is not None and draft is not self.executor.target:  # a draft model's own
+            runners.append(draft)  # cache: its reservations too
         reserved = max((len(self._tickets[b].prompt) + 1 for b in self._prefilling()),
                        default=0)
         for runner in runners:
@@ -321,6 +322,7 @@ class Scheduler(Slots):
         prefill whole prompts. Returns the tokens fed."""
         whole = self._heads
         left, used = min(budget, self.max_num_tokens if chunk is None else chunk), 0
+        take = getattr(self.executor.proposer, "admit_chunk", None)  # a draft model
         for slot in self._prefilling():
             ticket = self._tickets[slot]
             assert ticket is not None and ticket.request is not None
@@ -333,7 +335,6 @@ class Scheduler(Slots):
                 break
             feed: list[list[int]] = [[] for _ in range(self.slots)]
             feed[slot] = ticket.prompt[ticket.prefilled: ticket.prefilled + n]
-            take = getattr(self.executor.proposer, "admit_chunk", None)  # a draft model
             try:
                 logits = self.executor.target.score(feed, last_only=True)[slot, 0]  # [V]
                 if take is not None:  # takes the same chunk into its own cache

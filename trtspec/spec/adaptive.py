@@ -29,8 +29,8 @@ where time(0), a round that got no draft, is a plain round plus the lookups that
 clock: 1). Counting a miss as a rejection alone (as a_j) would
 price it as a round of the asked width; leaving it out (as trtspec did before) prices it as a
 proposal accepted as often as real ones, and on open-ended prompts, where lookups mostly miss,
-the chooser drafted where it lost (0.82–0.96× plain at 4–16 clients, one run a cell:
-reports/bench-serve-clients.md, "Run 2").
+the chooser drafted where it lost (0.82–0.96× plain at 4–16 clients, one run a cell, in an
+earlier reports/bench-serve-clients.md: git history).
 
 Estimates: a_j and s_j are exponential moving averages per position, updated after each
 round from (asked, proposed, accepted): positions 1..proposed were supplied (1) and position
@@ -119,7 +119,7 @@ class AdaptiveState:
     # proposed | position j − 1 was, j asked)
     supplied: int = 0  # leading positions with a supply estimate
 
-    def accept_at(self, position: int, initial: float = 0.6) -> float:
+    def accept_at(self, position: int, initial: float) -> float:
         """a_j at 1-based ``position``: its own, else the last one's, else ``initial``."""
         accept = self.accept
         return accept[min(position, len(accept)) - 1] if accept else initial
@@ -138,7 +138,6 @@ class AdaptiveState:
         for j in range(1, drafts + 1):
             out.append(out[-1] * self.supply_at(j))
         return out
-
 
 
 class RoundCost:
@@ -208,13 +207,12 @@ class RoundClock:
     round asked for drafts that got none), and how many speculative rounds ran at each B
     since its last plain one (see the module docstring). A cell counts from its third round
     on, starting from the median of the three (one cold round, a late compile, must not rule
-    a width out); after that
-    ``rate`` weighs the newest round, and one that took more than ``spike`` times the EMA
-    counts as ``spike`` times it (a pause of the machine). ``refresh`` speculative rounds
-    without a plain one at some B make the next round there plain, and so does a B whose
-    plain rounds have not counted yet. A cell not timed in the last ``forget`` rounds at its
-    B is forgotten (a width judged dear is never chosen, so never timed again: it goes back
-    to the table's ratio, scaled)."""
+    a width out); after that ``rate`` weighs the newest round, and one that took more than
+    ``spike`` times the EMA counts as ``spike`` times it (a pause of the machine).
+    ``refresh`` speculative rounds without a plain one at some B make the next round there
+    plain, and so does a B whose plain rounds have not counted yet. A cell not timed in the
+    last ``forget`` rounds at its B is forgotten (a width judged dear is never chosen, so
+    never timed again: it goes back to the table's ratio, scaled)."""
 
     FIRST = 3  # rounds a cell takes before it counts
 
@@ -347,12 +345,8 @@ class AdaptiveDraft:
     def rates(self, state: AdaptiveState, cap: int) -> list[float]:
         """Expected tokens per unit time (plain decoding = 1) for D = 0 … cap, one row: a
         round costs what the drafts it gets cost (one that gets none, a plain round)."""
-        def time(d: int) -> float:
-            r = state.reach(d) + [0.0]
-            return sum((r[k] - r[k + 1]) * (self.cost[k] + k * self.draft_cost)
-                       for k in range(d + 1))
-
-        return [e / time(d) for d, e in enumerate(self.emitted(state, cap))]
+        return [e / widest_cost([state.reach(d)], lambda k: self.cost[k] + k * self.draft_cost)
+                for d, e in enumerate(self.emitted(state, cap))]
 
     def round_rates(self, states: Sequence[AdaptiveState], caps: Sequence[int], rows: int
                     ) -> list[float]:
@@ -371,18 +365,10 @@ class AdaptiveDraft:
                       ) -> float:
         """E[a round's time] over a plain round's at ``rows`` rows, row i asked for
         ``drafts[i]``: Σ_k P(the widest row gets k drafts) · time_B(k) (module docstring)."""
-        width = max(drafts, default=0)
-        if not width:
+        if not any(drafts):
             return 1.0
-        reach = [s.reach(d) for s, d in zip(states, drafts, strict=True)]  # [i][k]: r_k
-        total, below = 0.0, 0.0  # below: P(widest ≤ k − 1)
-        for k in range(width + 1):
-            at_most = 1.0  # P(widest ≤ k) = Π_i P(row i gets ≤ k) = Π_i (1 − r_{k+1})
-            for r in reach:
-                at_most *= 1 - r[k + 1] if k + 1 < len(r) else 1.0
-            total += (at_most - below) * self.round_time(rows, k + 1 if k else 0)
-            below = at_most
-        return total
+        return widest_cost([s.reach(d) for s, d in zip(states, drafts, strict=True)],
+                           lambda k: self.round_time(rows, k + 1 if k else 0))
 
     def round_time(self, rows: int, width: int) -> float:
         """A round of ``width`` tokens in each of ``rows`` rows over a plain round (W = 1) at
@@ -489,6 +475,20 @@ class AdaptiveDraft:
             prior[j] += max(self.prior_rate, 1 / (observed[j] + self.prior_weight)) \
                 * (x - prior[j])
         return known
+
+
+def widest_cost(reaches: Sequence[Sequence[float]], time: Callable[[int], float]) -> float:
+    """Σ_k P(the widest row gets k drafts) · time(k), where row i gets ≥ k drafts with
+    probability ``reaches[i][k]`` (k up to what it asked; never more), rows independent."""
+    width = max((len(r) - 1 for r in reaches), default=0)
+    total, below = 0.0, 0.0  # below: P(widest ≤ k − 1)
+    for k in range(width + 1):
+        at_most = 1.0  # P(widest ≤ k) = Π_i P(row i gets ≤ k) = Π_i (1 − r_{k+1})
+        for r in reaches:
+            at_most *= 1 - r[k + 1] if k + 1 < len(r) else 1.0
+        total += (at_most - below) * time(k)
+        below = at_most
+    return total
 
 
 def relative_costs(target_cost: Sequence[float], n: int) -> list[float]:
