@@ -75,7 +75,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def cell(runner, prompts, params, method: str, policy: str, clients: int,
-         costs: tuple[list[float], RoundCost], warm_tokens: int = 16) -> dict[str, float]:
+         costs: tuple[list[float], RoundCost], warm: list[list[int]], warm_tokens: int = 16
+         ) -> dict[str, float]:
     proposer = None if method == "plain" else NgramProposer(1, 3) if method == "ngram" \
         else SuffixProposer()
     curve, rounds = costs
@@ -86,10 +87,13 @@ def cell(runner, prompts, params, method: str, policy: str, clients: int,
     else:  # fixed D scored at the widths the round cost says are cheapest, as serve does
         d = 0 if proposer is None else int(policy.removeprefix("D = "))
         executor = SpecExecutor(runner, proposer, d, round_cost=rounds)
-    # warm: two of the prompts, 16 tokens, as a batch: an adaptive prior that has seen the
-    # category, as a running server's has (a cold start's exploration is not what is compared)
-    executor.generate(prompts[:2], [p.model_copy(update={"max_tokens": warm_tokens})
-                                    for p in params[:2]])
+    # warm: ``warm`` (prompts of the group's categories, not the measured ones) as one batch,
+    # ``warm_tokens`` each: a chooser whose prior has seen the category and whose clock has
+    # timed rounds of that many rows, as a running server's has (a cold start's exploration
+    # is not what is compared); suffix's global trie then holds their outputs, not the
+    # measured prompts'
+    executor.generate(warm, [p.model_copy(update={"max_tokens": warm_tokens})
+                             for p in params[: len(warm)]])
     start = time.perf_counter()
     sent, _ = run_clients(executor, prompts, params, clients, SLOTS)
     wall = time.perf_counter() - start
@@ -416,9 +420,14 @@ def main() -> None:
     lm = load("smollm2-135m-instruct", device="cpu")
     n, max_tokens = (1, 4) if args.quick else (args.per_category, args.max_tokens)
     groups = ["open-ended"] if args.quick else args.groups
-    workload = per_category(builtin(), n, seed=0)
+    everything = builtin()
+    workload = per_category(everything, n, seed=0)
     sets = {g: [encode(lm.tokenizer, r.chat()) for r in workload if r.category in cats]
             for g, cats in GROUPS.items() if g in groups}
+    measured_ids = {id(r) for r in workload}  # the warm-up's: up to a batch of the rest
+    spare = {g: [encode(lm.tokenizer, r.chat()) for r in everything
+                 if r.category in GROUPS[g] and id(r) not in measured_ids][:SLOTS] for g in sets}
+    warmups = {g: spare[g] or sets[g][:2] for g in sets}  # none left: two measured ones
     params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=i) for i in range(64)]
     kind = "eager" if args.quick else "compiled"
     t0 = time.perf_counter()
@@ -441,14 +450,14 @@ def main() -> None:
         # unmeasured: the group's shapes and cache sizes (its longest prompts), compiled and
         # grown once, so the first measured cell does not pay for them
         cell(runner, prompts, params[: len(prompts)], "plain", "plain", max(clients_list),
-             (curve, rounds), 2 if args.quick else 16)
+             (curve, rounds), warmups[group], 2 if args.quick else 16)
         for clients in clients_list:
             for run in range(repeats):  # forward, then backward: drift moves every arm alike
                 done = {}
                 for method, policy in arms if run % 2 == 0 else arms[::-1]:
                     done[method, policy] = r = cell(
                         runner, prompts, params[: len(prompts)], method, policy, clients,
-                        (curve, rounds), 2 if args.quick else 16)
+                        (curve, rounds), warmups[group], 2 if args.quick else 16)
                     print(f"{group} c={clients} {method} {policy}: {r['tok_s']:.1f} tok/s",
                           flush=True)
                 for (method, policy), r in done.items():  # each run's ratio to its own plain
@@ -469,8 +478,11 @@ def main() -> None:
         f"closed-loop clients, the {kind} runner (made and warmed up in {compile_s:.0f} s; "
         f"cost curve and round cost measured in {cost_s:.0f} s); "
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads. "
-        "Each cell's executor first generates 16 tokens for two of its prompts (the adaptive "
-        "prior then holds what a running server's would, not a cold start's guess); each "
+        "Each cell's executor first generates 16 tokens for a batch of the group's other "
+        "prompts (" + ", ".join(f"{len(w)} {g}" for g, w in warmups.items()) + "; the "
+        "measured ones only where none are left): its adaptive prior and round clock then "
+        "hold what a running server's would, not a cold start's guess, and suffix's global "
+        "trie holds other requests' outputs, not the measured ones'; each "
         "group first runs once unmeasured, so its shapes are compiled and the cache grown. "
         + ("One run; each (category, clients) group runs its policies back to back. "
            if repeats == 1 else

@@ -344,11 +344,14 @@ def test_a_timed_chooser_stops_drafting_where_rounds_cost_more_than_the_table_sa
     for _ in range(3):  # a chooser not timed ignores what rounds took
         untimed.observe_round(2, 5, 0.5)
     assert untimed.choose_round([good, good], [4, 4], 2) == [4, 4]
-    # and the other way: rounds that cost what plain ones do make drafting pay again
+    # and the other way: rounds that cost what plain ones do make drafting pay again, at the
+    # table's price: a reading cheaper than the table is taken as drift, never below it
     for _ in range(12):
         timed.observe_round(2, 5, 0.1)  # (each at most halves: 0.5 → 0.1 is no spike)
     timed.observe_round(2, 1, 0.1)
-    assert timed.round_time(2, 5) == pytest.approx(1 + 4 * 0.8 ** 12)  # the EMA forgets
+    assert timed.clock is not None
+    assert timed.clock.relative(2, 5, lambda b, w: 1.0) == pytest.approx(1 + 4 * 0.8 ** 12)
+    assert timed.round_time(2, 5) == pytest.approx(2.6 / 1.2)  # the EMA forgot; the floor
     assert timed.choose_round([good, good], [4, 4], 2) == [4, 4]
 
 

@@ -9,8 +9,11 @@ tokens and costs time(D) = t(D+1) + D·t_draft, where t(T) is what the target ta
 new tokens in a row and t_draft one draft step (0 for model-free proposers), both relative to
 t(1), a plain decoding step. The chooser picks the D ∈ {0 … K} with the most tokens per unit
 of time; D = 0 (plain decoding, through the same verify()) unless some D > 0 promises at least
-``min_gain`` times plain decoding's rate (the curve leaves out the proposer's and verify's own
-overheads, so a break-even D would lose).
+``min_gain`` times plain decoding's rate (default 1.05: the curve leaves out the proposer's and
+verify's own overheads, so a break-even D would lose, and the rates are estimates: batch-aware,
+a round's cost is the ratio of two averages timed seconds apart on a machine whose speed
+drifts; at 1.02, on open-ended prompts at 16 clients, the chooser drafted in rounds it rated
+1.02–1.07× plain that ran below plain).
 
 Model-free proposers do not always propose what they are asked for: an n-gram or suffix
 lookup with no match proposes nothing, one with a short match fewer tokens. So a request also
@@ -81,14 +84,19 @@ service. So the executor times every round it runs and :class:`RoundClock` keeps
 seconds per (B, W); a round's cost relative to plain decoding's at the same B is then what was
 observed (t̂(B, W)/t̂(B, 1)), and a width not observed yet takes the table's ratio scaled by
 how far the observed widths at those rows (else the nearest rows observed) were off the table.
-At rows whose plain rounds were last timed ``refresh`` speculative rounds ago (or never), the
-next round is plain: it costs at most one round's gain in ``refresh`` and keeps the baseline
-it is judged against current. A round that did one-off work (grew the cache, swapped rows,
-compiled a graph) is not timed; one asked to draft that proposed nothing (every row's lookup
-missed) is timed as width 0, time_B(0), apart from plain rounds (its lookups are no plain
-round's), and on a GPU the clock waits for the queued work
-before and after. What each round costs is then the time it took, not a model of
-it.
+An observed ratio is never taken below the table's: a round in service does what the build
+timed and more (proposes, verifies at every position), and on the 2-core CPU every such
+reading was dearer than the table (1.2–1.3 against 1.1 for 8 rows × 2 tokens); a cheaper one
+was the machine's drift between two averages timed seconds apart, and drafting on it lost. (A
+runner whose fixed per-round overhead is large would see cheaper ratios than its table; it
+then drafts less than it could, never more.) At rows whose plain rounds were last timed
+``refresh`` speculative rounds ago (or never), the next round is plain: it costs at most one
+round's gain in ``refresh`` and keeps the baseline it is judged against current. A round that
+did one-off work (grew the cache, swapped rows, compiled a graph) is not timed; one asked to
+draft that proposed nothing (every row's lookup missed) is timed as width 0, time_B(0), apart
+from plain rounds (its lookups are no plain round's), and on a GPU the clock waits for the
+queued work before and after. What each round costs is then the time it took, not a model
+of it.
 
 Only D varies: verification is unchanged, so the output distribution is the target's whatever
 D each round drafts (D depends on past rounds only). Seeded outputs, though, depend on the D
@@ -301,7 +309,7 @@ class AdaptiveDraft:
     def __init__(self, max_draft_len: int, target_cost: Sequence[float], draft_cost: float = 0.0,
                  rate: float = 0.3, prior_rate: float = 0.05, initial: float = 0.6,
                  prior_weight: int = 8, probe_budget: float = 0.02,
-                 min_gain: float = 1.02, probe_after: int = 16, max_wait: int = 512,
+                 min_gain: float = 1.05, probe_after: int = 16, max_wait: int = 512,
                  round_cost: RoundCost | None = None, timed: bool = False) -> None:
         if max_draft_len < 1:
             raise ValueError(f"max_draft_len must be ≥ 1, got {max_draft_len}")
@@ -354,11 +362,16 @@ class AdaptiveDraft:
         W = 0 … max cap, each request drafting min(W, its cap); ``rows``: rows the round scores
         (B)."""
         emitted = [self.emitted(s, max(c, 0)) for s, c in zip(states, caps, strict=True)]
+        # once a round, not once a width: each row's r_k and time_B(k) for every k
+        reaches = [s.reach(len(e) - 1) for s, e in zip(states, emitted, strict=True)]
+        times = self._round_times(rows, max((len(e) for e in emitted), default=1) - 1)
         out = []
-        for w in range(max((len(e) for e in emitted), default=1)):
+        for w in range(len(times)):
             ds = [min(w, len(e) - 1) for e in emitted]
             tokens = sum(e[d] for e, d in zip(emitted, ds, strict=True))
-            out.append(tokens / len(emitted) / self.expected_time(states, ds, rows))
+            time = widest_cost([r[: d + 1] for r, d in zip(reaches, ds, strict=True)],
+                               times.__getitem__) if any(ds) else 1.0
+            out.append(tokens / len(emitted) / time)
         return out
 
     def expected_time(self, states: Sequence[AdaptiveState], drafts: Sequence[int], rows: int
@@ -368,7 +381,12 @@ class AdaptiveDraft:
         if not any(drafts):
             return 1.0
         return widest_cost([s.reach(d) for s, d in zip(states, drafts, strict=True)],
-                           lambda k: self.round_time(rows, k + 1 if k else 0))
+                           self._round_times(rows, max(drafts)).__getitem__)
+
+    def _round_times(self, rows: int, widest: int) -> list[float]:
+        """time_B(k) for k = 0 … ``widest`` drafts: a round whose widest row got k drafts
+        (k + 1 tokens; 0: none got one) over a plain round, at ``rows`` rows."""
+        return [self.round_time(rows, k + 1 if k else 0) for k in range(widest + 1)]
 
     def round_time(self, rows: int, width: int) -> float:
         """A round of ``width`` tokens in each of ``rows`` rows over a plain round (W = 1) at
@@ -385,8 +403,9 @@ class AdaptiveDraft:
             step = cost.time(b, 1)
             return (cost.time(b, w) + (w - 1) * self.draft_cost * step) / step
 
-        return model(rows, width) if self.clock is None else \
-            self.clock.relative(rows, width, model)
+        if self.clock is None:
+            return model(rows, width)  # observed, but never below the table (docstring)
+        return max(self.clock.relative(rows, width, model), model(rows, width))
 
     def observe_round(self, rows: int, width: int, seconds: float) -> None:
         """The executor's word that a round of ``width`` tokens a row (the widest row's
@@ -401,9 +420,11 @@ class AdaptiveDraft:
         the rows the round scores). Batch-aware with a round cost, else each request alone."""
         if self.round_cost is None:
             return [self.choose(s, c) if c > 0 else 0 for s, c in zip(states, caps, strict=True)]
+        if self.clock is not None and self.clock.stale(rows):
+            return [0] * len(caps)  # the baseline is due a timing
         rates = self.round_rates(states, caps, rows) if states else [1.0]
-        if len(rates) == 1 or (self.clock is not None and self.clock.stale(rows)):
-            return [0] * len(caps)  # nothing to draft, or the baseline is due a timing
+        if len(rates) == 1:
+            return [0] * len(caps)  # nothing to draft
         best = max(range(1, len(rates)), key=rates.__getitem__)  # the best-looking W > 0
         if self.probed and self.probe_saw:  # the probe's observations are in (a miss is
             self.probed = False  # one: it lowered s_1): did speculating come back?
