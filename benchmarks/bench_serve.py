@@ -92,8 +92,8 @@ def cell(runner, prompts, params, method: str, policy: str, clients: int,
     # timed rounds of that many rows, as a running server's has (a cold start's exploration
     # is not what is compared); suffix's global trie then holds their outputs, not the
     # measured prompts'
-    executor.generate(warm, [p.model_copy(update={"max_tokens": warm_tokens})
-                             for p in params[: len(warm)]])
+    executor.generate(warm, [SamplingParams(temperature=0.0, max_tokens=warm_tokens, seed=i)
+                             for i in range(len(warm))])
     start = time.perf_counter()
     sent, _ = run_clients(executor, prompts, params, clients, SLOTS)
     wall = time.perf_counter() - start
@@ -424,10 +424,16 @@ def main() -> None:
     workload = per_category(everything, n, seed=0)
     sets = {g: [encode(lm.tokenizer, r.chat()) for r in workload if r.category in cats]
             for g, cats in GROUPS.items() if g in groups}
-    measured_ids = {id(r) for r in workload}  # the warm-up's: up to a batch of the rest
-    spare = {g: [encode(lm.tokenizer, r.chat()) for r in everything
-                 if r.category in GROUPS[g] and id(r) not in measured_ids][:SLOTS] for g in sets}
-    warmups = {g: spare[g] or sets[g][:2] for g in sets}  # none left: two measured ones
+    # each cell's warm-up: up to a batch of the group's prompts not measured, its categories
+    # in turn (else two measured ones: the report says so)
+    measured_ids = {r.id for r in workload}
+    left = {c: [r for r in everything if r.category == c and r.id not in measured_ids]
+            for cats in GROUPS.values() for c in cats}
+    spare = {g: [r for turn in itertools.zip_longest(*(left[c] for c in GROUPS[g]))
+                 for r in turn if r is not None][:SLOTS] for g in sets}
+    warmups = {g: [encode(lm.tokenizer, r.chat()) for r in spare[g]] or sets[g][:2]
+               for g in sets}
+    warm_tokens = 2 if args.quick else 16
     params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=i) for i in range(64)]
     kind = "eager" if args.quick else "compiled"
     t0 = time.perf_counter()
@@ -450,14 +456,14 @@ def main() -> None:
         # unmeasured: the group's shapes and cache sizes (its longest prompts), compiled and
         # grown once, so the first measured cell does not pay for them
         cell(runner, prompts, params[: len(prompts)], "plain", "plain", max(clients_list),
-             (curve, rounds), warmups[group], 2 if args.quick else 16)
+             (curve, rounds), warmups[group], warm_tokens)
         for clients in clients_list:
             for run in range(repeats):  # forward, then backward: drift moves every arm alike
                 done = {}
                 for method, policy in arms if run % 2 == 0 else arms[::-1]:
                     done[method, policy] = r = cell(
                         runner, prompts, params[: len(prompts)], method, policy, clients,
-                        (curve, rounds), warmups[group], 2 if args.quick else 16)
+                        (curve, rounds), warmups[group], warm_tokens)
                     print(f"{group} c={clients} {method} {policy}: {r['tok_s']:.1f} tok/s",
                           flush=True)
                 for (method, policy), r in done.items():  # each run's ratio to its own plain
@@ -478,11 +484,13 @@ def main() -> None:
         f"closed-loop clients, the {kind} runner (made and warmed up in {compile_s:.0f} s; "
         f"cost curve and round cost measured in {cost_s:.0f} s); "
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads. "
-        "Each cell's executor first generates 16 tokens for a batch of the group's other "
-        "prompts (" + ", ".join(f"{len(w)} {g}" for g, w in warmups.items()) + "; the "
-        "measured ones only where none are left): its adaptive prior and round clock then "
-        "hold what a running server's would, not a cold start's guess, and suffix's global "
-        "trie holds other requests' outputs, not the measured ones'; each "
+        f"Each cell's executor first generates {warm_tokens} tokens for a batch of prompts "
+        "of the group's categories that are not measured (" + ", ".join(
+            f"{len(spare[g])} {g}" if spare[g] else f"{g}: none left, 2 measured ones"
+            for g in sets) + "): its adaptive prior and round clock then hold what a running "
+        "server's would, not a cold start's guess, and suffix's global trie holds other "
+        "requests' outputs" + ("" if all(spare.values()) else
+                                " (the measured ones' where none were left)") + "; each "
         "group first runs once unmeasured, so its shapes are compiled and the cache grown. "
         + ("One run; each (category, clients) group runs its policies back to back. "
            if repeats == 1 else

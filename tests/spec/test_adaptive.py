@@ -52,8 +52,22 @@ def test_high_acceptance_and_a_flat_cost_draft_the_cap() -> None:
     assert chooser_.choose(state(0.9, 0.9, 0.9, 0.9), 2) == 2  # a cap from the schedule
 
 
+def test_a_gain_below_five_percent_decodes_plainly() -> None:
+    """The default threshold: a D that promises 1.03× plain decoding (acceptance 0.03, scoring
+    free) is not drafted, alone or batch-aware; at min_gain 1.02 it is."""
+    flat = RoundCost.linear(0.0, 2, 3)  # t(B, W) = t(1, 1)
+    for gain, want in ((None, 0), (1.02, 1)):
+        extra = {} if gain is None else {"min_gain": gain}
+        alone = AdaptiveDraft(1, [1.0, 1.0], probe_after=99, **extra)
+        assert alone.rates(state(0.03), 1)[1] == pytest.approx(1.03)
+        assert alone.choose(state(0.03), 1) == want
+        aware = AdaptiveDraft(1, [1.0, 1.0], probe_after=99, round_cost=flat, **extra)
+        assert aware.round_rates([state(0.03)] * 2, [1, 1], 2)[1] == pytest.approx(1.03)
+        assert aware.choose_round([state(0.03)] * 2, [1, 1], 2) == [want] * 2
+
+
 def test_low_acceptance_decodes_plainly() -> None:
-    # t(T) = 1 + 0.05 (T − 1): D = 1 gives 1.01 / 1.05 = 0.96 < 1.02
+    # t(T) = 1 + 0.05 (T − 1): D = 1 gives 1.01 / 1.05 = 0.96 < 1.05
     chooser_ = AdaptiveDraft(4, [1 + 0.05 * t for t in range(5)])
     assert chooser_.rates(state(0.01), 1)[1] == pytest.approx(1.01 / 1.05)
     assert chooser_.choose(state(0.01, 0.01, 0.01, 0.01), 4) == 0
@@ -352,6 +366,7 @@ def test_a_timed_chooser_stops_drafting_where_rounds_cost_more_than_the_table_sa
     assert timed.clock is not None
     assert timed.clock.relative(2, 5, lambda b, w: 1.0) == pytest.approx(1 + 4 * 0.8 ** 12)
     assert timed.round_time(2, 5) == pytest.approx(2.6 / 1.2)  # the EMA forgot; the floor
+    assert timed.round_time(2, 2) == pytest.approx(2.0 / 1.2)  # a width scaled below: too
     assert timed.choose_round([good, good], [4, 4], 2) == [4, 4]
 
 

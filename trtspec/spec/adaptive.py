@@ -12,8 +12,9 @@ of time; D = 0 (plain decoding, through the same verify()) unless some D > 0 pro
 ``min_gain`` times plain decoding's rate (default 1.05: the curve leaves out the proposer's and
 verify's own overheads, so a break-even D would lose, and the rates are estimates: batch-aware,
 a round's cost is the ratio of two averages timed seconds apart on a machine whose speed
-drifts; at 1.02, on open-ended prompts at 16 clients, the chooser drafted in rounds it rated
-1.02–1.07× plain that ran below plain).
+drifts; at 1.02, on open-ended prompts at 16 clients, the batch-aware chooser drafted in
+rounds it rated 1.02–1.16× plain that ran below plain. The per-request chooser, untimed, has
+the same default).
 
 Model-free proposers do not always propose what they are asked for: an n-gram or suffix
 lookup with no match proposes nothing, one with a short match fewer tokens. So a request also
@@ -84,12 +85,16 @@ service. So the executor times every round it runs and :class:`RoundClock` keeps
 seconds per (B, W); a round's cost relative to plain decoding's at the same B is then what was
 observed (t̂(B, W)/t̂(B, 1)), and a width not observed yet takes the table's ratio scaled by
 how far the observed widths at those rows (else the nearest rows observed) were off the table.
-An observed ratio is never taken below the table's: a round in service does what the build
-timed and more (proposes, verifies at every position), and on the 2-core CPU every such
-reading was dearer than the table (1.2–1.3 against 1.1 for 8 rows × 2 tokens); a cheaper one
-was the machine's drift between two averages timed seconds apart, and drafting on it lost. (A
-runner whose fixed per-round overhead is large would see cheaper ratios than its table; it
-then drafts less than it could, never more.) At rows whose plain rounds were last timed
+A ratio from the clock (observed, or the table's scaled) is never taken below the table's.
+Its two averages are timed seconds apart (the plain one up to ``refresh`` rounds earlier), and
+on a shared machine the speed drifts by more than a round's gain in that time: on the 2-core
+CPU, open-ended prompts at 16 clients, rounds of 8 rows × 2 tokens ran at 1.22–1.27× the plain
+rounds of the same run (the table: 1.11×) while the clock's ratio fell to 0.9–1.0 in runs
+where the machine sped up, and the chooser drafted on it and lost. The floor costs where a
+runner's true ratios are below its table (a large fixed cost per round, longer contexts than
+the table's): there each width is priced above what it costs, so the chooser may speculate
+in fewer rounds (or at another width) than it could; it never makes a width look cheaper
+than the build measured it. At rows whose plain rounds were last timed
 ``refresh`` speculative rounds ago (or never), the next round is plain: it costs at most one
 round's gain in ``refresh`` and keeps the baseline it is judged against current. A round that
 did one-off work (grew the cache, swapped rows, compiled a graph) is not timed; one asked to
@@ -364,9 +369,10 @@ class AdaptiveDraft:
         emitted = [self.emitted(s, max(c, 0)) for s, c in zip(states, caps, strict=True)]
         # once a round, not once a width: each row's r_k and time_B(k) for every k
         reaches = [s.reach(len(e) - 1) for s, e in zip(states, emitted, strict=True)]
-        times = self._round_times(rows, max((len(e) for e in emitted), default=1) - 1)
+        widest = max((len(e) for e in emitted), default=1) - 1
+        times = self._round_times(rows, widest) if widest else []  # none: nothing to draft
         out = []
-        for w in range(len(times)):
+        for w in range(widest + 1):
             ds = [min(w, len(e) - 1) for e in emitted]
             tokens = sum(e[d] for e, d in zip(emitted, ds, strict=True))
             time = widest_cost([r[: d + 1] for r, d in zip(reaches, ds, strict=True)],
@@ -381,7 +387,7 @@ class AdaptiveDraft:
         if not any(drafts):
             return 1.0
         return widest_cost([s.reach(d) for s, d in zip(states, drafts, strict=True)],
-                           self._round_times(rows, max(drafts)).__getitem__)
+                           self._round_times(rows, max(0, max(drafts))).__getitem__)
 
     def _round_times(self, rows: int, widest: int) -> list[float]:
         """time_B(k) for k = 0 … ``widest`` drafts: a round whose widest row got k drafts
@@ -391,8 +397,9 @@ class AdaptiveDraft:
     def round_time(self, rows: int, width: int) -> float:
         """A round of ``width`` tokens in each of ``rows`` rows over a plain round (W = 1) at
         the same rows: (t(B, W) + (W − 1)·t_draft·t(B, 1)) / t(B, 1) from the round cost, or
-        what such rounds took here (:class:`RoundClock`). Width 0: a round asked for drafts
-        that got none (1, a plain round, until such rounds were timed)."""
+        what such rounds took here (:class:`RoundClock`), never below the round cost's ratio
+        (module docstring). Width 0: a round asked for drafts that got none (1, a plain
+        round, until such rounds were timed; never below 1)."""
         assert self.round_cost is not None
         cost = self.round_cost
         if width == 0:  # plain plus lookups: never cheaper than plain (noise between two
@@ -403,9 +410,10 @@ class AdaptiveDraft:
             step = cost.time(b, 1)
             return (cost.time(b, w) + (w - 1) * self.draft_cost * step) / step
 
+        table = model(rows, width)
         if self.clock is None:
-            return model(rows, width)  # observed, but never below the table (docstring)
-        return max(self.clock.relative(rows, width, model), model(rows, width))
+            return table
+        return max(self.clock.relative(rows, width, model), table)  # cheaper: drift
 
     def observe_round(self, rows: int, width: int, seconds: float) -> None:
         """The executor's word that a round of ``width`` tokens a row (the widest row's
