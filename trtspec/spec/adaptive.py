@@ -277,15 +277,18 @@ class RoundClock:
         """A round of ``width`` tokens a row over a plain round, at ``rows`` rows: observed
         where both were timed at these rows; else ``model(rows, width)`` (the table's ratio)
         scaled by the mean of observed ÷ model over the widths timed at these rows, or else at
-        the nearest rows with such widths; else ``model(rows, width)``."""
+        the nearest rows with such widths; else ``model(rows, width)``. Never below
+        ``model(rows, width)``: a cheaper reading is the machine's drift between two averages
+        timed apart, not the round (see :class:`AdaptiveDraft`'s module docstring)."""
         if width == 1:
             return 1.0
+        table = model(rows, width)
         plain, seen = self.get(rows, 1), self.get(rows, width)
         if plain is not None and seen is not None:
-            return seen / plain
+            return max(seen / plain, table)
         if width == 0:  # a round whose lookups all missed, not timed here yet: plain
-            return model(rows, width)
-        return model(rows, width) * self._scale(rows, model)
+            return table
+        return table * max(1.0, self._scale(rows, model))
 
     def _scale(self, rows: int, model: Callable[[int, int], float]) -> float:
         def scale(b: int) -> float | None:
@@ -402,18 +405,15 @@ class AdaptiveDraft:
         round, until such rounds were timed; never below 1)."""
         assert self.round_cost is not None
         cost = self.round_cost
-        if width == 0:  # plain plus lookups: never cheaper than plain (noise between two
-            return 1.0 if self.clock is None else max(  # cells timed at different rates)
-                1.0, self.clock.relative(rows, 0, lambda b, w: 1.0))
+        if width == 0:  # plain plus lookups: never cheaper than plain (the clock's floor)
+            return 1.0 if self.clock is None else self.clock.relative(rows, 0, lambda b, w: 1.0)
 
         def model(b: int, w: int) -> float:
             step = cost.time(b, 1)
             return (cost.time(b, w) + (w - 1) * self.draft_cost * step) / step
 
-        table = model(rows, width)
-        if self.clock is None:
-            return table
-        return max(self.clock.relative(rows, width, model), table)  # cheaper: drift
+        return model(rows, width) if self.clock is None else \
+            self.clock.relative(rows, width, model)
 
     def observe_round(self, rows: int, width: int, seconds: float) -> None:
         """The executor's word that a round of ``width`` tokens a row (the widest row's
