@@ -103,6 +103,45 @@ def test_each_bench_serve_mode_replaces_only_its_part_of_the_report(tmp_path: Pa
     assert out.read_text() == "# Tables\n\nnew\n\n## Soak\n\nsecond soak\n"
 
 
+def test_bench_serve_pairs_blocks_by_hand(monkeypatch) -> None:
+    """The load table's statistic against hand-computed cases: the geometric mean of paired
+    blocks' throughput ratios, its CI at least Student's t over the blocks, and the verdict
+    against the 0.97 line (shown above, shown below, open, or no CI under 8 blocks)."""
+    import math
+
+    from scipy.stats import t as student
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from bench_serve import paired, verdict, waves
+
+    assert waves(10, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert waves(3, 16) == [[0, 1, 2]]
+
+    def arm(rates: list[float]) -> list[dict]:  # 40 tokens a block at each rate (tokens/s)
+        return [{"tokens": 40, "wall": 40 / r} for r in rates]
+
+    rates = [20.0, 30.0, 25.0, 22.0, 18.0, 27.0, 24.0, 21.0]
+    base = arm(rates)
+    # ratios 1.1 and 1/1.1 in turn: geometric mean 1, log ratios ±0.0953, so the standard
+    # error is 0.0953·√(8/7)/√8 = 0.0360 and Student's 95 % CI exp(±2.3646·0.0360)
+    even = paired(arm([r * (1.1 if i % 2 else 1 / 1.1) for i, r in enumerate(rates)]), base)
+    se = math.log(1.1) * math.sqrt(8 / 7) / math.sqrt(8)
+    assert even["ratio"] == pytest.approx(1.0) and even["blocks"] == 8
+    assert even["low"] <= math.exp(-2.3646 * se) + 1e-9
+    assert even["high"] >= math.exp(2.3646 * se) - 1e-9
+    assert even["p"] >= student.sf(-math.log(0.97) / se, 7) - 1e-12
+    assert verdict(even) == "open"
+    # every block 1.2× (a flat sample): shown above the line; every block 0.9×: below it
+    up = paired(arm([r * 1.2 for r in rates]), base)
+    assert up["ratio"] == pytest.approx(1.2) and verdict(up) == "≥ line" and up["p"] == 0.0
+    down = paired(arm([r * 0.9 for r in rates]), base)
+    assert down["ratio"] == pytest.approx(0.9) and verdict(down) == "< line"
+    few = paired(arm([22.0, 33.0]), base[:2])  # under 8 blocks: the point, no interval
+    assert few["ratio"] == pytest.approx(1.1) and verdict(few) == "no CI"
+    with pytest.raises(ValueError):  # blocks pair by index: a missing one is an error
+        paired(arm([22.0]), base[:2])
+
+
 def test_bench_detok_quick(tmp_path: Path) -> None:
     out = tmp_path / "bench-detok.md"
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_detok.py"), "--quick",
