@@ -616,6 +616,57 @@ def test_a_tail_waits_when_the_chunk_before_it_went_to_another_prompt() -> None:
     scheduler.run_until_idle()
 
 
+@pytest.mark.parametrize("method", ["none", "ngram", "draft_model"])
+@pytest.mark.parametrize(("length", "joins_at_once"), [(5, True), (10, False)])
+def test_a_prompt_that_came_in_over_several_calls_joins_the_rounds_at_the_next_step(
+        length: int, joins_at_once: bool, method: str) -> None:
+    """Chunks of 4 beside a decoding stream: a prompt prefilled in one call (5 tokens) gets
+    its first token and its first round in that step; one that came in over several (10
+    tokens: 4, 4, 2) gets only its first token in the step of its last chunk (its first
+    round, at its whole context, would have made that step the slowest of the admission)
+    and joins the stream's round at the next. Its output is the one it gets alone."""
+    executor = toy_executor(method)
+    scheduler = Scheduler(executor, slots=2, prefill_chunk=4)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=50, ignore_eos=True)
+    running = scheduler.submit([1, 2], params)
+    while not running.token_ids:
+        scheduler.step()
+    prompt = [(3 * i) % 20 + 1 for i in range(length)]
+    ticket = scheduler.submit(prompt, params.model_copy(update={"max_tokens": 6}))
+    while not ticket.token_ids:
+        before = len(running.token_ids)
+        scheduler.step()
+        assert len(running.token_ids) > before  # the stream gets tokens every step
+    assert (len(ticket.token_ids) > 1) == joins_at_once
+    scheduler.step()
+    assert len(ticket.token_ids) > 1
+    while not ticket.done.is_set():
+        scheduler.step()
+    alone = toy_executor(method).generate([prompt], [ticket.request.params])[0]
+    assert ticket.token_ids == alone.token_ids
+    scheduler.cancel(running)
+    scheduler.run_until_idle()
+
+
+def test_a_prompt_completed_with_no_stream_left_runs_its_round_at_once() -> None:
+    """The streams it came in beside all ended while a prompt's chunks came in: its last
+    part takes the step's whole budget and its first round runs in the same step (no stream
+    to spare a slow step)."""
+    executor = toy_executor("none")
+    scheduler = Scheduler(executor, slots=2, prefill_chunk=4)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)
+    running = scheduler.submit([1, 2], params)
+    while not running.token_ids:
+        scheduler.step()
+    ticket = scheduler.submit([(3 * i) % 20 + 1 for i in range(40)], params)
+    while not running.done.is_set():
+        scheduler.step()
+    assert 0 < ticket.prefilled < 40 and not ticket.token_ids  # came in part way
+    scheduler.step()  # the rest, whole, then a round
+    assert len(ticket.token_ids) == 2
+    scheduler.run_until_idle()
+
+
 def test_a_draft_model_takes_the_prompt_in_chunks_as_the_target_does() -> None:
     """Chunks of 2 beside a decoding stream: the draft model's cache takes each chunk the
     target took, never the whole prompt in one call, and the request's output is the one it

@@ -34,7 +34,13 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 same call (a 40-token prompt is one call, not 32 and 8: on the CPU a
                 one-row call of up to 64 tokens costs about a round whatever its width, and
                 requests that speculation desynchronises are admitted one by one, beside
-                rounds; on a GPU, chunk 512, not measured)
+                rounds; on a GPU, chunk 512, not measured). Beside running streams, a
+                prompt that came in over several calls has its first token from its last
+                chunk and joins the rounds at the next step (as in vLLM): its first round,
+                at its whole context (every row scored with it attends that far), is not
+                added to the step that already paid for its last chunk. One prefilled in
+                one call (under 1.5 chunks, a kept prompt's last token, or any prompt with
+                no stream running) joins in the same step: the step paid for one call
 * failure       a prompt chunk that raises ends that request alone; a round that raises
                 before it committed anything is run again row by row, and a row that fails
                 alone ends that request alone (with an EAGLE head, whose state a failed
@@ -173,8 +179,10 @@ class Scheduler(Slots):
         floor = max(1, min(chunk, self.max_num_tokens // 2)) \
             if chunk and self._prefilling() else 0
         reserved = min(self.max_num_tokens - floor, len(decoding) * (want + 1))
-        used = self._prefill(self.max_num_tokens - reserved, chunk)
-        live = self._decoding()  # with those whose prompt just completed
+        used, later = self._prefill(self.max_num_tokens - reserved, chunk)
+        # with those whose prompt just completed, but beside running streams a prompt that
+        # came in over several calls joins the rounds at the next step (docstring, "chunk")
+        live = [b for b in self._decoding() if not decoding or b not in later]
         if live:
             draft_len = self.policy.for_running(len(live))
             deltas = self._round(live, draft_len, max(len(live), self.max_num_tokens - used))
@@ -315,13 +323,16 @@ class Scheduler(Slots):
         lengths[slot] = kept
         self.executor.target.rollback(lengths)
 
-    def _prefill(self, budget: int, chunk: int | None) -> int:
+    def _prefill(self, budget: int, chunk: int | None) -> tuple[int, set[int]]:
         """Feed prompt chunks, first admitted first, at most ``chunk`` tokens in all (and a
         tail under half a chunk, module docstring) and ``budget``, one row a call (a call pads
         its rows to the longest); a prompt whose last chunk is in gets its first token. Heads
-        prefill whole prompts. Returns the tokens fed."""
+        prefill whole prompts. Returns the tokens fed and the slots whose prompt completed
+        here after earlier calls' chunks (beside running streams, they join the rounds at the
+        next step)."""
         whole = self._heads
         left, used = min(budget, self.max_num_tokens if chunk is None else chunk), 0
+        later: set[int] = set()
         take = getattr(self.executor.proposer, "admit_chunk", None)  # a draft model
         for slot in self._prefilling():
             ticket = self._tickets[slot]
@@ -342,10 +353,13 @@ class Scheduler(Slots):
             except Exception as e:  # this prompt's own call: its request ends alone (its
                 self._row_failed(slot, e)  # row is emptied as the slot is freed)
                 continue
+            several = ticket.prefilled > ticket.kept  # earlier calls fed its first chunks
             ticket.prefilled += n
             left, used = left - n, used + n
             if ticket.prefilled < len(ticket.prompt):
                 continue
+            if several:
+                later.add(slot)
             self._rows[slot] = ticket.request
             try:  # the proposer's admission (a kept prompt's, a lookup's index) is this
                 # request's too
@@ -357,7 +371,7 @@ class Scheduler(Slots):
                 continue
             for delta in deltas:
                 self._deliver(delta)
-        return used
+        return used, later
 
     def _kept_part(self, slot: int, prompt: list[int]) -> int:
         """How many of ``prompt``'s tokens ``slot`` still holds (module docstring: all but the
