@@ -104,40 +104,58 @@ def test_each_bench_serve_mode_replaces_only_its_part_of_the_report(tmp_path: Pa
 
 
 def test_bench_serve_pairs_blocks_by_hand(monkeypatch) -> None:
-    """The load table's statistic against hand-computed cases: the geometric mean of paired
-    blocks' throughput ratios, its CI at least Student's t over the blocks, and the verdict
-    against the 0.97 line (shown above, shown below, open, or no CI under 8 blocks)."""
+    """The load table's design and statistic against hand-computed cases: blocks of 2c
+    prompts, an arm order that puts every arm at every position equally often, the
+    time-weighted geometric mean of paired blocks' throughput ratios with a CI at least
+    Student's t over the blocks, and the verdict against the 0.97 line (shown above, shown
+    below, open, or no CI under 8 blocks)."""
     import math
+    from collections import Counter
 
     from scipy.stats import t as student
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    from bench_serve import paired, verdict, waves
+    from bench_serve import arm_order, blocks_of, check_clients, paired, verdict
 
-    assert waves(10, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    assert waves(3, 16) == [[0, 1, 2]]
+    assert blocks_of(16, 1) == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13],
+                                [14, 15]]
+    assert blocks_of(16, 8) == blocks_of(16, 16) == [list(range(16))]
+    assert check_clients(16, 4) is None and check_clients(16, 16) is None
+    assert "--clients 3" in check_clients(16, 3) and "--clients 32" in check_clients(16, 32)
+    arms = ["plain", "a/a", "ngram", "suffix"]
+    turns = [arm_order(arms, k) for k in range(8)]
+    assert turns[0] == arms and turns[1] == ["a/a", "ngram", "suffix", "plain"]
+    assert turns[4] == ["suffix", "ngram", "a/a", "plain"]  # the second round backward
+    assert Counter((a, i) for turn in turns for i, a in enumerate(turn)) == \
+        {(a, i): 2 for a in arms for i in range(4)}
 
     def arm(rates: list[float]) -> list[dict]:  # 40 tokens a block at each rate (tokens/s)
         return [{"tokens": 40, "wall": 40 / r} for r in rates]
 
-    rates = [20.0, 30.0, 25.0, 22.0, 18.0, 27.0, 24.0, 21.0]
-    base = arm(rates)
-    # ratios 1.1 and 1/1.1 in turn: geometric mean 1, log ratios ±0.0953, so the standard
-    # error is 0.0953·√(8/7)/√8 = 0.0360 and Student's 95 % CI exp(±2.3646·0.0360)
-    even = paired(arm([r * (1.1 if i % 2 else 1 / 1.1) for i, r in enumerate(rates)]), base)
+    base = arm([25.0] * 8)
+    # ratios 1.1 and 1/1.1 in turn on equal blocks: geometric mean 1, log ratios ±0.0953,
+    # so the standard error is 0.0953·√(8/7)/√8 = 0.0360 and Student's 95 % CI
+    # exp(±2.3646·0.0360)
+    even = paired(arm([25.0 * (1.1 if i % 2 else 1 / 1.1) for i in range(8)]), base)
     se = math.log(1.1) * math.sqrt(8 / 7) / math.sqrt(8)
     assert even["ratio"] == pytest.approx(1.0) and even["blocks"] == 8
     assert even["low"] <= math.exp(-2.3646 * se) + 1e-9
     assert even["high"] >= math.exp(2.3646 * se) - 1e-9
     assert even["p"] >= student.sf(-math.log(0.97) / se, 7) - 1e-12
     assert verdict(even) == "open"
+    # time-weighted: plain took 1 s and 3 s on two blocks, the arm ran them 2× and 1.25×
+    # faster: exp((1·log 2 + 3·log 1.25) / 4) = 2^(1/4)·1.25^(3/4) (≈ plain's 4 s over the
+    # arm's 0.5 + 2.4 s = 1.38 in all), not the unweighted √(2·1.25) = 1.58
+    two = paired([{"tokens": 40, "wall": 0.5}, {"tokens": 40, "wall": 2.4}],
+                 [{"tokens": 40, "wall": 1.0}, {"tokens": 40, "wall": 3.0}])
+    assert two["ratio"] == pytest.approx(2 ** 0.25 * 1.25 ** 0.75)
+    assert verdict(two) == "no CI" and math.isnan(two["p"])  # under 8 blocks: the point
+    rates = [20.0, 30.0, 25.0, 22.0, 18.0, 27.0, 24.0, 21.0]
     # every block 1.2× (a flat sample): shown above the line; every block 0.9×: below it
-    up = paired(arm([r * 1.2 for r in rates]), base)
+    up = paired(arm([r * 1.2 for r in rates]), arm(rates))
     assert up["ratio"] == pytest.approx(1.2) and verdict(up) == "≥ line" and up["p"] == 0.0
-    down = paired(arm([r * 0.9 for r in rates]), base)
+    down = paired(arm([r * 0.9 for r in rates]), arm(rates))
     assert down["ratio"] == pytest.approx(0.9) and verdict(down) == "< line"
-    few = paired(arm([22.0, 33.0]), base[:2])  # under 8 blocks: the point, no interval
-    assert few["ratio"] == pytest.approx(1.1) and verdict(few) == "no CI"
     with pytest.raises(ValueError):  # blocks pair by index: a missing one is an error
         paired(arm([22.0]), base[:2])
 
