@@ -596,10 +596,12 @@ def main() -> None:
         "server's would, not a cold start's guess, and suffix's global trie holds other "
         "requests' outputs" + ("" if all(spare.values()) else
                                 " (the measured ones' where none were left)") + " (within a "
-        "pass, also those of the pass's earlier blocks: other prompts; a pass at 1 client has "
-        "8 blocks, at 8 and 16 one), never a prompt's from an earlier pass. Passes: enough "
-        f"for ≥ {min_blocks} blocks a cell, × {args.repeats} (" + ", ".join(
-            f"{passes_at[next(iter(sets)), c]} at c = {c}" for c in clients_list)
+        "pass, also those of the pass's earlier blocks: other prompts), never a prompt's "
+        f"from an earlier pass. Passes: enough for ≥ {min_blocks} blocks a cell, × "
+        f"{args.repeats} (" + ", ".join(
+            f"{passes_at[next(iter(sets)), c]} of "
+            f"{len(blocks_of(len(next(iter(sets.values()))), c))} blocks at c = {c}"
+            for c in clients_list)
         + "). Each group first runs once unmeasured, so its shapes are compiled and the "
         "cache grown. Every block as it ran (pass, position, start, tokens, wall, TPOTs): "
         f"`{args.out.with_suffix('.json').name}`.", "",
