@@ -28,8 +28,9 @@ fixed D = 2 and both adaptive policies, a round cost of 2 rows timed once (a smo
 ``--admission`` instead measures admission under the token-budget step (the "## Admission"
 section): three plain-decoding streams while a 2,000-token prompt is admitted, their largest
 inter-token gap over their median before it arrived, with the prompt prefilled whole (one
-call, as before chunked prefill) and in chunks of 16 (the CPU default), 32 and 64 tokens a
-step; and TTFT p50/p99 when 32 built-in prompts arrive at once on 8 slots, whole and chunked.
+call, as before chunked prefill) and in chunks of 8, 16, 32 (the CPU default) and 64 tokens a
+step; and TTFT p50/p99 when 32 built-in prompts arrive at once on 8 slots, whole and in chunks
+of 8, 16 and 32.
 
 ``--live-rows`` instead measures scoring only the live rows (the "## Live rows" section):
 rounds that feed some of the 8 slots while the others hold sequences, with every row in the
@@ -274,7 +275,7 @@ def admission_report(args) -> None:
     ids = [t for r in builtin() for t in encode(lm.tokenizer, r.chat())]
     length = 200 if args.quick else 2000
     long_prompt = (ids * (1 + length // len(ids)))[:length]
-    chunks = [WHOLE, 16] if args.quick else [WHOLE, 16, 32, 64]
+    chunks = [WHOLE, 16] if args.quick else [WHOLE, 8, 16, 32, 64]
     for c in chunks:  # warm: every graph, span and cache size a measured run needs
         admission_gaps(runner, long_prompt, c)
     gaps = {c: admission_gaps(runner, long_prompt, c) for c in chunks}
@@ -286,7 +287,7 @@ def admission_report(args) -> None:
     burst_prompts = [encode(lm.tokenizer, r.chat())
                      for r in per_category(builtin(), 1 if args.quick else 4, seed=0)]
     burst_ttft(runner, burst_prompts[:SLOTS], 16)  # warm
-    bursts = {c: burst_ttft(runner, burst_prompts, c) for c in (WHOLE, 16, 64)}
+    bursts = {c: burst_ttft(runner, burst_prompts, c) for c in (WHOLE, 8, 16, 32)}
     for c, b in bursts.items():
         print(f"burst chunk={c}: TTFT p50 {b['p50']:.2f} s p99 {b['p99']:.2f} s, wall "
               f"{b['wall']:.1f} s", flush=True)

@@ -667,6 +667,60 @@ def test_a_prompt_completed_with_no_stream_left_runs_its_round_at_once() -> None
     scheduler.run_until_idle()
 
 
+@pytest.mark.parametrize("stall", [None, 2.0])
+def test_a_stall_paces_the_chunks_to_what_a_step_s_round_allows(stall: float | None) -> None:
+    """On a clock where a prompt call of n tokens takes 10 ms + 2 ms·n and a round 20 ms:
+    with prefill_stall 2 the chunk is learnt down from 64 to the 15 tokens whose call fits
+    in 2 rounds (40 ms), so the steps that admit stay within about 3 rounds; without it
+    every chunk is prefill_chunk's 64. The stream decodes in every step and the prompt's
+    output is the one it gets alone."""
+    executor = toy_executor("none")
+    now = [0.0]
+    score = executor.target.score
+    calls: list[int] = []  # tokens of each prompt call
+
+    def timed(tokens, last_only=False):
+        n = sum(len(t) for t in tokens)
+        if last_only:  # a prompt's chunk
+            calls.append(n)
+            now[0] += 0.010 + 0.002 * n
+        else:  # a round
+            now[0] += 0.020
+        return score(tokens, last_only)
+
+    executor.target.score = timed
+    scheduler = Scheduler(executor, slots=2, prefill_chunk=64, prefill_stall=stall)
+    scheduler.clock = lambda: now[0]
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=400, ignore_eos=True)
+    running = scheduler.submit([1, 2], params)
+    while not running.token_ids:
+        scheduler.step()
+    prompt = [(3 * i) % 20 + 1 for i in range(600)]
+    ticket = scheduler.submit(prompt, params.model_copy(update={"max_tokens": 3}))
+    calls.clear()
+    while not ticket.token_ids:
+        before = len(running.token_ids)
+        scheduler.step()
+        assert len(running.token_ids) > before
+    if stall is None:
+        assert set(calls[:-1]) == {64}
+    else:
+        assert calls[:4] == [64, 32, 17, 15] and set(calls[4:-1]) == {15}
+        assert calls[-1] <= 15  # a short tail is a call of its own: no call passes the stall
+        assert all(0.010 + 0.002 * n <= 2.0 * 0.020 + 1e-9 for n in calls[3:])
+    while not ticket.done.is_set():
+        scheduler.step()
+    alone = toy_executor("none").generate([prompt], [ticket.request.params])[0]
+    assert ticket.token_ids == alone.token_ids
+    scheduler.cancel(running)
+    scheduler.run_until_idle()
+
+
+def test_a_stall_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="prefill_stall"):
+        Scheduler(toy_executor("none"), slots=2, prefill_stall=0.0)
+
+
 def test_a_draft_model_takes_the_prompt_in_chunks_as_the_target_does() -> None:
     """Chunks of 2 beside a decoding stream: the draft model's cache takes each chunk the
     target took, never the whole prompt in one call, and the request's output is the one it
@@ -759,9 +813,9 @@ def test_sampling_stays_exact_with_chunked_admissions_in_flight() -> None:
         chunked_beside_rounds[0] = 0
         prefill = scheduler._prefill
 
-        def counted(budget, chunk):  # steps whose chunks ran while other rows decoded
+        def counted(budget, chunk, *rest):  # steps whose chunks ran while others decoded
             chunked_beside_rounds[0] += chunk is not None and bool(scheduler._prefilling())
-            return prefill(budget, chunk)
+            return prefill(budget, chunk, *rest)
 
         scheduler._prefill = counted
         tickets, long = [], params.model_copy(update={"max_tokens": 60})

@@ -444,11 +444,11 @@ def test_a_request_the_kv_cache_cannot_hold_fails_alone(tiny_dir, monkeypatch) -
         chunks: list[int] = []
         prefill = engine.scheduler._prefill
 
-        def counted(budget, chunk):  # prompt tokens fed in steps where a stream decoded
-            fed = prefill(budget, chunk)
+        def counted(budget, chunk, *rest):  # prompt tokens fed in steps where a stream
+            fed, later = prefill(budget, chunk, *rest)  # decoded
             if chunk is not None and fed:
                 chunks.append(fed)
-            return fed
+            return fed, later
 
         engine.scheduler._prefill = counted
         beside = started()  # the long prompt comes in 16 tokens a step beside the stream

@@ -41,6 +41,16 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 added to the step that already paid for its last chunk. One prefilled in
                 one call (under 1.5 chunks, a kept prompt's last token, or any prompt with
                 no stream running) joins in the same step: the step paid for one call
+* stall         ``prefill_stall`` (off unless set): while requests decode, the prompt chunks
+                of a step may take at most this many times the step's round (an EMA of the
+                rounds' seconds), so the streams' inter-token gap while a prompt comes in
+                stays near (1 + stall) rounds. The chunk is learnt from the steps that fed a
+                whole one: scaled by (stall × round) / its time, at most ×2 or ÷2 a step,
+                between PACED_MIN tokens (an admission always goes on; where one call of
+                that many costs more than the stall, the gap is what it costs) and
+                ``prefill_chunk``; a short tail does not join the chunk before it (that call
+                would pass the stall). On a 2-core CPU a prompt call is mostly compute, so
+                a short gap costs the prompt's own TTFT (reports/bench-serve.md, "Admission")
 * failure       a prompt chunk that raises ends that request alone; a round that raises
                 before it committed anything is run again row by row, and a row that fails
                 alone ends that request alone (with an EAGLE head, whose state a failed
@@ -94,10 +104,12 @@ from collections.abc import Callable, Sequence
 from trtspec.runtime import CacheFull
 from trtspec.serve.slots import DraftPolicy, Slots, Ticket, notify, one_line, stop_at
 from trtspec.spec.adaptive import ADAPTIVE
-from trtspec.spec.executor import Delta, Request, RoundFailed, SpecExecutor
+from trtspec.spec.executor import Delta, Request, RoundFailed, SpecExecutor, settle
 from trtspec.spec.sample.probs import SamplingParams, make_generator
 
 PREFILL_CHUNK = {"cpu": 32}  # default prompt tokens a step, by device type; else 512
+PACED_MIN = 4  # prompt tokens a paced step feeds at least, so an admission always goes on
+PACE_RATE = 0.3  # of the newest round in a paced scheduler's EMA of round seconds
 STRIKES = 3  # requests failing in a row (nothing succeeding between) that say the runner is
 
 
@@ -116,11 +128,17 @@ class Scheduler(Slots):
 
     def __init__(self, executor: SpecExecutor, slots: int, policy: DraftPolicy | None = None,
                  max_waiting: int = 256, keep_prompts: bool = False,
-                 max_num_tokens: int = 8192, prefill_chunk: int | None = None) -> None:
+                 max_num_tokens: int = 8192, prefill_chunk: int | None = None,
+                 prefill_stall: float | None = None) -> None:
         super().__init__(slots, max_waiting)
         if max_num_tokens < 1 or (prefill_chunk is not None and prefill_chunk < 1):
             raise ValueError(f"max_num_tokens ({max_num_tokens}) and prefill_chunk "
                              f"({prefill_chunk}) must be ≥ 1")
+        if prefill_stall is not None and not prefill_stall > 0:
+            raise ValueError(f"prefill_stall must be > 0, got {prefill_stall}")
+        # module docstring, "stall": the chunk a step's time allows, learnt as steps run
+        self.prefill_stall, self._paced, self._round_s = prefill_stall, None, None
+        self.clock = time.perf_counter
         self.executor = executor
         # module docstring, "kept prompt": what each row still holds of a finished request
         self.keep_prompts = keep_prompts
@@ -175,17 +193,25 @@ class Scheduler(Slots):
         want = self.executor.draft_len if draft_len == ADAPTIVE else int(draft_len)
         # chunks keep running streams going: with none running, a prompt takes the budget
         chunk = self.prefill_chunk if decoding else None
+        paced = chunk is not None and self.prefill_stall is not None
+        if paced and self._paced is not None:  # what the stall allows (docstring, "stall")
+            chunk = max(PACED_MIN, min(chunk, int(self._paced + 1e-6)))
         # rounds go first, but leave prompts their chunk (D is cut to fit), at most half
         floor = max(1, min(chunk, self.max_num_tokens // 2)) \
             if chunk and self._prefilling() else 0
         reserved = min(self.max_num_tokens - floor, len(decoding) * (want + 1))
-        used, later = self._prefill(self.max_num_tokens - reserved, chunk)
+        began = self._now(paced)
+        used, later = self._prefill(self.max_num_tokens - reserved, chunk, not paced)
+        chunk_s = self._now(paced) - began
         # with those whose prompt just completed, but beside running streams a prompt that
         # came in over several calls joins the rounds at the next step (docstring, "chunk")
         live = [b for b in self._decoding() if not decoding or b not in later]
         if live:
             draft_len = self.policy.for_running(len(live))
+            began = self._now(paced)
             deltas = self._round(live, draft_len, max(len(live), self.max_num_tokens - used))
+            if paced:
+                self._pace(chunk, used, chunk_s, self._now(paced) - began)
             if self.on_round is not None and deltas:
                 try:
                     self.on_round(deltas)
@@ -195,6 +221,30 @@ class Scheduler(Slots):
             for delta in deltas:
                 self._deliver(delta)
         return self.running
+
+    def _now(self, timed: bool) -> float:
+        """The clock, after the work queued on a GPU (timing a paced step), else 0."""
+        if not timed:
+            return 0.0
+        settle(self.executor.target)
+        return self.clock()
+
+    def _pace(self, chunk: int, used: int, chunk_s: float, round_s: float) -> None:
+        """Learn the chunk a step's time allows from one paced step that fed ``used`` prompt
+        tokens (``chunk`` allowed) in ``chunk_s`` seconds beside a round of ``round_s``
+        (module docstring, "stall"): rounds as an EMA; the chunk, from a step that fed a
+        whole one, scaled by how far its time was off what the stall allows, at most ×2 or
+        ÷2 a step (a prompt's last, shorter call would teach a call's fixed cost as if it
+        were its tokens')."""
+        assert self.prefill_stall is not None
+        self._round_s = round_s if self._round_s is None else \
+            self._round_s + PACE_RATE * (round_s - self._round_s)
+        if used < chunk or chunk_s <= 0:
+            return
+        allowed = self.prefill_stall * self._round_s
+        scale = min(2.0, max(0.5, allowed / chunk_s))
+        self._paced = max(float(PACED_MIN), min(float(self.prefill_chunk or used),
+                                                used * scale))
 
     def _fit(self) -> None:
         """Give back the memory of long requests that left (the compiled runner's
@@ -323,9 +373,11 @@ class Scheduler(Slots):
         lengths[slot] = kept
         self.executor.target.rollback(lengths)
 
-    def _prefill(self, budget: int, chunk: int | None) -> tuple[int, set[int]]:
+    def _prefill(self, budget: int, chunk: int | None, join_tail: bool = True
+                 ) -> tuple[int, set[int]]:
         """Feed prompt chunks, first admitted first, at most ``chunk`` tokens in all (and a
-        tail under half a chunk, module docstring) and ``budget``, one row a call (a call pads
+        tail under half a chunk with ``join_tail``: not when paced, whose chunk is what a
+        step's time allows; module docstring) and ``budget``, one row a call (a call pads
         its rows to the longest); a prompt whose last chunk is in gets its first token. Heads
         prefill whole prompts. Returns the tokens fed and the slots whose prompt completed
         here after earlier calls' chunks (beside running streams, they join the rounds at the
@@ -339,7 +391,7 @@ class Scheduler(Slots):
             assert ticket is not None and ticket.request is not None
             todo = len(ticket.prompt) - ticket.prefilled
             n = todo if whole else min(todo, left)
-            if chunk is not None and n > 0 and 0 < todo - n < chunk / 2 and \
+            if join_tail and chunk is not None and n > 0 and 0 < todo - n < chunk / 2 and \
                     used + todo <= budget:
                 n = todo  # a short tail joins this call: one call costs about the same
             if n <= 0 or (whole and used and n > left):  # heads: one whole prompt past it

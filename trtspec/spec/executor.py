@@ -38,7 +38,7 @@ from trtspec.spec.sample.probs import SamplingParams, make_generator, rows_to_pr
 from trtspec.spec.sample.verify import VerifyOutput, verify
 
 
-def _settle(runner: Runner) -> None:
+def settle(runner: Runner) -> None:
     """Wait for the work queued on the runner's GPU, if it has one (timing: a CUDA call
     returns before its kernels finish)."""
     device = getattr(runner, "device", None)
@@ -251,7 +251,7 @@ class SpecExecutor:
                 raise RoundFailed(f"{type(e).__name__}: {e}") from e
         clock = chooser is not None and chooser.clock is not None
         if clock:  # what this round costs, and nothing queued before it (a GPU runs ahead)
-            _settle(self.target)
+            settle(self.target)
             one_offs, began = self._one_offs(), time.perf_counter()
         try:
             n_draft, out = self._score_and_verify(reqs, live, draft_len, chooser, rows)
@@ -278,7 +278,7 @@ class SpecExecutor:
         if self.proposer is not None:
             self.proposer.observe(accepted)
         if clock:  # what this round took, for the next ones' choice: not a round that did
-            _settle(self.target)  # one-off work (grew the cache, swapped rows, compiled);
+            settle(self.target)  # one-off work (grew the cache, swapped rows, compiled);
             k = max(n_draft[b] for b in live)  # one asked to draft that got nothing is
             if self._one_offs() == one_offs:  # width 0 (its lookups are no plain round's)
                 width = k + 1 if k or not any(draft_len[b] for b in live) else 0
