@@ -28,9 +28,10 @@ fixed D = 2 and both adaptive policies, a round cost of 2 rows timed once (a smo
 ``--admission`` instead measures admission under the token-budget step (the "## Admission"
 section): three plain-decoding streams while a 2,000-token prompt is admitted, their largest
 inter-token gap over their median before it arrived, with the prompt prefilled whole (one
-call, as before chunked prefill) and in chunks of 8, 16, 32 (the CPU default) and 64 tokens a
-step; and TTFT p50/p99 when 32 built-in prompts arrive at once on 8 slots, whole and in chunks
-of 8, 16 and 32.
+call, as before chunked prefill), in chunks of 8, 16, 32 (the CPU default) and 64 tokens a
+step, and in chunks of at most 32 paced to 2 and 1.5 rounds (``prefill_stall``); and TTFT
+p50/p99 when 32 built-in prompts arrive at once on 8 slots, whole, in chunks of 8, 16 and 32,
+and paced to 2 rounds.
 
 ``--live-rows`` instead measures scoring only the live rows (the "## Live rows" section):
 rounds that feed some of the 8 slots while the others hold sequences, with every row in the
@@ -192,13 +193,15 @@ def verdict(r: dict[str, float], line: float = 0.97) -> str:
 WHOLE = 8192  # a prefill chunk as big as the step budget: each prompt in one call
 
 
-def admission_gaps(runner, long_prompt: list[int], chunk: int, streams: int = 3
-                   ) -> dict[str, float]:
+def admission_gaps(runner, long_prompt: list[int], chunk: int, stall: float | None = None,
+                   streams: int = 3) -> dict[str, float]:
     """``streams`` plain-decoding requests run 24 steps, then ``long_prompt`` arrives and is
-    admitted in chunks of ``chunk`` tokens a step; after its first token, 8 more steps.
+    admitted in chunks of ``chunk`` tokens a step (paced to ``stall``, the scheduler's
+    prefill_stall); after its first token, 8 more steps.
     Returns the running streams' median inter-token gap before it arrived, their largest gap
     from its arrival to its first token, and its TTFT (seconds)."""
-    scheduler = Scheduler(SpecExecutor(runner, None, 0), SLOTS, prefill_chunk=chunk)
+    scheduler = Scheduler(SpecExecutor(runner, None, 0), SLOTS, prefill_chunk=chunk,
+                          prefill_stall=stall)
     arrivals: list[list[float]] = [[] for _ in range(streams)]
 
     def clock(i: int):
@@ -236,10 +239,12 @@ def admission_gaps(runner, long_prompt: list[int], chunk: int, streams: int = 3
             "calm": max(calm, default=float("nan")), "grew": len(grew), "ttft": first - sent}
 
 
-def burst_ttft(runner, prompts: list[list[int]], chunk: int) -> dict[str, float]:
+def burst_ttft(runner, prompts: list[list[int]], chunk: int, stall: float | None = None
+               ) -> dict[str, float]:
     """Every prompt arrives at once (8 slots, 16 greedy tokens each): TTFT p50 / p99 and the
     wall time until the last one finished (seconds)."""
-    scheduler = Scheduler(SpecExecutor(runner, None, 0), SLOTS, prefill_chunk=chunk)
+    scheduler = Scheduler(SpecExecutor(runner, None, 0), SLOTS, prefill_chunk=chunk,
+                          prefill_stall=stall)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     firsts: dict[int, float] = {}
 
@@ -275,23 +280,30 @@ def admission_report(args) -> None:
     ids = [t for r in builtin() for t in encode(lm.tokenizer, r.chat())]
     length = 200 if args.quick else 2000
     long_prompt = (ids * (1 + length // len(ids)))[:length]
-    chunks = [WHOLE, 16] if args.quick else [WHOLE, 8, 16, 32, 64]
-    for c in chunks:  # warm: every graph, span and cache size a measured run needs
-        admission_gaps(runner, long_prompt, c)
-    gaps = {c: admission_gaps(runner, long_prompt, c) for c in chunks}
-    for c, g in gaps.items():
-        print(f"admission chunk={c}: max gap {g['max'] * 1e3:.0f} ms, median "
+    chunks = [(WHOLE, None), (16, None), (16, 2.0)] if args.quick else \
+        [(WHOLE, None), (8, None), (16, None), (32, None), (64, None), (32, 2.0), (32, 1.5)]
+    for c, stall in chunks:  # warm: every graph, span and cache size a measured run needs
+        admission_gaps(runner, long_prompt, c, stall)
+    gaps = {(c, stall): admission_gaps(runner, long_prompt, c, stall) for c, stall in chunks}
+    for (c, stall), g in gaps.items():
+        print(f"admission chunk={c} stall={stall}: max gap {g['max'] * 1e3:.0f} ms, median "
               f"{g['median'] * 1e3:.0f} ms ({g['max'] / g['median']:.1f}×; "
               f"{g['calm'] / g['median']:.1f}× without {g['grew']} growths), TTFT "
               f"{g['ttft']:.2f} s", flush=True)
     burst_prompts = [encode(lm.tokenizer, r.chat())
                      for r in per_category(builtin(), 1 if args.quick else 4, seed=0)]
     burst_ttft(runner, burst_prompts[:SLOTS], 16)  # warm
-    bursts = {c: burst_ttft(runner, burst_prompts, c) for c in (WHOLE, 8, 16, 32)}
-    for c, b in bursts.items():
-        print(f"burst chunk={c}: TTFT p50 {b['p50']:.2f} s p99 {b['p99']:.2f} s, wall "
-              f"{b['wall']:.1f} s", flush=True)
-    name = {WHOLE: "whole (one call; before chunked prefill)"}
+    bursts = {(c, stall): burst_ttft(runner, burst_prompts, c, stall) for c, stall in (
+        [(WHOLE, None), (16, None), (16, 2.0)] if args.quick else
+        [(WHOLE, None), (8, None), (16, None), (32, None), (32, 2.0)])}
+    for (c, stall), b in bursts.items():
+        print(f"burst chunk={c} stall={stall}: TTFT p50 {b['p50']:.2f} s p99 {b['p99']:.2f} s, "
+              f"wall {b['wall']:.1f} s", flush=True)
+
+    def name(c: int, stall: float | None) -> str:
+        return "whole (one call; before chunked prefill)" if c == WHOLE else \
+            f"{c} tokens a step" + (f", paced to {stall:g}× a round" if stall else "")
+
     lines = [
         "## Admission", "",
         f"SmolLM2-135M-Instruct on the {kind} runner, {SLOTS} slots, plain decoding, greedy; "
@@ -302,11 +314,13 @@ def admission_report(args) -> None:
         "leaving out the steps in which the KV cache's capacity changed (its growth to the "
         "prompt's size is spread over the admitting steps, a few layers a call: the step "
         "counted is the one that completes it); *p95 gap ×*: the 95th percentile "
-        "of those gaps over the median; TTFT is the long prompt's.", "",
+        "of those gaps over the median; TTFT is the long prompt's. *paced to X× a round*: "
+        "`--prefill-stall X`, the chunk (at most the one named) learnt so that a step's "
+        "prompt call takes at most X times its round. One run a row.", "",
         "| prefill | median gap | largest gap | gap × | without growth | p95 gap × | growths "
         "| TTFT |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for c, g in gaps.items():
-        lines.append(f"| {name.get(c, f'{c} tokens a step')} | {g['median'] * 1e3:.0f} ms | "
+    for (c, stall), g in gaps.items():
+        lines.append(f"| {name(c, stall)} | {g['median'] * 1e3:.0f} ms | "
                      f"{g['max'] * 1e3:.0f} ms | {g['max'] / g['median']:.1f}× | "
                      + (f"{g['calm'] / g['median']:.1f}×" if g['calm'] == g['calm'] else "—")
                      + f" | {g['p95'] / g['median']:.1f}× | "
@@ -314,8 +328,8 @@ def admission_report(args) -> None:
     lines += ["", f"A burst: {len(burst_prompts)} built-in prompts ({min(map(len, burst_prompts))}"
               f"–{max(map(len, burst_prompts))} tokens) arrive at once, 16 tokens each:", "",
               "| prefill | TTFT p50 | TTFT p99 | all done |", "|---|---:|---:|---:|"]
-    for c, b in bursts.items():
-        lines.append(f"| {name.get(c, f'{c} tokens a step')} | {b['p50']:.2f} s | "
+    for (c, stall), b in bursts.items():
+        lines.append(f"| {name(c, stall)} | {b['p50']:.2f} s | "
                      f"{b['p99']:.2f} s | {b['wall']:.1f} s |")
     lines += ["", "Command: `.venv/bin/python benchmarks/bench_serve.py " +
               shlex.join(sys.argv[1:]) + "`", ""]

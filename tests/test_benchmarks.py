@@ -67,6 +67,21 @@ def test_bench_serve_live_rows_quick(tmp_path: Path, smollm2) -> None:
     assert "| 0, 7 of 8 | 1 | 8 → 2 |" in text and "(1) |" in text
 
 
+def test_bench_serve_admission_quick(tmp_path: Path, smollm2) -> None:
+    """--admission: the gap and burst tables, whole, chunked and paced, land in the report's
+    Admission section."""
+    out = tmp_path / "bench-serve.md"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_serve.py"),
+                          "--admission", "--quick", "--out", str(out)], capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = out.read_text()
+    assert text.startswith("## Admission") and "200-token prompt arrives" in text
+    for row in ("| whole (one call; before chunked prefill) |", "| 16 tokens a step |",
+                "| 16 tokens a step, paced to 2× a round |"):
+        assert text.count(row) == 2, row  # the gap table and the burst's
+
+
 def test_bench_serve_soak_quick(tmp_path: Path) -> None:
     """The soak's code path on the toy backend (no weights): `trtspec serve` in a subprocess,
     streaming clients that drop a fifth of their requests, every check passing; the Soak

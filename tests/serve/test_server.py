@@ -1089,6 +1089,7 @@ def test_a_served_model_that_fails_ends_every_request_within_a_second_then_exits
     (["--method", "none", "--draft-len-schedule", "1:2"], "--method none decodes plainly"),
     (["--set", "limits.max_batch_size=2"], "--backend toy serves toy models"),
     (["--draft-len-schedule", "2:1,1:4"], "increasing order"),
+    (["--prefill-stall", "0"], "--prefill-stall"),
 ])
 def test_flags_that_conflict_are_refused_in_one_line(flags, says, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
@@ -1101,6 +1102,12 @@ def test_a_schedule_entry_past_the_slots_is_named_at_start_up() -> None:
     out = serve_toy("--slots", "2", "--draft-len-schedule", "1:4,2:2,8:1")
     assert "policy: draft_model, D = 4 at 1, D = 2 at 2 running" in out, out
     assert "note: schedule entries past --slots 2 never apply: 8:1" in out, out
+
+
+def test_prefill_chunk_and_stall_are_said_at_start_up() -> None:
+    out = serve_toy("--prefill-chunk", "8", "--prefill-stall", "2")
+    assert "prompts are prefilled ≤ 8 tokens a step, paced to 2× a round while others " \
+        "decode" in out, out
 
 
 def test_vllm_extensions_are_honoured_or_refused_and_null_means_default() -> None:

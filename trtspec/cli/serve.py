@@ -65,6 +65,12 @@ class DraftLen(click.ParamType):
               help="most prompt tokens a step prefills, over all admissions, so running "
                    "streams keep decoding while a long prompt comes in [default: 32 on a "
                    "CPU, 512 on a GPU; a step's whole budget is limits.max_num_tokens]")
+@click.option("--prefill-stall", type=click.FloatRange(0, min_open=True), default=None,
+              help="while requests decode, a step's prompt chunks take at most this many "
+                   "times its round (the chunk learnt from the steps' times, at least 4 "
+                   "tokens), so running streams' inter-token gap stays near (1 + this) "
+                   "rounds while a long prompt comes in, at the cost of that prompt's TTFT "
+                   "[default: off: --prefill-chunk tokens a step]")
 @click.option("--served-model-name", default=None, help="[default: the recipe's target.model]")
 @click.option("--per-request-spec-decode-metrics", "spec_metrics",
               type=click.Choice(["none", "summary", "detailed"]), default="summary",
@@ -85,7 +91,8 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
           policy_dir: str | None, slots: int | None, max_waiting: int,
           served_model_name: str | None, spec_metrics: str, overrides: tuple[str, ...],
           engines: str | None, mlflow_uri: str | None, native: bool,
-          kv_cache_fraction: float | None, prefill_chunk: int | None) -> None:
+          kv_cache_fraction: float | None, prefill_chunk: int | None,
+          prefill_stall: float | None) -> None:
     """Serve RECIPE's built models, or a build folder (engines/<recipe>/<gpu>/), behind an
     OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /health,
     /metrics) with exact speculative sampling and continuous batching."""
@@ -165,9 +172,20 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
                          "one call, so prompts are prefilled whole")
         else:
             scheduler.prefill_chunk = chunking = prefill_chunk
+    if prefill_stall is not None:
+        if not hasattr(scheduler, "prefill_stall"):
+            raise click.UsageError("--prefill-stall is trtspec's scheduler's: TensorRT-LLM "
+                                   "chunks prompts by itself within limits.max_num_tokens")
+        if chunking is None:
+            notes.append("--prefill-stall: draft heads read a prompt's hidden states from "
+                         "one call, so prompts are prefilled whole")
+        else:
+            scheduler.prefill_stall = prefill_stall
     if chunking is not None:
-        notes.append(f"prompts are prefilled {chunking} tokens a step (at most "
-                     f"{scheduler.max_num_tokens} tokens a step in all)")
+        paced = getattr(scheduler, "prefill_stall", None)
+        notes.append(f"prompts are prefilled {'≤ ' if paced else ''}{chunking} tokens a step"
+                     + (f", paced to {paced:g}× a round while others decode" if paced else "")
+                     + f" (at most {scheduler.max_num_tokens} tokens a step in all)")
     if schedule is not None and scheduler.speculates:
         scheduler.policy = schedule
         if schedule.unreachable(scheduler.slots):

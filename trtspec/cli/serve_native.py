@@ -16,7 +16,7 @@ from trtspec.serve.slots import DraftPolicy
 from trtspec.spec.adaptive import ADAPTIVE
 
 IN_PROCESS_ONLY = ("api_key", "slots", "max_waiting", "served_model_name", "spec_metrics",
-                   "prefill_chunk")
+                   "prefill_chunk", "prefill_stall")
 
 
 def refuse_in_process_flags(backend: str) -> None:
