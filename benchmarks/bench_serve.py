@@ -167,6 +167,12 @@ def paired(arm_blocks: list[dict], base_blocks: list[dict], threshold: float = 0
             "p": float(p_go), "blocks": len(pairs)}
 
 
+def done_once(runner) -> int:
+    """One-off work the runner has done so far (cache grown or shrunk, rows swapped, graphs
+    compiled late: the compiled runner counts them; 0 where a runner does not)."""
+    return getattr(runner, "one_offs", 0)
+
+
 def summary(blocks: list[dict]) -> dict[str, float]:
     """An arm's blocks together: tokens/s over all of them, TPOT p50 (ms), AL, mean D."""
     stats = SpecStats.merge(b["stats"] for b in blocks).summary()
@@ -553,13 +559,19 @@ def main() -> None:
             parts = blocks_of(len(prompts), clients)
             passes = args.repeats * math.ceil(min_blocks / len(parts))
             passes_at[group, clients] = passes
+            # unmeasured: a plain run of a block at this load, so what only it makes (the
+            # shapes of a row alone at 1 client, the cache at its contexts) is there before
+            # any arm is timed (in a run without it, the first arm on a block at 1 client took
+            # 2.2× its pair's time)
+            block(arm(runner, "plain", "plain", (curve, rounds), warmups[group], warm_tokens),
+                  [prompts[i] for i in parts[0]], [params[i] for i in parts[0]], clients)
             k = 0  # the cell's blocks so far: arm_order's turn
             for run in range(passes):  # each pass: every arm made anew and warmed, so
                 executors = {a: arm(runner, *a, (curve, rounds), warmups[group], warm_tokens)
                              for a in arms}  # suffix's trie never holds a prompt's output
                 for j, idx in enumerate(parts):  # from an earlier pass (within a pass: the
                     for position, a in enumerate(arm_order(arms, k)):  # pass's earlier blocks')
-                        start = time.perf_counter() - began
+                        start, one_offs = time.perf_counter() - began, done_once(runner)
                         r = block(executors[a], [prompts[i] for i in idx],
                                   [params[i] for i in idx], clients)
                         blocks.setdefault((group, clients, *a), []).append(r)
@@ -568,6 +580,7 @@ def main() -> None:
                                     "policy": a[1], "pass": run, "block": j,
                                     "position": position, "start_s": round(start, 3),
                                     "tokens": r["tokens"], "wall_s": r["wall"],
+                                    "one_offs": done_once(runner) - one_offs,
                                     "tpot_ms": [round(t * 1e3, 3) for t in r["tpot"]],
                                     "al": counters["al_pooled"],
                                     "mean_d": counters.get("draft_len_mean", 0.0)})
