@@ -29,9 +29,9 @@ fixed D = 2 and both adaptive policies, a round cost of 2 rows timed once (a smo
 section): three plain-decoding streams while a 2,000-token prompt is admitted, their largest
 inter-token gap over their median before it arrived, with the prompt prefilled whole (one
 call, as before chunked prefill), in chunks of 8, 16, 32 (the CPU default) and 64 tokens a
-step, and in chunks of at most 32 paced to 2 and 1.5 rounds (``prefill_stall``); and TTFT
+step, and in chunks of at most 32 paced to 1.5 and 1 rounds (``prefill_stall``); and TTFT
 p50/p99 when 32 built-in prompts arrive at once on 8 slots, whole, in chunks of 8, 16 and 32,
-and paced to 2 rounds.
+and paced to 1.5 rounds.
 
 ``--live-rows`` instead measures scoring only the live rows (the "## Live rows" section):
 rounds that feed some of the 8 slots while the others hold sequences, with every row in the
@@ -287,7 +287,7 @@ def admission_report(args) -> None:
     length = 200 if args.quick else 2000
     long_prompt = (ids * (1 + length // len(ids)))[:length]
     chunks = [(WHOLE, None), (16, None), (16, 2.0)] if args.quick else \
-        [(WHOLE, None), (8, None), (16, None), (32, None), (64, None), (32, 2.0), (32, 1.5)]
+        [(WHOLE, None), (8, None), (16, None), (32, None), (64, None), (32, 1.5), (32, 1.0)]
     for c, stall in chunks:  # warm: every graph, span and cache size a measured run needs
         admission_gaps(runner, long_prompt, c, stall)
     gaps = {(c, stall): admission_gaps(runner, long_prompt, c, stall) for c, stall in chunks}
@@ -301,7 +301,7 @@ def admission_report(args) -> None:
     burst_ttft(runner, burst_prompts[:SLOTS], 16)  # warm
     bursts = {(c, stall): burst_ttft(runner, burst_prompts, c, stall) for c, stall in (
         [(WHOLE, None), (16, None), (16, 2.0)] if args.quick else
-        [(WHOLE, None), (8, None), (16, None), (32, None), (32, 2.0)])}
+        [(WHOLE, None), (8, None), (16, None), (32, None), (32, 1.5)])}
     for (c, stall), b in bursts.items():
         print(f"burst chunk={c} stall={stall}: TTFT p50 {b['p50']:.2f} s p99 {b['p99']:.2f} s, "
               f"wall {b['wall']:.1f} s", flush=True)

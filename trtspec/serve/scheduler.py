@@ -44,11 +44,13 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
 * stall         ``prefill_stall`` (off unless set): while requests decode, the prompt chunks
                 of a step may take at most this many times the step's round (an EMA of the
                 rounds' seconds), so the streams' inter-token gap while a prompt comes in
-                stays near (1 + stall) rounds. The chunk is learnt from the steps that fed a
-                whole one: scaled by (stall × round) / its time, at most ×2 or ÷2 a step,
-                between PACED_MIN tokens (an admission always goes on; where one call of
-                that many costs more than the stall, the gap is what it costs) and
-                ``prefill_chunk``; a short tail does not join the chunk before it (that call
+                stays near (1 + stall) rounds. The chunk starts at PACED_MIN tokens (a
+                first chunk of prefill_chunk's 32 took 81 ms beside a 37-ms round on the
+                2-core CPU: that step was the admission's largest gap) and is learnt from
+                the steps that fed a whole one: scaled by (stall × round) / its time, at
+                most ×2 or ÷2 a step, between PACED_MIN (an admission always goes on; where
+                one call of that many costs more than the stall, the gap is what it costs)
+                and ``prefill_chunk``; a short tail does not join the chunk before it (that call
                 would pass the stall). On a 2-core CPU a prompt call is mostly compute, so
                 a short gap costs the prompt's own TTFT (reports/bench-serve.md, "Admission")
 * failure       a prompt chunk that raises ends that request alone; a round that raises
@@ -194,8 +196,8 @@ class Scheduler(Slots):
         # chunks keep running streams going: with none running, a prompt takes the budget
         chunk = self.prefill_chunk if decoding else None
         paced = chunk is not None and self.prefill_stall is not None
-        if paced and self._paced is not None:  # what the stall allows (docstring, "stall")
-            chunk = max(PACED_MIN, min(chunk, int(self._paced + 1e-6)))
+        if paced:  # what the stall allows, from PACED_MIN at first (docstring, "stall")
+            chunk = max(PACED_MIN, min(chunk, int((self._paced or PACED_MIN) + 1e-6)))
         # rounds go first, but leave prompts their chunk (D is cut to fit), at most half
         floor = max(1, min(chunk, self.max_num_tokens // 2)) \
             if chunk and self._prefilling() else 0
