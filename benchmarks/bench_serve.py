@@ -137,26 +137,31 @@ def check_clients(n: int, clients: int) -> str | None:
 
 
 def arm_order(arms: list, k: int) -> list:
-    """The order the arms run a cell's k-th block in: rotated by k, and reversed every other
-    len(arms) blocks, so over 2 · len(arms) blocks every arm runs at every position twice,
-    once forward and once backward (no arm is always first, last or beside plain)."""
+    """The order the arms run a cell's k-th block in: a Williams design, row k mod n of the
+    Latin square whose first row is 0, 1, n−1, 2, n−2, … (n arms), its rows reversed in
+    turn for an odd n. Over n blocks (2n for an odd n) every arm runs at every position
+    equally often, and every arm runs right after every other equally often: no arm is
+    always first, last or beside plain, and what one arm leaves the next (the cache's size,
+    one-off work) falls on each arm alike."""
     n = len(arms)
-    turned = arms[k % n:] + arms[: k % n]
-    return turned[::-1] if (k // n) % 2 else turned
+    first = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
+    row = [arms[(i + k) % n] for i in first]
+    return row[::-1] if n % 2 and (k // n) % 2 else row
 
 
 def paired(arm_blocks: list[dict], base_blocks: list[dict], threshold: float = 0.97
            ) -> dict[str, float]:
     """An arm's throughput over a baseline's from blocks run moments apart (pairs by index):
     exp(θ), θ = Σ w·log r / Σ w, r a block's tokens/s over the baseline's on the same
-    prompts and w the baseline's wall time on it (time-weighted, so ≈ the ratio of the two
-    arms' throughput over all blocks, which an unweighted mean of short and long blocks is
-    not), its 95 % CI over the blocks as units (Student's t ∧ bootstrap-t on the ratio
+    prompts and w the geometric mean of the two arms' wall times on it (time-weighted, so
+    ≈ the ratio of the two arms' throughput over all blocks, which an unweighted mean of
+    short and long blocks is not; symmetric, so neither arm's slow blocks weigh more), its
+    95 % CI over the blocks as units (Student's t ∧ bootstrap-t on the ratio
     estimator, :func:`trtspec.analysis.stats.mean_log_interval`; none under MIN_UNITS
     blocks) and the one-sided p of H₀: ratio ≤ ``threshold`` (small: above it shown)."""
     pairs = list(zip(arm_blocks, base_blocks, strict=True))
-    w = np.array([b["wall"] for _, b in pairs])
-    w = w / w.mean()
+    w = np.sqrt([a["wall"] * b["wall"] for a, b in pairs])  # both arms' time alike: the
+    w = w / w.mean()  # baseline's alone would weigh its own slow blocks up, a bias upward
     log_r = np.array([math.log(a["tokens"] / a["wall"]) - math.log(b["tokens"] / b["wall"])
                       for a, b in pairs])
     if len(pairs) < MIN_UNITS:

@@ -138,32 +138,41 @@ def test_bench_serve_pairs_blocks_by_hand(monkeypatch) -> None:
     assert check_clients(16, 4) is None and check_clients(16, 16) is None
     assert "--clients 3" in check_clients(16, 3) and "--clients 32" in check_clients(16, 32)
     arms = ["plain", "a/a", "ngram", "suffix"]
-    turns = [arm_order(arms, k) for k in range(8)]
-    assert turns[0] == arms and turns[1] == ["a/a", "ngram", "suffix", "plain"]
-    assert turns[4] == ["suffix", "ngram", "a/a", "plain"]  # the second round backward
+    turns = [arm_order(arms, k) for k in range(8)]  # a Williams design: 0 1 3 2, 1 2 0 3, …
+    assert turns[0] == ["plain", "a/a", "suffix", "ngram"]
+    assert turns[1] == ["a/a", "ngram", "plain", "suffix"]
     assert Counter((a, i) for turn in turns for i, a in enumerate(turn)) == \
-        {(a, i): 2 for a in arms for i in range(4)}
+        {(a, i): 2 for a in arms for i in range(4)}  # every arm at every position alike
+    assert Counter((t[i], t[i + 1]) for t in turns for i in range(3)) == \
+        {(a, b): 2 for a in arms for b in arms if a != b}  # and right after every other
+    five = [arm_order(list(range(5)), k) for k in range(10)]  # odd: its rows reversed too
+    assert Counter((t[i], t[i + 1]) for t in five for i in range(4)) == \
+        {(a, b): 2 for a in range(5) for b in range(5) if a != b}
 
     def arm(rates: list[float]) -> list[dict]:  # 40 tokens a block at each rate (tokens/s)
         return [{"tokens": 40, "wall": 40 / r} for r in rates]
 
-    base = arm([25.0] * 8)
-    # ratios 1.1 and 1/1.1 in turn on equal blocks: geometric mean 1, log ratios ±0.0953,
-    # so the standard error is 0.0953·√(8/7)/√8 = 0.0360 and Student's 95 % CI
-    # exp(±2.3646·0.0360)
-    even = paired(arm([25.0 * (1.1 if i % 2 else 1 / 1.1) for i in range(8)]), base)
+    # ratios 1.1 and 1/1.1 in turn on blocks of equal weight (plain's wall √r, the arm's
+    # 1/√r: their geometric mean 1): geometric mean 1, log ratios ±0.0953, so the standard
+    # error is 0.0953·√(8/7)/√8 = 0.0360 and Student's 95 % CI exp(±2.3646·0.0360)
+    ratios = [1.1 if i % 2 else 1 / 1.1 for i in range(8)]
+    even = paired([{"tokens": 40, "wall": 1 / math.sqrt(r)} for r in ratios],
+                  [{"tokens": 40, "wall": math.sqrt(r)} for r in ratios])
     se = math.log(1.1) * math.sqrt(8 / 7) / math.sqrt(8)
     assert even["ratio"] == pytest.approx(1.0) and even["blocks"] == 8
     assert even["low"] <= math.exp(-2.3646 * se) + 1e-9
     assert even["high"] >= math.exp(2.3646 * se) - 1e-9
     assert even["p"] >= student.sf(-math.log(0.97) / se, 7) - 1e-12
     assert verdict(even) == "open"
-    # time-weighted: plain took 1 s and 3 s on two blocks, the arm ran them 2× and 1.25×
-    # faster: exp((1·log 2 + 3·log 1.25) / 4) = 2^(1/4)·1.25^(3/4) (≈ plain's 4 s over the
-    # arm's 0.5 + 2.4 s = 1.38 in all), not the unweighted √(2·1.25) = 1.58
+    # time-weighted by both arms' times alike: plain took 1 s and 3 s on two blocks, the
+    # arm 0.5 s and 2.4 s (2× and 1.25× faster); weights √(0.5·1) and √(2.4·3), so
+    # exp((0.707·log 2 + 2.683·log 1.25) / 3.390) = 1.39 (≈ plain's 4 s over the arm's
+    # 2.9 s = 1.38 in all), not the unweighted √(2·1.25) = 1.58
     two = paired([{"tokens": 40, "wall": 0.5}, {"tokens": 40, "wall": 2.4}],
                  [{"tokens": 40, "wall": 1.0}, {"tokens": 40, "wall": 3.0}])
-    assert two["ratio"] == pytest.approx(2 ** 0.25 * 1.25 ** 0.75)
+    w1, w2 = math.sqrt(0.5), math.sqrt(7.2)
+    assert two["ratio"] == pytest.approx(
+        math.exp((w1 * math.log(2) + w2 * math.log(1.25)) / (w1 + w2)))
     assert verdict(two) == "no CI" and math.isnan(two["p"])  # under 8 blocks: the point
     rates = [20.0, 30.0, 25.0, 22.0, 18.0, 27.0, 24.0, 21.0]
     # every block 1.2× (a flat sample): shown above the line; every block 0.9×: below it
@@ -172,7 +181,7 @@ def test_bench_serve_pairs_blocks_by_hand(monkeypatch) -> None:
     down = paired(arm([r * 0.9 for r in rates]), arm(rates))
     assert down["ratio"] == pytest.approx(0.9) and verdict(down) == "< line"
     with pytest.raises(ValueError):  # blocks pair by index: a missing one is an error
-        paired(arm([22.0]), base[:2])
+        paired(arm([22.0]), arm(rates[:2]))
 
 
 def test_bench_detok_quick(tmp_path: Path) -> None:

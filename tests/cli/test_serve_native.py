@@ -81,12 +81,12 @@ def test_native_refuses_in_one_line(case: str, trtllm_build, tmp_path: Path, mon
     elif case == "torch recipe":
         args[1] = str(ROOT / "recipes" / "cpu-smollm2.yaml")
     else:
-        args += ["--slots", "4"]
+        args += ["--slots", "4", "--prefill-stall", "2"]
     with pytest.raises(SystemExit) as e:
         main(args)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1
     said = {"no executable": ("trtllm-serve", "pip install 'trtspec[trtllm]'", "docs/gpu.md"),
             "torch recipe": ("the torch backend", "drop --native"),
-            "in-process flag": ("--slots", "drop them")}[case]
+            "in-process flag": ("--slots", "--prefill-stall", "drop them")}[case]
     assert all(s in err for s in said), err

@@ -671,7 +671,7 @@ def test_a_prompt_completed_with_no_stream_left_runs_its_round_at_once() -> None
 def test_a_stall_paces_the_chunks_to_what_a_step_s_round_allows(stall: float | None) -> None:
     """On a clock where a prompt call of n tokens takes 10 ms + 2 ms·n and a round 20 ms:
     with prefill_stall 2 the chunk starts at 4 and is learnt up (at most ×2 a step) to the
-    14–15 tokens whose call fits in 2 rounds (40 ms), so no step that admits takes more than
+    15 tokens whose call fits in 2 rounds (40 ms), so no step that admits takes more than
     about 3 rounds; without it every chunk is prefill_chunk's 64. The stream decodes in
     every step and the prompt's output is the one it gets alone."""
     executor = toy_executor("none")
@@ -705,7 +705,7 @@ def test_a_stall_paces_the_chunks_to_what_a_step_s_round_allows(stall: float | N
     if stall is None:
         assert set(calls[:-1]) == {64}
     else:
-        assert calls[:4] == [4, 8, 12, 14] and set(calls[4:-1]) <= {14, 15}
+        assert calls[:5] == [4, 8, 12, 14, 15] and set(calls[5:-1]) == {15}
         assert calls[-1] <= 15  # a short tail is a call of its own: no call passes the stall
         assert all(0.010 + 0.002 * n <= 2.0 * 0.020 + 1e-9 for n in calls)
     while not ticket.done.is_set():
@@ -714,6 +714,40 @@ def test_a_stall_paces_the_chunks_to_what_a_step_s_round_allows(stall: float | N
     assert ticket.token_ids == alone.token_ids
     scheduler.cancel(running)
     scheduler.run_until_idle()
+
+
+def test_a_stall_learns_nothing_from_one_off_work_and_keeps_under_a_small_chunk() -> None:
+    """A step whose calls grew the cache (the runner's one_offs moved) teaches the pacing
+    nothing: its time is no chunk's; and a prefill_chunk under PACED_MIN stays the most a
+    step feeds."""
+    executor = toy_executor("none")
+    executor.target.one_offs = 0
+    score, now, calls = executor.target.score, [0.0], []
+
+    def timed(tokens, last_only=False):
+        n = sum(len(t) for t in tokens)
+        if last_only:
+            calls.append(n)
+            executor.target.one_offs += 1  # every prompt call grows the cache here
+        now[0] += 0.010 + 0.002 * n if last_only else 0.020
+        return score(tokens, last_only)
+
+    executor.target.score = timed
+    for chunk, want in ((64, {4}), (2, {2})):
+        scheduler = Scheduler(executor, slots=2, prefill_chunk=chunk, prefill_stall=2.0)
+        scheduler.clock = lambda: now[0]
+        params = SamplingParams(temperature=0.8, seed=3, max_tokens=60, ignore_eos=True)
+        running = scheduler.submit([1, 2], params)
+        while not running.token_ids:
+            scheduler.step()
+        ticket = scheduler.submit([(3 * i) % 20 + 1 for i in range(40)], params)
+        calls.clear()
+        while not ticket.token_ids:
+            scheduler.step()
+        assert set(calls) == want and scheduler._paced is None, (chunk, calls)
+        scheduler.cancel(running)
+        scheduler.cancel(ticket)
+        scheduler.run_until_idle()
 
 
 def test_a_stall_must_be_positive() -> None:

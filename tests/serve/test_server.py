@@ -1090,6 +1090,7 @@ def test_a_served_model_that_fails_ends_every_request_within_a_second_then_exits
     (["--set", "limits.max_batch_size=2"], "--backend toy serves toy models"),
     (["--draft-len-schedule", "2:1,1:4"], "increasing order"),
     (["--prefill-stall", "0"], "--prefill-stall"),
+    (["--prefill-stall", "nan"], "--prefill-stall must be a finite number"),
 ])
 def test_flags_that_conflict_are_refused_in_one_line(flags, says, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 from pathlib import Path
@@ -104,6 +105,9 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
     from trtspec.serve.server import make_app
 
     began = time.perf_counter()
+    if prefill_stall is not None and not math.isfinite(prefill_stall):
+        raise click.UsageError(f"--prefill-stall must be a finite number > 0, got "
+                               f"{prefill_stall}")
     if kv_cache_fraction is not None and not native:
         raise click.UsageError("--kv-cache-fraction sizes trtllm-serve's KV cache: add --native")
     if policy_dir and (draft_len is not None or draft_len_schedule):

@@ -21,38 +21,44 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
 * chunk         ``prefill_chunk``: the prompt tokens one step prefills while requests are
                 decoding, over all the requests being admitted, first come first served (at
                 most a chunk, and a tail below: under 1.5 chunks)
-                [default: 32 on a CPU: of 16, 32 and 64 (one run each) the smallest largest
-                gap, 3.5× the median, and half the TTFT of 16; a one-row call
-                costs about a decode round whatever its width, so an admitting step is about
-                two (reports/bench-serve.md, "Admission"); 512 on a GPU, not measured here];
+                [default: 32 on a CPU: on a quiet 2-core CPU, three streams decoding while
+                a 2,000-token prompt came in, its largest gap was 4.4–5.0× their median at
+                16 and 32 tokens a step (one run each) and the prompt's TTFT 12 and 7 s: a
+                one-row call costs 20 ms at 1 token, 60–90 ms at 16 and 130–150 ms at 32
+                beside a 27-ms round, so the chunk trades the streams' gap for the
+                prompt's TTFT (reports/bench-serve.md, "Admission"; "stall" below paces
+                it by time); 512 on a GPU, not measured here];
                 with none decoding, no stream waits, so prompts take the whole budget. With
                 Medusa or EAGLE heads prompts are prefilled whole (their heads read the hidden
                 states of the prompt's one scoring call); a draft model takes each chunk
                 into its own cache right after the target's (its cost, outside the budget;
                 on the compiled runner its cache is checked for the prompt at the first).
                 A prompt's tail shorter than half a chunk joins the chunk before it in the
-                same call (a 40-token prompt is one call, not 32 and 8: on the CPU a
-                one-row call of up to 64 tokens costs about a round whatever its width, and
-                requests that speculation desynchronises are admitted one by one, beside
-                rounds; on a GPU, chunk 512, not measured). Beside running streams, a
+                same call (a 40-token prompt is one call, not 32 and 8: each call has a
+                fixed cost, 20 ms for one token on the CPU, and requests that speculation
+                desynchronises are admitted one by one, beside rounds; on a GPU, chunk 512,
+                not measured). Beside running streams, a
                 prompt that came in over several calls has its first token from its last
                 chunk and joins the rounds at the next step (as in vLLM): its first round,
                 at its whole context (every row scored with it attends that far), is not
                 added to the step that already paid for its last chunk. One prefilled in
-                one call (under 1.5 chunks, a kept prompt's last token, or any prompt with
-                no stream running) joins in the same step: the step paid for one call
-* stall         ``prefill_stall`` (off unless set): while requests decode, the prompt chunks
-                of a step may take at most this many times the step's round (an EMA of the
+                one call (under 1.5 chunks unpaced, a kept prompt's last token, or any
+                prompt with no stream running) joins in the same step
+* stall         ``prefill_stall`` (off unless set): while requests decode, the prompt chunk
+                of a step aims at taking this many times the step's round (an EMA of the
                 rounds' seconds), so the streams' inter-token gap while a prompt comes in
-                stays near (1 + stall) rounds. The chunk starts at PACED_MIN tokens (a
-                first chunk of prefill_chunk's 32 took 81 ms beside a 37-ms round on the
-                2-core CPU: that step was the admission's largest gap) and is learnt from
-                the steps that fed a whole one: scaled by (stall × round) / its time, at
-                most ×2 or ÷2 a step, between PACED_MIN (an admission always goes on; where
-                one call of that many costs more than the stall, the gap is what it costs)
-                and ``prefill_chunk``; a short tail does not join the chunk before it (that call
-                would pass the stall). On a 2-core CPU a prompt call is mostly compute, so
-                a short gap costs the prompt's own TTFT (reports/bench-serve.md, "Admission")
+                stays near (1 + stall) rounds. A feedback loop, not a bound: the scheduler's
+                first paced step feeds PACED_MIN tokens (a first chunk of 32 took 81 ms
+                beside a 37-ms round on the 2-core CPU, the admission's largest gap), and the
+                chunk is learnt from the steps that fed a whole one and did no one-off work
+                (cache growth, row swaps): scaled by (stall × round) / its time, at most ×2
+                or ÷2 a step, between PACED_MIN (an admission always goes on: where one call
+                of that many costs more than the stall, the gap is what it costs, so a stall
+                of 1 or less mostly pins the chunk there) and ``prefill_chunk``; later
+                admissions start from what was learnt. A short tail does not join a paced
+                chunk (that call would pass the stall). On the 2-core CPU a one-row call
+                costs 20 ms at 1 token and 150 ms at 32, so a short gap costs the admitted
+                prompt's TTFT (reports/bench-serve.md, "Admission")
 * failure       a prompt chunk that raises ends that request alone; a round that raises
                 before it committed anything is run again row by row, and a row that fails
                 alone ends that request alone (with an EAGLE head, whose state a failed
@@ -197,7 +203,8 @@ class Scheduler(Slots):
         chunk = self.prefill_chunk if decoding else None
         paced = chunk is not None and self.prefill_stall is not None
         if paced:  # what the stall allows, from PACED_MIN at first (docstring, "stall")
-            chunk = max(PACED_MIN, min(chunk, int((self._paced or PACED_MIN) + 1e-6)))
+            chunk = min(chunk, max(PACED_MIN, int((self._paced or PACED_MIN) + 1e-6)))
+            one_offs = getattr(self.executor.target, "one_offs", 0)
         # rounds go first, but leave prompts their chunk (D is cut to fit), at most half
         floor = max(1, min(chunk, self.max_num_tokens // 2)) \
             if chunk and self._prefilling() else 0
@@ -212,8 +219,9 @@ class Scheduler(Slots):
             draft_len = self.policy.for_running(len(live))
             began = self._now(paced)
             deltas = self._round(live, draft_len, max(len(live), self.max_num_tokens - used))
-            if paced:
-                self._pace(chunk, used, chunk_s, self._now(paced) - began)
+            if paced and getattr(self.executor.target, "one_offs", 0) == one_offs:
+                self._pace(chunk, used, chunk_s, self._now(paced) - began)  # (not a step
+                # that grew the cache or swapped rows: its time is no chunk's or round's)
             if self.on_round is not None and deltas:
                 try:
                     self.on_round(deltas)
@@ -234,19 +242,19 @@ class Scheduler(Slots):
     def _pace(self, chunk: int, used: int, chunk_s: float, round_s: float) -> None:
         """Learn the chunk a step's time allows from one paced step that fed ``used`` prompt
         tokens (``chunk`` allowed) in ``chunk_s`` seconds beside a round of ``round_s``
-        (module docstring, "stall"): rounds as an EMA; the chunk, from a step that fed a
-        whole one, scaled by how far its time was off what the stall allows, at most ×2 or
-        ÷2 a step (a prompt's last, shorter call would teach a call's fixed cost as if it
-        were its tokens')."""
+        (module docstring, "stall"): rounds as an EMA; the chunk (kept as a float, so small
+        gains add up), from a step that fed a whole one, scaled by how far its time was off
+        what the stall allows, at most ×2 or ÷2 a step (a prompt's last, shorter call would
+        teach a call's fixed cost as if it were its tokens')."""
         assert self.prefill_stall is not None
         self._round_s = round_s if self._round_s is None else \
             self._round_s + PACE_RATE * (round_s - self._round_s)
         if used < chunk or chunk_s <= 0:
             return
-        allowed = self.prefill_stall * self._round_s
-        scale = min(2.0, max(0.5, allowed / chunk_s))
-        self._paced = max(float(PACED_MIN), min(float(self.prefill_chunk or used),
-                                                used * scale))
+        scale = min(2.0, max(0.5, self.prefill_stall * self._round_s / chunk_s))
+        least = min(PACED_MIN, self.prefill_chunk or PACED_MIN)
+        self._paced = max(float(least), min(float(self.prefill_chunk or chunk),
+                                            max(self._paced or chunk, chunk) * scale))
 
     def _fit(self) -> None:
         """Give back the memory of long requests that left (the compiled runner's
