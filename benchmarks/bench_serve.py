@@ -1,4 +1,4 @@
-"""Speculation under load: which draft length policy pays at 1 to 16 concurrent clients.
+"""Speculation under load: which draft length policy pays at 1, 2, 4, 8 (or more) clients.
 
 SmolLM2-135M-Instruct on this CPU, greedy, the built-in workload's copy-heavy and open-ended
 categories run separately, through `trtspec serve`'s scheduler (8 slots) on the runner serve
@@ -11,9 +11,10 @@ t(B, W), measured here as `trtspec build` measures it). Also TPOT p50, AL and me
 has.
 
 Paired blocks: at c clients a group's prompts run as blocks of 2c (two waves of closed-loop
-load; all of them at 8 and 16 clients), and every arm (plain and each method × policy) runs a
-block before any arm runs the next, in an order rotated from block to block (no arm always
-first, last or beside plain). A cell's ratio is exp of the time-weighted mean over blocks of
+load; all of them where 2c reaches the group's size), and every arm (plain and each method ×
+policy) runs a block before any arm runs the next, in the order of a Williams design
+(:func:`arm_order`: no arm always first, last or beside plain). A cell's ratio is exp of the
+time-weighted mean over blocks of
 log(the arm's tokens/s over plain's on the same block, moments apart), with a 95 % CI over the
 blocks (trtspec's own t ∧ bootstrap-t); on this 2-core machine the speed drifts by ±10 %
 within a minute, which arms run minutes apart turned into ratios of 0.87–1.14 for one and the
@@ -327,7 +328,7 @@ def admission_report(args) -> None:
         "counted is the one that completes it); *p95 gap ×*: the 95th percentile "
         "of those gaps over the median; TTFT is the long prompt's. *paced to X× a round*: "
         "`--prefill-stall X`, the chunk (at most the one named) learnt so that a step's "
-        "prompt call takes at most X times its round. One run a row.", "",
+        "prompt call aims at X times its round. One run a row.", "",
         "| prefill | median gap | largest gap | gap × | without growth | p95 gap × | growths "
         "| TTFT |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (c, stall), g in gaps.items():
@@ -615,12 +616,13 @@ def main() -> None:
         f"cost curve and round cost measured in {cost_s:.0f} s); "
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads. "
         "**Paired blocks**: at c clients a group's prompts run as blocks of 2c (all of them "
-        "at 8 and 16 clients), each through a fresh scheduler by c closed-loop clients (the "
-        "next prompt sent as one finishes; the block drains at its end, for every arm alike), "
-        "and every arm runs a block before the next block starts, in an order rotated from "
-        "block to block and reversed every other turn (over 2 × arms blocks each arm runs at "
-        "each position twice), so two arms' runs of a block are seconds apart and a drift of "
-        "the machine's speed (on this one, ±10 % within a minute) moves them alike. A pass "
+        "where 2c reaches the group's size), each through a fresh scheduler by c closed-loop "
+        "clients (the next prompt sent as one finishes; the block drains at its end, for "
+        "every arm alike), and every arm runs a block before the next block starts, in the "
+        "order of a Williams design (every arm at every position, and right after every "
+        "other, equally often), so two arms' runs of a block are seconds apart and a drift of "
+        "the machine's speed (on this one, ±10 % within a minute) moves them alike; each cell "
+        "first runs one block plainly, unmeasured, at its load. A pass "
         "runs every block; each pass starts every arm anew: its executor first generates "
         f"{warm_tokens} tokens for a batch of prompts of the group's categories that are not "
         "measured (" + ", ".join(
@@ -639,16 +641,17 @@ def main() -> None:
         "cache grown. Every block as it ran (pass, position, start, tokens, wall, TPOTs): "
         f"`{args.out.with_suffix('.json').name}`.", "",
         "*× plain* = exp(θ), θ the mean over blocks of log(the arm's output tokens/s over "
-        "plain decoding's on the same block), weighted by plain's time on the block (≈ the "
-        "ratio of the two arms' throughput over all blocks); [95 % CI] over the blocks as "
-        f"units (Student's t ∧ bootstrap-t; none under {MIN_UNITS} blocks); *n* blocks. What "
-        "the CI covers: the blocks' timing and the arms' learning paths, for these prompts "
+        "plain decoding's on the same block), weighted by the two arms' times on the block "
+        "(their geometric mean; ≈ the ratio of the two arms' throughput over all blocks); "
+        f"[95 % CI] over the blocks as units (Student's t ∧ bootstrap-t; none under "
+        f"{MIN_UNITS} blocks); *n* blocks. What the CI covers: the blocks' timing and, where "
+        "a cell has several passes, the arms' learning paths, for these prompts "
         "and their greedy outputs (the same prompts recur across passes; another prompt set "
         "is another estimate). plain: output tokens/s over all its blocks. *per request*: "
         "each request's D from its own acceptance and the one-row cost curve; *batch-aware*: "
         "one width per round from every running row's acceptance and the round cost (the "
         f"default of `--draft-len adaptive`). Adaptive D ≤ {K}."
-        + (f" *{AA}*: a second plain arm, run and rotated like the others: a check that two "
+        + (f" *{AA}*: a second plain arm, run and ordered like the others: a check that two "
            "identical arms come out alike here (one draw: a 95 % CI misses 1.00 one time in "
            "20), not a calibration." if args.aa else ""), ""]
     for group in sets:
