@@ -141,7 +141,8 @@ def arm_order(arms: list, k: int) -> list:
     """The order the arms run a cell's k-th block in: a Williams design, row k mod n of the
     Latin square whose first row is 0, 1, n−1, 2, n−2, … (n arms), its rows reversed in
     turn for an odd n. Over n blocks (2n for an odd n) every arm runs at every position
-    equally often, and every arm runs right after every other equally often: no arm is
+    equally often, and every arm runs right after every other equally often (balanced over
+    whole multiples of those blocks: a cell of 8 blocks with 3 arms is not quite): no arm is
     always first, last or beside plain, and what one arm leaves the next (the cache's size,
     one-off work) falls on each arm alike."""
     n = len(arms)
@@ -156,13 +157,14 @@ def paired(arm_blocks: list[dict], base_blocks: list[dict], threshold: float = 0
     exp(θ), θ = Σ w·log r / Σ w, r a block's tokens/s over the baseline's on the same
     prompts and w the geometric mean of the two arms' wall times on it (time-weighted, so
     ≈ the ratio of the two arms' throughput over all blocks, which an unweighted mean of
-    short and long blocks is not; symmetric, so neither arm's slow blocks weigh more), its
+    short and long blocks is not; symmetric: a slow block weighs more whichever arm it
+    slowed, where plain's time alone would weigh up plain's slow blocks only), its
     95 % CI over the blocks as units (Student's t ∧ bootstrap-t on the ratio
     estimator, :func:`trtspec.analysis.stats.mean_log_interval`; none under MIN_UNITS
     blocks) and the one-sided p of H₀: ratio ≤ ``threshold`` (small: above it shown)."""
     pairs = list(zip(arm_blocks, base_blocks, strict=True))
-    w = np.sqrt([a["wall"] * b["wall"] for a, b in pairs])  # both arms' time alike: the
-    w = w / w.mean()  # baseline's alone would weigh its own slow blocks up, a bias upward
+    w = np.sqrt([a["wall"] * b["wall"] for a, b in pairs])  # both arms' time alike (the
+    w = w / w.mean()  # baseline's alone weighs up its own slow blocks only: a bias upward)
     log_r = np.array([math.log(a["tokens"] / a["wall"]) - math.log(b["tokens"] / b["wall"])
                       for a, b in pairs])
     if len(pairs) < MIN_UNITS:

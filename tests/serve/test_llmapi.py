@@ -79,7 +79,10 @@ def test_streamed_through_the_scheduler_the_output_is_the_targets(trtllm_standin
                                 slots=8, max_waiting=TRIALS)
     counts = sample(scheduler, TRIALS)
     assert pvalue(counts) > ALPHA
-    assert scheduler.arm.llm.max_in_flight == 8  # the batch was full, not one at a time
+    # batched, not one at a time: how full the batch gets in one iteration is the two
+    # threads' race (the engine iterates while the scheduler refills; 7 of 8 once beside a
+    # loaded suite)
+    assert scheduler.arm.llm.max_in_flight > 1
     assert scheduler.arm.llm.accepted_drafts > 0  # drafts were kept: speculation ran
     totals = scheduler.totals
     # the counters are the streamed increments: a step's tokens less one were accepted (a

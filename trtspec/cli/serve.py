@@ -167,24 +167,19 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
             raise explain_engines(e, root, why) from None
     scheduler = engine.scheduler
     chunking = getattr(scheduler, "prefill_chunk", None)  # trtspec's scheduler, no heads
-    if prefill_chunk is not None:
-        if not hasattr(scheduler, "prefill_chunk"):
-            raise click.UsageError("--prefill-chunk is trtspec's scheduler's: TensorRT-LLM "
-                                   "chunks prompts by itself within limits.max_num_tokens")
+    for knob, value in (("prefill_chunk", prefill_chunk), ("prefill_stall", prefill_stall)):
+        flag = "--" + knob.replace("_", "-")
+        if value is None:
+            continue
+        if not hasattr(scheduler, knob):
+            raise click.UsageError(f"{flag} is trtspec's scheduler's: TensorRT-LLM chunks "
+                                   "prompts by itself within limits.max_num_tokens")
         if chunking is None:
-            notes.append("--prefill-chunk: draft heads read a prompt's hidden states from "
-                         "one call, so prompts are prefilled whole")
+            notes.append(f"{flag}: draft heads read a prompt's hidden states from one call, "
+                         "so prompts are prefilled whole")
         else:
-            scheduler.prefill_chunk = chunking = prefill_chunk
-    if prefill_stall is not None:
-        if not hasattr(scheduler, "prefill_stall"):
-            raise click.UsageError("--prefill-stall is trtspec's scheduler's: TensorRT-LLM "
-                                   "chunks prompts by itself within limits.max_num_tokens")
-        if chunking is None:
-            notes.append("--prefill-stall: draft heads read a prompt's hidden states from "
-                         "one call, so prompts are prefilled whole")
-        else:
-            scheduler.prefill_stall = prefill_stall
+            setattr(scheduler, knob, value)
+    chunking = getattr(scheduler, "prefill_chunk", None)
     if chunking is not None:
         paced = getattr(scheduler, "prefill_stall", None)
         notes.append(f"prompts are prefilled {'≤ ' if paced else ''}{chunking} tokens a step"

@@ -22,8 +22,8 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 decoding, over all the requests being admitted, first come first served (at
                 most a chunk, and a tail below: under 1.5 chunks)
                 [default: 32 on a CPU: on a quiet 2-core CPU, three streams decoding while
-                a 2,000-token prompt came in, its largest gap was 4.4–5.0× their median at
-                16 and 32 tokens a step (one run each) and the prompt's TTFT 12 and 7 s: a
+                a 2,000-token prompt came in, its largest gap was 4.5× and 5.5× their median
+                at 16 and 32 tokens a step (one run each) and the prompt's TTFT 12 and 7 s: a
                 one-row call costs 20 ms at 1 token, 60–90 ms at 16 and 130–150 ms at 32
                 beside a 27-ms round, so the chunk trades the streams' gap for the
                 prompt's TTFT (reports/bench-serve.md, "Admission"; "stall" below paces
@@ -47,9 +47,9 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
 * stall         ``prefill_stall`` (off unless set): while requests decode, the prompt chunk
                 of a step aims at taking this many times the step's round (an EMA of the
                 rounds' seconds), so the streams' inter-token gap while a prompt comes in
-                stays near (1 + stall) rounds. A feedback loop, not a bound: the scheduler's
-                first paced step feeds PACED_MIN tokens (a first chunk of 32 took 81 ms
-                beside a 37-ms round on the 2-core CPU, the admission's largest gap), and the
+                aims at (1 + stall) rounds. A feedback loop, not a bound: the scheduler's
+                first paced step feeds PACED_MIN tokens (at 61ca3aa a first chunk of 32 took
+                81 ms beside a 37-ms round on the 2-core CPU, the admission's largest gap), and the
                 chunk is learnt from the steps that fed a whole one and did no one-off work
                 (cache growth, row swaps): scaled by (stall × round) / its time, at most ×2
                 or ÷2 a step, between PACED_MIN (an admission always goes on: where one call
@@ -57,7 +57,7 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 of 1 or less mostly pins the chunk there) and ``prefill_chunk``; later
                 admissions start from what was learnt. A short tail does not join a paced
                 chunk (that call would pass the stall). On the 2-core CPU a one-row call
-                costs 20 ms at 1 token and 150 ms at 32, so a short gap costs the admitted
+                costs 20 ms at 1 token and 130–150 ms at 32, so a short gap costs the admitted
                 prompt's TTFT (reports/bench-serve.md, "Admission")
 * failure       a prompt chunk that raises ends that request alone; a round that raises
                 before it committed anything is run again row by row, and a row that fails
