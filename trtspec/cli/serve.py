@@ -67,11 +67,11 @@ class DraftLen(click.ParamType):
                    "streams keep decoding while a long prompt comes in [default: 32 on a "
                    "CPU, 512 on a GPU; a step's whole budget is limits.max_num_tokens]")
 @click.option("--prefill-stall", type=click.FloatRange(0, min_open=True), default=None,
-              help="while requests decode, a step's prompt chunks take at most this many "
-                   "times its round (the chunk learnt from the steps' times, at least 4 "
-                   "tokens), so running streams' inter-token gap stays near (1 + this) "
-                   "rounds while a long prompt comes in, at the cost of that prompt's TTFT "
-                   "[default: off: --prefill-chunk tokens a step]")
+              help="while requests decode, a step's prompt chunk aims at this many times "
+                   "its round (the chunk learnt from the steps' times, at least 4 tokens), "
+                   "so running streams' inter-token gap aims at (1 + this) rounds while a "
+                   "long prompt comes in, at the cost of that prompt's TTFT [default: off: "
+                   "--prefill-chunk tokens a step]")
 @click.option("--served-model-name", default=None, help="[default: the recipe's target.model]")
 @click.option("--per-request-spec-decode-metrics", "spec_metrics",
               type=click.Choice(["none", "summary", "detailed"]), default="summary",
