@@ -321,7 +321,8 @@ def test_a_full_queue_is_429_and_health_and_models_answer() -> None:
                 "stream": True}
         with requests.post(f"{url}/completions", json=body, stream=True, timeout=30) as r:
             assert r.status_code == 200  # the free slot takes it, whatever max_waiting
-            next(r.iter_lines())  # the slot is taken
+            lines = r.iter_lines()  # kept: urllib3 closes a chunked response's connection
+            next(lines)  # when its reading generator is dropped mid-read (the client left)
             refused = requests.post(f"{url}/completions", json=body | {"stream": False})
             assert refused.status_code == 429 and "waiting" in refused.json()["error"][
                 "message"]
