@@ -29,10 +29,12 @@ fixed D = 2 and both adaptive policies, a round cost of 2 rows timed once (a smo
 ``--admission`` instead measures admission under the token-budget step (the "## Admission"
 section): three plain-decoding streams while a 2,000-token prompt is admitted, their largest
 inter-token gap over their median before it arrived, with the prompt prefilled whole (one
-call, as before chunked prefill), in chunks of 8, 16, 32 (the CPU default) and 64 tokens a
-step, and in chunks of at most 32 paced to 1.5 and 1 rounds (``prefill_stall``); and TTFT
+call, as before chunked prefill), in chunks of 2, 4, 8, 16, 32 (the CPU default) and 64
+tokens a step, and in chunks of at most 32 paced to 1.5 and 1 rounds (``prefill_stall``); and TTFT
 p50/p99 when 32 built-in prompts arrive at once on 8 slots, whole, in chunks of 8, 16 and 32,
-and paced to 1.5 rounds.
+and paced to 1.5 rounds. A control runs the three streams with no prompt arriving for as
+long as the longest admission: each row is shown beside the largest of as many of the
+control's gaps, what the machine's noise alone gave.
 
 ``--live-rows`` instead measures scoring only the live rows (the "## Live rows" section):
 rounds that feed some of the 8 slots while the others hold sequences, with every row in the
@@ -175,10 +177,12 @@ def paired(arm_blocks: list[dict], base_blocks: list[dict], threshold: float = 0
             "p": float(p_go), "blocks": len(pairs)}
 
 
-def done_once(runner) -> int:
-    """One-off work the runner has done so far (cache grown or shrunk, rows swapped, graphs
-    compiled late: the compiled runner counts them; 0 where a runner does not)."""
-    return getattr(runner, "one_offs", 0)
+def done_once(runner) -> dict[str, int]:
+    """One-off work the runner has done so far: all of it (``one_offs``: cache tensors grown
+    or shrunk, rows swapped, graphs compiled late: the compiled runner counts them; 0 where
+    a runner does not) and the late compiles alone (each a stall of seconds, not ms)."""
+    return {"one_offs": getattr(runner, "one_offs", 0),
+            "late_compiles": getattr(runner, "late_compiles", 0)}
 
 
 def summary(blocks: list[dict]) -> dict[str, float]:
@@ -207,13 +211,19 @@ def verdict(r: dict[str, float], line: float = 0.97) -> str:
 WHOLE = 8192  # a prefill chunk as big as the step budget: each prompt in one call
 
 
-def admission_gaps(runner, long_prompt: list[int], chunk: int, stall: float | None = None,
-                   streams: int = 3) -> dict[str, float]:
+def admission_gaps(runner, long_prompt: list[int] | None, chunk: int,
+                   stall: float | None = None, streams: int = 3, window: float = 0.0
+                   ) -> dict:
     """``streams`` plain-decoding requests run 24 steps, then ``long_prompt`` arrives and is
     admitted in chunks of ``chunk`` tokens a step (paced to ``stall``, the scheduler's
-    prefill_stall); after its first token, 8 more steps.
+    prefill_stall); after its first token, 8 more steps. With no ``long_prompt`` (the
+    control: the noise floor), the streams just go on for ``window`` seconds.
     Returns the running streams' median inter-token gap before it arrived, their largest gap
-    from its arrival to its first token, and its TTFT (seconds)."""
+    from its arrival to its first token (its 95th percentile, the largest leaving out the
+    steps in which the KV cache's capacity changed), its TTFT (seconds), ``n`` those gaps'
+    number and ``gaps``: (when it ended, its length) for each of them in time order, leaving
+    out those in which the capacity changed (the control's streams pass its first capacity
+    and grow it whole; an admission reserves its room)."""
     scheduler = Scheduler(SpecExecutor(runner, None, 0), SLOTS, prefill_chunk=chunk,
                           prefill_stall=stall)
     arrivals: list[list[float]] = [[] for _ in range(streams)]
@@ -230,9 +240,10 @@ def admission_gaps(runner, long_prompt: list[int], chunk: int, stall: float | No
     for _ in range(24):
         scheduler.step()
     sent = time.perf_counter()
-    long = scheduler.submit(long_prompt, params.model_copy(update={"max_tokens": 8}))
+    long = None if long_prompt is None else \
+        scheduler.submit(long_prompt, params.model_copy(update={"max_tokens": 8}))
     grew: list[tuple[float, float]] = []  # steps in which the KV cache grew (a copy)
-    while not long.token_ids:
+    while not long.token_ids if long is not None else time.perf_counter() < sent + window:
         capacity, began = getattr(runner, "_capacity", 0), time.perf_counter()
         scheduler.step()
         if getattr(runner, "_capacity", 0) != capacity:
@@ -240,7 +251,7 @@ def admission_gaps(runner, long_prompt: list[int], chunk: int, stall: float | No
     first = time.perf_counter()
     for _ in range(8):
         scheduler.step()
-    for ticket in [*running, long]:
+    for ticket in [*running, *([long] if long is not None else [])]:
         scheduler.cancel(ticket)
     scheduler.run_until_idle()
     before = [b - a for times in arrivals for a, b in itertools.pairwise(times)
@@ -250,7 +261,9 @@ def admission_gaps(runner, long_prompt: list[int], chunk: int, stall: float | No
     calm = [b - a for a, b in during if not any(a < g1 and b > g0 for g0, g1 in grew)]
     return {"median": percentile(before, 50), "max": max(b - a for a, b in during),
             "p95": percentile([b - a for a, b in during], 95),
-            "calm": max(calm, default=float("nan")), "grew": len(grew), "ttft": first - sent}
+            "calm": max(calm, default=float("nan")), "grew": len(grew), "ttft": first - sent,
+            "n": len(during), "gaps": sorted((b, b - a) for a, b in during
+                                             if not any(a < g1 and b > g0 for g0, g1 in grew))}
 
 
 def burst_ttft(runner, prompts: list[list[int]], chunk: int, stall: float | None = None
@@ -295,15 +308,24 @@ def admission_report(args) -> None:
     length = 200 if args.quick else 2000
     long_prompt = (ids * (1 + length // len(ids)))[:length]
     chunks = [(WHOLE, None), (16, None), (16, 2.0)] if args.quick else \
-        [(WHOLE, None), (8, None), (16, None), (32, None), (64, None), (32, 1.5), (32, 1.0)]
+        [(WHOLE, None), (2, None), (4, None), (8, None), (16, None), (32, None), (64, None),
+         (32, 1.5), (32, 1.0)]
     for c, stall in chunks:  # warm: every graph, span and cache size a measured run needs
         admission_gaps(runner, long_prompt, c, stall)
     gaps = {(c, stall): admission_gaps(runner, long_prompt, c, stall) for c, stall in chunks}
+    control = admission_gaps(runner, None, WHOLE, window=max(g["ttft"] for g in gaps.values()))
+
+    def floor(n: int) -> float:
+        """The control's largest of its first ``n`` gaps (a row's count), over its median:
+        what the machine's noise alone gives over as many gaps (the control runs for the
+        longest admission's time, at a round a gap: it has at least as many as any row)."""
+        return max(g for _, g in control["gaps"][:n]) / control["median"]
+
     for (c, stall), g in gaps.items():
         print(f"admission chunk={c} stall={stall}: max gap {g['max'] * 1e3:.0f} ms, median "
               f"{g['median'] * 1e3:.0f} ms ({g['max'] / g['median']:.1f}×; "
-              f"{g['calm'] / g['median']:.1f}× without {g['grew']} growths), TTFT "
-              f"{g['ttft']:.2f} s", flush=True)
+              f"{g['calm'] / g['median']:.1f}× without {g['grew']} growths; no prompt over "
+              f"as many: {floor(g['n']):.1f}×), TTFT {g['ttft']:.2f} s", flush=True)
     burst_prompts = [encode(lm.tokenizer, r.chat())
                      for r in per_category(builtin(), 1 if args.quick else 4, seed=0)]
     burst_ttft(runner, burst_prompts[:SLOTS], 16)  # warm
@@ -326,19 +348,24 @@ def admission_report(args) -> None:
         "the streams' largest inter-token gap from its arrival to its first token, over "
         "their median gap before it arrived (target ≤ 3×); *without growth*: the same, "
         "leaving out the steps in which the KV cache's capacity changed (its growth to the "
-        "prompt's size is spread over the admitting steps, a few layers a call: the step "
+        "prompt's size is spread over the admitting steps, a few tensors a call: the step "
         "counted is the one that completes it); *p95 gap ×*: the 95th percentile "
         "of those gaps over the median; TTFT is the long prompt's. *paced to X× a round*: "
         "`--prefill-stall X`, the chunk (at most the one named) learnt so that a step's "
-        "prompt call aims at X times its round. One run a row.", "",
+        "prompt call aims at X times its round. *no prompt, as many*: the control, the "
+        "same three streams with no prompt arriving, run once after the rows for the "
+        "longest TTFT: the largest of its first as many gaps as the row counted, over its "
+        "median gap, what the machine's noise alone gives over that many gaps (one run, so "
+        "the rows' floors are prefixes of one another; leaving out the step in which its "
+        "streams grew the cache past its first capacity). One run a row.", "",
         "| prefill | median gap | largest gap | gap × | without growth | p95 gap × | growths "
-        "| TTFT |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        "| TTFT | no prompt, as many |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (c, stall), g in gaps.items():
         lines.append(f"| {name(c, stall)} | {g['median'] * 1e3:.0f} ms | "
                      f"{g['max'] * 1e3:.0f} ms | {g['max'] / g['median']:.1f}× | "
                      + (f"{g['calm'] / g['median']:.1f}×" if g['calm'] == g['calm'] else "—")
                      + f" | {g['p95'] / g['median']:.1f}× | "
-                     f"{g['grew']} | {g['ttft']:.2f} s |")
+                     f"{g['grew']} | {g['ttft']:.2f} s | {floor(g['n']):.1f}× |")
     lines += ["", f"A burst: {len(burst_prompts)} built-in prompts ({min(map(len, burst_prompts))}"
               f"–{max(map(len, burst_prompts))} tokens) arrive at once, 16 tokens each:", "",
               "| prefill | TTFT p50 | TTFT p99 | all done |", "|---|---:|---:|---:|"]
@@ -588,7 +615,8 @@ def main() -> None:
                                     "policy": a[1], "pass": run, "block": j,
                                     "position": position, "start_s": round(start, 3),
                                     "tokens": r["tokens"], "wall_s": r["wall"],
-                                    "one_offs": done_once(runner) - one_offs,
+                                    **{key: n - one_offs[key]
+                                       for key, n in done_once(runner).items()},
                                     "tpot_ms": [round(t * 1e3, 3) for t in r["tpot"]],
                                     "al": counters["al_pooled"],
                                     "mean_d": counters.get("draft_len_mean", 0.0)})

@@ -77,6 +77,7 @@ def test_bench_serve_admission_quick(tmp_path: Path, smollm2) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     text = out.read_text()
     assert text.startswith("## Admission") and "200-token prompt arrives" in text
+    assert "| no prompt, as many |" in text  # the control: the noise floor beside each row
     for row in ("| whole (one call; before chunked prefill) |", "| 16 tokens a step |",
                 "| 16 tokens a step, paced to 2× a round |"):
         assert text.count(row) == 2, row  # the gap table and the burst's

@@ -439,11 +439,11 @@ def test_requests_ending_between_others_give_their_greedy_output_alone() -> None
 
 def test_a_gradual_reservation_grows_a_few_layers_a_call(monkeypatch) -> None:
     """reserve(gradual=True) checks memory at once (CacheFull) but copies nothing; each later
-    call grows GROW_PER_CALL of the cache's tensors, and the capacity is the smallest
-    layer's until all have grown; a call that needs the room at once grows the rest."""
+    call grows the short tensors spread over the calls as wide as it that still fit the
+    capacity (at least one), and the capacity is the smallest layer's until all have grown;
+    a call that needs the room at once grows the rest."""
     import trtspec.runtime.compiled as compiled_module
     from trtspec.runtime import CacheFull
-    from trtspec.runtime.compiled import GROW_PER_CALL
 
     model = tiny_llama(vocab=64, layers=3, positions=4096)  # 6 tensors: keys and values
     runner = CompiledRunner(model, compile=False)
@@ -456,11 +456,17 @@ def test_a_gradual_reservation_grows_a_few_layers_a_call(monkeypatch) -> None:
     sizes = lambda: [t.shape[0] for t in (*runner.keys, *runner.values)]  # noqa: E731
     assert sizes() == [512] * 6
     runner.fit_cache(reserved=1500)  # a growth under way for a prompt coming in: kept
-    runner.score([[5], [6]])
-    assert sizes() == [2048] * GROW_PER_CALL + [512] * (6 - GROW_PER_CALL)
+    runner.score([[5], [6]])  # 508 more one-token calls fit in 512: one tensor a call
+    assert sizes() == [2048] + [512] * 5
     assert runner.keys[0].shape[0] == 2048 and runner._capacity == 512
     assert close(runner.score([[7], [8]])[0, 0], full_logits(model, [1, 2, 3, 5, 7])[-1])
+    assert sizes() == [2048] * 2 + [512] * 4
+    chunk = [(5 * i) % 64 for i in range(150)]  # (512 - 5 - 150) // 150 = 2 such calls
+    runner.score([chunk, []])  # still fit: the 4 short tensors over 2 calls
+    assert sizes() == [2048] * 4 + [512] * 2 and runner._capacity == 512
+    got = runner.score([chunk, []])  # one more would fit (455 ≤ 512): kept as a margin
     assert sizes() == [2048] * 6 and runner._capacity == 2048
+    assert close(got[0, -1], full_logits(model, [1, 2, 3, 5, 7, *chunk, *chunk])[-1])
     again = CompiledRunner(model, compile=False)
     again.prefill([[1, 2, 3], [4]])
     again.reserve(1500, gradual=True)

@@ -51,8 +51,6 @@ SPAN_STEP = 32
 MIN_CAPACITY = 512
 FREE_USABLE = 0.8  # of the free memory, what a growing KV cache may take (the rest: the
 # activations and logits of the calls that follow)
-GROW_PER_CALL = 4  # cache tensors (keys or values of a layer) a call grows toward a gradual
-# reservation: a prompt admitted in chunks grows the cache a few layers a step, not in one stall
 
 
 def _stderr(line: str) -> None:
@@ -236,8 +234,8 @@ class CompiledRunner:
         owner = self._owner
         if span > owner._capacity:  # needed now: all of it (and what is reserved) at once
             owner._grow_now(span)
-        elif owner._pending > owner._capacity:  # reserved: a few layers a call
-            owner._grow_some()
+        elif owner._pending > owner._capacity:  # reserved: a few tensors a call, spread over
+            owner._grow_some((owner._capacity - int(start.max()) - tb) // tb)  # the calls
         ids = torch.zeros((nb, tb), dtype=torch.long)
         for i, b in enumerate(order):
             ids[i, : counts[b]] = torch.as_tensor(list(tokens[b]), dtype=torch.long)
@@ -457,16 +455,19 @@ class CompiledRunner:
                 self._pending = 0
         self._grow(span)
 
-    def _grow_some(self) -> None:
-        """Grow the next few of the cache's tensors to the gradual reservation (its memory
-        checked when it was made): GROW_PER_CALL, or an eighth of them where there are more
-        (a deep model is done in eight calls). The capacity is the smallest tensor's until
-        all have grown. Growth that fails (memory taken since) drops the reservation and not
-        this call: the call needs none of it."""
-        tensors = (*self.keys, *self.values)
-        count = max(GROW_PER_CALL, -(-len(tensors) // 8))
+    def _grow_some(self, calls_left: int) -> None:
+        """Grow the next of the cache's tensors to the gradual reservation (its memory
+        checked when it was made): at least one a call, and what is short spread over
+        ``calls_left``, the calls as wide as this one that fit the current capacity after it
+        (one fewer than fit: a paced chunk may widen), so the prompt's chunk calls finish
+        the growth before a chunk needs the room, and the streams' one-token calls each do
+        one: each copy is a stall for every row, so a step pays for a few, not for all.
+        The capacity is the smallest tensor's until all have grown. Growth that fails
+        (memory taken since) drops the reservation and not this call: the call needs none
+        of it."""
         short = [(cache, i) for cache in (self.keys, self.values)
-                 for i, t in enumerate(cache) if t.shape[0] < self._pending][:count]
+                 for i, t in enumerate(cache) if t.shape[0] < self._pending]
+        short = short[:-(-len(short) // max(1, calls_left))]
         try:
             for cache, i in short:
                 cache[i] = _grown(cache[i], self._pending)
@@ -492,9 +493,9 @@ class CompiledRunner:
         """Room for ``tokens`` slots a row (CacheFull when memory is short): a prompt
         admitted in chunks grows the cache once, to its size, not by doubling chunk after
         chunk, each growth a copy of every layer. Now, or with ``gradual`` checked now and
-        grown :data:`GROW_PER_CALL` tensors a call from the next call on (a call that needs
-        the room at once grows the rest then): the copies are spread over the steps that
-        admit the prompt instead of stalling one."""
+        grown a few tensors a call from the next call on, spread over the calls until the
+        room is needed (a call that needs it at once grows the rest then): the copies are
+        spread over the steps that admit the prompt instead of stalling one."""
         span = -(-tokens // SPAN_STEP) * SPAN_STEP
         owner = self._owner
         if owner._capacity >= span:

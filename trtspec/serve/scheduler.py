@@ -372,7 +372,7 @@ class Scheduler(Slots):
             self._reset_row(slot, ticket.kept)
             reserve = getattr(self.executor.target, "reserve", None)  # the compiled runner
             if reserve is not None:
-                try:  # its cache grows once, to the prompt, a few layers a step while the
+                try:  # its cache grows once, to the prompt, a few tensors a step while the
                     reserve(len(ticket.prompt) + 1, gradual=True)  # prompt comes in chunks;
                 except Exception as e:  # one that cannot fit is refused now, before any work
                     self._row_failed(slot, e)
