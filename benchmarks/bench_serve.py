@@ -594,12 +594,15 @@ def main() -> None:
             parts = blocks_of(len(prompts), clients)
             passes = args.repeats * math.ceil(min_blocks / len(parts))
             passes_at[group, clients] = passes
-            # unmeasured: a plain run of a block at this load, so what only it makes (the
-            # shapes of a row alone at 1 client, the cache at its contexts) is there before
-            # any arm is timed (in a run without it, the first arm on a block at 1 client took
-            # 2.2× its pair's time)
-            block(arm(runner, "plain", "plain", (curve, rounds), warmups[group], warm_tokens),
-                  [prompts[i] for i in parts[0]], [params[i] for i in parts[0]], clients)
+            # unmeasured: every arm runs a block at this load, so what only it makes (the
+            # shapes of a row alone at 1 client and of its drafts' widths, the cache at its
+            # contexts) is there before any arm is timed: the arms share one runner, so the
+            # first arm to need a shape would pay for it (in a run without this block, the
+            # first arm on a block at 1 client took 2.2× its pair's time; with it run plain
+            # only, the first speculative arm at 4 clients took 1.9× plain's)
+            for a in arms:
+                block(arm(runner, *a, (curve, rounds), warmups[group], warm_tokens),
+                      [prompts[i] for i in parts[0]], [params[i] for i in parts[0]], clients)
             k = 0  # the cell's blocks so far: arm_order's turn
             for run in range(passes):  # each pass: every arm made anew and warmed, so
                 executors = {a: arm(runner, *a, (curve, rounds), warmups[group], warm_tokens)
@@ -650,9 +653,10 @@ def main() -> None:
         "clients (the next prompt sent as one finishes; the block drains at its end, for "
         "every arm alike), and every arm runs a block before the next block starts, in the "
         "order of a Williams design (every arm at every position, and right after every "
-        "other, equally often), so two arms' runs of a block are seconds apart and a drift of "
+        "other, equally often over its cycle of n orders, 2n for an odd n; a cell's blocks "
+        "may cut the cycle), so two arms' runs of a block are seconds apart and a drift of "
         "the machine's speed (on this one, ±10 % within a minute) moves them alike; each cell "
-        "first runs one block plainly, unmeasured, at its load. A pass "
+        "first runs one block with every arm, unmeasured, at its load. A pass "
         "runs every block; each pass starts every arm anew: its executor first generates "
         f"{warm_tokens} tokens for a batch of prompts of the group's categories that are not "
         "measured (" + ", ".join(

@@ -22,8 +22,8 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 decoding, over all the requests being admitted, first come first served (at
                 most a chunk, and a tail below: under 1.5 chunks)
                 [default: 32 on a CPU: on a quiet 2-core CPU, three streams decoding while
-                a 2,000-token prompt came in, its largest gap was 4.5× and 5.5× their median
-                at 16 and 32 tokens a step (one run each) and the prompt's TTFT 12 and 7 s: a
+                a 2,000-token prompt came in, its largest gap was 3.7× and 4.9× their median
+                at 16 and 32 tokens a step (one run each) and the prompt's TTFT 11 and 7 s: a
                 one-row call costs 20 ms at 1 token, 60–90 ms at 16 and 130–150 ms at 32
                 beside a 27-ms round, so the chunk trades the streams' gap for the
                 prompt's TTFT (reports/bench-serve.md, "Admission"; "stall" below paces
