@@ -258,12 +258,13 @@ def admission_gaps(runner, long_prompt: list[int] | None, chunk: int,
               if b <= sent]
     during = [(a, b) for times in arrivals for a, b in itertools.pairwise(times)
               if b > sent and a < first + 1e-9]
-    calm = [b - a for a, b in during if not any(a < g1 and b > g0 for g0, g1 in grew)]
+    quiet = [(a, b) for a, b in during  # not across a step that changed the capacity
+             if not any(a < g1 and b > g0 for g0, g1 in grew)]
+    calm = [b - a for a, b in quiet]
     return {"median": percentile(before, 50), "max": max(b - a for a, b in during),
             "p95": percentile([b - a for a, b in during], 95),
             "calm": max(calm, default=float("nan")), "grew": len(grew), "ttft": first - sent,
-            "n": len(during), "gaps": sorted((b, b - a) for a, b in during
-                                             if not any(a < g1 and b > g0 for g0, g1 in grew))}
+            "n": len(during), "gaps": sorted((b, b - a) for a, b in quiet)}
 
 
 def burst_ttft(runner, prompts: list[list[int]], chunk: int, stall: float | None = None
