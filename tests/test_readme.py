@@ -87,8 +87,9 @@ def test_nothing_users_get_points_outside_the_repository() -> None:
 
 
 def test_a_fresh_clone_has_engines_and_reports_with_only_their_readmes_tracked() -> None:
-    """engines/ and reports/ exist in a clone (their READMEs and committed benchmark tables);
-    what build and eval generate there is ignored by git."""
+    """engines/ and reports/ exist in a clone (their READMEs, committed benchmark tables and
+    the raw blocks a table rests on, ``bench-*.json``); what build and eval generate there is
+    ignored by git."""
     import shutil
     import subprocess
 
@@ -99,7 +100,7 @@ def test_a_fresh_clone_has_engines_and_reports_with_only_their_readmes_tracked()
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
 
     assert git("ls-files", "engines").stdout.split() == ["engines/README.md"]
-    assert all(re.fullmatch(r"reports/bench-[a-z][a-z-]*\.md", f)
+    assert all(re.fullmatch(r"reports/bench-[a-z][a-z-]*\.(md|json)", f)
                for f in git("ls-files", "reports").stdout.split())
     generated = ["engines/demo/cpu/manifest.json", "engines/demo/cpu/inductor/x",
                  "engines/demo/h200-1a2b3c4d/engines/target/rank0.engine",
