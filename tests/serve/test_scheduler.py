@@ -616,6 +616,25 @@ def test_a_tail_waits_when_the_chunk_before_it_went_to_another_prompt() -> None:
     scheduler.run_until_idle()
 
 
+@pytest.mark.parametrize(("second", "steps"), [(10, [[6], [10]]), (2, [[6, 2]])])
+def test_a_step_s_leftover_under_half_a_chunk_starts_no_other_prompt_s_sliver(
+        second: int, steps: list[list[int]]) -> None:
+    """Chunks of 8: a 6-token prompt leaves 2 of the step's chunk; a 10-token prompt beside
+    it waits for the next step (one call of 10, not 2 and then 8: a call's fixed cost for 2
+    tokens), a 2-token one (its whole rest) comes in at once."""
+    scheduler, running, calls = beside_a_stream(3, 8)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)
+    first = scheduler.submit([3, 4, 5, 6, 7, 8], params)
+    other = scheduler.submit([(3 * i) % 20 + 1 for i in range(second)], params)
+    while not other.token_ids:
+        calls.append([])
+        scheduler.step()
+    assert calls == steps and first.token_ids
+    for t in (running, first, other):
+        scheduler.cancel(t)
+    scheduler.run_until_idle()
+
+
 @pytest.mark.parametrize("method", ["none", "ngram", "draft_model"])
 @pytest.mark.parametrize(("length", "joins_at_once"), [(5, True), (10, False)])
 def test_a_prompt_that_came_in_over_several_calls_joins_the_rounds_at_the_next_step(

@@ -33,10 +33,13 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 states of the prompt's one scoring call); a draft model takes each chunk
                 into its own cache right after the target's (its cost, outside the budget;
                 on the compiled runner its cache is checked for the prompt at the first).
-                A prompt's tail shorter than half a chunk joins the chunk before it in the
-                same call (a 40-token prompt is one call, not 32 and 8: each call has a
-                fixed cost, 20 ms for one token on the CPU, and requests that speculation
-                desynchronises are admitted one by one, beside rounds; on a GPU, chunk 512,
+                Each call has a fixed cost (20 ms for one token on the CPU), and requests
+                that speculation desynchronises are admitted one by one, beside rounds, so
+                a prompt's tail shorter than half a chunk joins the chunk before it in the
+                same call (a 40-token prompt is one call, not 32 and 8), and what a step has
+                left after one prompt's call, under half a chunk, starts no other prompt
+                unless it holds that prompt's whole rest (at 4 clients on the CPU, a 5-token
+                call, ~30 ms, came after a 27-token prompt's; on a GPU, chunk 512,
                 not measured). Beside running streams, a
                 prompt that came in over several calls has its first token from its last
                 chunk and joins the rounds at the next step (as in vLLM): its first round,
@@ -406,6 +409,8 @@ class Scheduler(Slots):
                 n = todo  # a short tail joins this call: one call costs about the same
             if n <= 0 or (whole and used and n > left):  # heads: one whole prompt past it
                 break
+            if chunk is not None and used and n < min(todo, chunk / 2):  # a call's fixed
+                break  # cost for a sliver of a prompt the next step would feed in one call
             feed: list[list[int]] = [[] for _ in range(self.slots)]
             feed[slot] = ticket.prompt[ticket.prefilled: ticket.prefilled + n]
             try:
