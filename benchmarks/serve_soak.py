@@ -1,16 +1,17 @@
-"""The soak run of bench_serve.py (``--soak``): does `trtspec serve` hold up over a long run,
-over HTTP as clients see it?
-
-`trtspec serve` runs in a subprocess (the recipe's build, or ``--backend toy``). A warm-up batch,
-then ``--soak-requests`` streaming chat requests from ``--soak-clients`` closed-loop clients (the
-real ``openai`` client) with mixed prompt and output lengths; a fifth of them are dropped by
-the client at a random chunk (0: right after admission). Checks: the server's resident memory
-grows ≤ 5 % from after the warm-up to the end; no request is lost (neither completed nor
-dropped by us); the server counted every request as ended; /health answers 200 with no
-request running or waiting at the end. TPOT p50 / p99 of the first and last quarter of
-requests show drift. Everything is seeded (``--seed``: the plan; each request's seed is its
-index). The report's "## Soak" section, kept last, is written or replaced; the exit status
-is 1 when a check fails.
+"""The soak run of bench_serve.py (``--soak``): does `trtspec serve` hold up over a long run, over
+HTTP as clients see it? `trtspec serve` runs in a subprocess (the recipe's build, or ``--backend
+toy``). A warm-up (first every client at once with the longest prompt and output the run can
+draw, so the KV cache reaches the size the run's largest moment needs before memory is first
+read; then a batch drawn as the run is), then ``--soak-requests`` streaming chat requests from
+``--soak-clients`` closed-loop clients (the real ``openai`` client) with mixed prompt and output
+lengths; a fifth of them are dropped by the client at a random chunk (0: right after admission).
+Checks: the server's resident memory grows ≤ 5 % from after the warm-up to the end; no request
+is lost (neither completed nor dropped by us); the server counted every request as ended;
+/health answers 200 with no request running or waiting at the end. TPOT p50 / p99 of the first
+and last quarter of requests show drift. Everything is seeded (``--seed``: the plan; each
+request's seed is its index). Resident memory is read at each tenth of the run too: a leak grows
+with requests served, a cache still reaching its size levels off. The report's "## Soak"
+section, kept last, is written or replaced; the exit status is 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -61,6 +62,18 @@ class Outcome:
     ttft: float | None = None
     tpot: float | None = None
     why: str = ""  # a lost request: what went wrong
+
+
+def largest_jobs(clients: int, toy: bool, first_seed: int) -> list[Job]:
+    """One request a client with the longest prompt and output soak_jobs can draw, none
+    dropped: run at once, they take the KV cache to the size the run's largest moment needs."""
+    from trtspec.eval.workloads import builtin
+
+    if toy:
+        content = " ".join(str(i % 32) for i in range(max(PROMPT_IDS)))
+    else:
+        content = max((_text(r.chat()) for r in builtin()), key=len)[:max(PROMPT_CHARS)]
+    return [Job(i, first_seed + i, content, max(MAX_TOKENS), 0.0, None) for i in range(clients)]
 
 
 def soak_jobs(n: int, toy: bool, seed: int, first_seed: int = 0) -> list[Job]:
@@ -123,10 +136,19 @@ async def one(client: Any, model: str, job: Job) -> Outcome:
                    else None)
 
 
+@dataclass
+class Memory:
+    """A process's resident memory through a run: its peak, and its reading as each tenth of
+    the run's requests had ended (bytes)."""
+    pid: int
+    peak: int
+    tenths: list[int]
+
+
 async def drive(base: str, model: str, jobs: list[Job], clients: int,
-                pid: int | None = None, peak: list[int] | None = None) -> list[Outcome]:
-    """``clients`` closed-loop clients take the jobs in order; with ``pid``, the process's
-    resident memory is read every 0.5 s into ``peak``."""
+                memory: Memory | None = None) -> list[Outcome]:
+    """``clients`` closed-loop clients take the jobs in order; with ``memory``, the process's
+    resident memory is read every 0.5 s into it."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"{base}/v1", max_retries=0, timeout=900,
@@ -138,8 +160,12 @@ async def drive(base: str, model: str, jobs: list[Job], clients: int,
             outcomes.append(await one(client, model, job))
 
     async def watch() -> None:
-        while pid is not None and peak is not None:
-            peak[0] = max(peak[0], resident(pid))
+        while memory is not None:
+            rss = resident(memory.pid)
+            memory.peak = max(memory.peak, rss)
+            while len(memory.tenths) < 9 and len(outcomes) >= (len(memory.tenths) + 1) * len(
+                    jobs) / 10:
+                memory.tenths.append(rss)
             await asyncio.sleep(0.5)
 
     watcher = asyncio.create_task(watch())
@@ -242,16 +268,19 @@ def soak(args: argparse.Namespace) -> int:
     target = (["--backend", "toy"] if toy else [args.recipe]) + (
         ["--method", args.method] if args.method else [])
     jobs = soak_jobs(n, toy, args.seed)
+    largest = largest_jobs(clients, toy, first_seed=10**6 - clients)
     warmup = soak_jobs(warm, toy, args.seed + 1, first_seed=10**6)
     with tempfile.NamedTemporaryFile("w+", prefix="soak-serve-", suffix=".log") as log:
         proc, base = start_server(target, log)
         try:
             model = json.loads(get(f"{base}/v1/models")[1])["data"][0]["id"]
+            asyncio.run(drive(base, model, largest, clients))
             asyncio.run(drive(base, model, warmup, clients))
             drain(base)
             rss_warm = resident(proc.pid)
-            peak, before, start = [rss_warm], ended(gauges(base)), time.perf_counter()
-            outcomes = asyncio.run(drive(base, model, jobs, clients, proc.pid, peak))
+            memory, before, start = Memory(proc.pid, rss_warm, []), ended(gauges(base)), \
+                time.perf_counter()
+            outcomes = asyncio.run(drive(base, model, jobs, clients, memory))
             wall = time.perf_counter() - start
             running, waiting, drained = drain(base)
             rss_end = resident(proc.pid)
@@ -265,7 +294,7 @@ def soak(args: argparse.Namespace) -> int:
     checks = [
         ("server RSS, after warm-up → end",
          f"{rss_warm / 2**20:.1f} → {rss_end / 2**20:.1f} MiB ({100 * growth:+.1f} %; peak "
-         f"{max(peak[0], rss_end) / 2**20:.1f})", f"≤ +{100 * GROWTH:.0f} %", growth <= GROWTH),
+         f"{max(memory.peak, rss_end) / 2**20:.1f})", f"≤ +{100 * GROWTH:.0f} %", growth <= GROWTH),
         ("requests lost", str(kinds["lost"]), "0", kinds["lost"] == 0),
         ("requests the server ended (`trtspec:request_success_total`)",
          f"{counted:.0f} of {n}", "all", counted == n),
@@ -278,7 +307,9 @@ def soak(args: argparse.Namespace) -> int:
     lines = [
         SOAK, "",
         f"{what}, {n} streaming chat requests from {clients} closed-loop "
-        f"clients (the `openai` client) after a warm-up of {warm}; max_tokens drawn from "
+        f"clients (the `openai` client) after a warm-up of {clients} requests at once with the "
+        f"longest prompt and max_tokens {max(MAX_TOKENS)}, then {warm} drawn as the run's are; "
+        "max_tokens drawn from "
         f"{', '.join(map(str, MAX_TOKENS))} with ignore_eos (a completed request returns all "
         "of them), prompts "
         + (f"of {', '.join(map(str, PROMPT_IDS))} token ids" if toy else "of built-in "
@@ -293,6 +324,9 @@ def soak(args: argparse.Namespace) -> int:
         soak_row(f"first quarter (1–{quarter})", outcomes[:quarter]),
         soak_row(f"last quarter ({n - quarter + 1}–{n})", outcomes[-quarter:]),
         soak_row(f"all {n}", outcomes), "",
+        "Server RSS after the warm-up, at each tenth of the run's requests ended, and at the "
+        "end (MiB): " + " → ".join(f"{b / 2**20:.0f}" for b in [rss_warm, *memory.tenths,
+                                                               rss_end]) + ".", "",
         "| check | measured | limit | |", "|---|---|---|---|",
         *(f"| {name} | {value} | {limit} | {'ok' if good else '**FAIL**'} |"
           for name, value, limit, good in checks), ""]
