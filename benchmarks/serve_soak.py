@@ -1,17 +1,19 @@
 """The soak run of bench_serve.py (``--soak``): does `trtspec serve` hold up over a long run, over
 HTTP as clients see it? `trtspec serve` runs in a subprocess (the recipe's build, or ``--backend
-toy``). A warm-up (first every client at once with the longest prompt and output the run can
-draw, so the KV cache reaches the size the run's largest moment needs before memory is first
-read; then a batch drawn as the run is), then ``--soak-requests`` streaming chat requests from
+toy``). A warm-up (a batch drawn as the run is, then every client at once with the longest
+prompts and output the run can draw, so the KV cache is at the size the run's largest moment
+needs when memory is first read), then ``--soak-requests`` streaming chat requests from
 ``--soak-clients`` closed-loop clients (the real ``openai`` client) with mixed prompt and output
 lengths; a fifth of them are dropped by the client at a random chunk (0: right after admission).
-Checks: the server's resident memory grows ≤ 5 % from after the warm-up to the end; no request
-is lost (neither completed nor dropped by us); the server counted every request as ended;
-/health answers 200 with no request running or waiting at the end. TPOT p50 / p99 of the first
-and last quarter of requests show drift. Everything is seeded (``--seed``: the plan; each
-request's seed is its index). Resident memory is read at each tenth of the run too: a leak grows
-with requests served, a cache still reaching its size levels off. The report's "## Soak"
-section, kept last, is written or replaced; the exit status is 1 when a check fails.
+Checks: the server's resident memory grows ≤ 5 % from after the warm-up to the end (read after
+the largest batch is run again, so both readings see the cache in the same state: it shrinks
+when long requests leave); no request is lost (neither completed nor dropped by us); the server
+counted every request as ended; /health answers 200 with no request running or waiting at the
+end. TPOT p50 / p99 of the first and last quarter of requests show drift. Everything is seeded
+(``--seed``: the plan; each request's seed is its index). Resident memory is read at each tenth
+of the run too: a leak grows with requests served, a cache still reaching its size levels off.
+The report's "## Soak" section, kept last, is written or replaced; the exit status is 1 when a
+check fails.
 """
 
 from __future__ import annotations
@@ -66,14 +68,16 @@ class Outcome:
 
 def largest_jobs(clients: int, toy: bool, first_seed: int) -> list[Job]:
     """One request a client with the longest prompt and output soak_jobs can draw, none
-    dropped: run at once, they take the KV cache to the size the run's largest moment needs."""
+    dropped: run at once, they take the KV cache to the size the run's largest moment needs.
+    The recipe's prompts cycle over every built-in text as long as the longest cut: cut to
+    the same characters, they differ in tokens, and the server's tokenizer is not here."""
     from trtspec.eval.workloads import builtin
 
-    if toy:
-        content = " ".join(str(i % 32) for i in range(max(PROMPT_IDS)))
-    else:
-        content = max((_text(r.chat()) for r in builtin()), key=len)[:max(PROMPT_CHARS)]
-    return [Job(i, first_seed + i, content, max(MAX_TOKENS), 0.0, None) for i in range(clients)]
+    longest = max(PROMPT_CHARS)
+    contents = [" ".join(str(i % 32) for i in range(max(PROMPT_IDS)))] if toy else \
+        [t[:longest] for t in (_text(r.chat()) for r in builtin()) if len(t) >= longest]
+    return [Job(i, first_seed + i, contents[i % len(contents)], max(MAX_TOKENS), 0.0, None)
+            for i in range(clients)]
 
 
 def soak_jobs(n: int, toy: bool, seed: int, first_seed: int = 0) -> list[Job]:
@@ -158,14 +162,14 @@ async def drive(base: str, model: str, jobs: list[Job], clients: int,
     async def worker() -> None:
         for job in pending:  # shared: each job is taken once
             outcomes.append(await one(client, model, job))
+            if memory is not None and len(memory.tenths) < 9 and \
+                    len(outcomes) >= (len(memory.tenths) + 1) * len(jobs) / 10:
+                memory.tenths.append(resident(memory.pid))  # (one coroutine at a time:
+                # each tenth once, read as it is crossed)
 
     async def watch() -> None:
         while memory is not None:
-            rss = resident(memory.pid)
-            memory.peak = max(memory.peak, rss)
-            while len(memory.tenths) < 9 and len(outcomes) >= (len(memory.tenths) + 1) * len(
-                    jobs) / 10:
-                memory.tenths.append(rss)
+            memory.peak = max(memory.peak, resident(memory.pid))
             await asyncio.sleep(0.5)
 
     watcher = asyncio.create_task(watch())
@@ -274,15 +278,18 @@ def soak(args: argparse.Namespace) -> int:
         proc, base = start_server(target, log)
         try:
             model = json.loads(get(f"{base}/v1/models")[1])["data"][0]["id"]
-            asyncio.run(drive(base, model, largest, clients))
             asyncio.run(drive(base, model, warmup, clients))
-            drain(base)
+            asyncio.run(drive(base, model, largest, clients))  # last: the cache at its size
+            drain(base)  # (a smaller batch after it could shrink it)
             rss_warm = resident(proc.pid)
             memory, before, start = Memory(proc.pid, rss_warm, []), ended(gauges(base)), \
                 time.perf_counter()
             outcomes = asyncio.run(drive(base, model, jobs, clients, memory))
             wall = time.perf_counter() - start
             running, waiting, drained = drain(base)
+            memory.tenths.append(resident(proc.pid))  # the run's end, as it left the cache
+            asyncio.run(drive(base, model, largest_jobs(clients, toy, 2 * 10**6), clients))
+            drain(base)  # the largest batch again: memory read in the warm-up's cache state
             rss_end = resident(proc.pid)
             health, counted = get(f"{base}/health")[0], ended(gauges(base)) - before
         finally:
@@ -307,8 +314,9 @@ def soak(args: argparse.Namespace) -> int:
     lines = [
         SOAK, "",
         f"{what}, {n} streaming chat requests from {clients} closed-loop "
-        f"clients (the `openai` client) after a warm-up of {clients} requests at once with the "
-        f"longest prompt and max_tokens {max(MAX_TOKENS)}, then {warm} drawn as the run's are; "
+        f"clients (the `openai` client) after a warm-up of {warm} requests drawn as the run's "
+        f"are, then {clients} at once with the longest prompts and max_tokens "
+        f"{max(MAX_TOKENS)} (run again after the run, before the last memory reading); "
         "max_tokens drawn from "
         f"{', '.join(map(str, MAX_TOKENS))} with ignore_eos (a completed request returns all "
         "of them), prompts "
@@ -324,9 +332,10 @@ def soak(args: argparse.Namespace) -> int:
         soak_row(f"first quarter (1–{quarter})", outcomes[:quarter]),
         soak_row(f"last quarter ({n - quarter + 1}–{n})", outcomes[-quarter:]),
         soak_row(f"all {n}", outcomes), "",
-        "Server RSS after the warm-up, at each tenth of the run's requests ended, and at the "
-        "end (MiB): " + " → ".join(f"{b / 2**20:.0f}" for b in [rss_warm, *memory.tenths,
-                                                               rss_end]) + ".", "",
+        "Server RSS (MiB) after the warm-up, as each tenth of the run's requests had ended "
+        "(the last: once the run drained), and at the end (after the largest batch again): "
+        + " → ".join(f"{b / 2**20:.0f}" for b in [rss_warm, *memory.tenths, rss_end]) + ".",
+        "",
         "| check | measured | limit | |", "|---|---|---|---|",
         *(f"| {name} | {value} | {limit} | {'ok' if good else '**FAIL**'} |"
           for name, value, limit, good in checks), ""]

@@ -99,8 +99,8 @@ def test_bench_serve_soak_quick(tmp_path: Path) -> None:
     for needle in ("| first quarter (1–10) |", "| last quarter (31–40) |", "| all 40 |",
                    "| requests lost | 0 | 0 | ok |", "| /health at the end | 200 | 200 | ok |",
                    "40 of 40", "The server said at start-up: `trtspec serve: http",
-                   "after a warm-up of 16 requests at once with the longest prompt",
-                   "Server RSS after the warm-up, at each tenth of the run's requests ended",
+                   "then 16 at once with the longest prompts and max_tokens 32",
+                   "Server RSS (MiB) after the warm-up, as each tenth of the run's requests",
                    "PASS. Command: `.venv/bin/python "
                    "benchmarks/bench_serve.py --soak --quick --method suffix"):
         assert needle in text, needle

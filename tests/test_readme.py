@@ -86,7 +86,7 @@ def test_nothing_users_get_points_outside_the_repository() -> None:
             assert needle not in text, f"{path.relative_to(ROOT)} refers to {needle}"
 
 
-def test_a_fresh_clone_has_engines_and_reports_with_only_their_readmes_tracked() -> None:
+def test_a_fresh_clone_tracks_only_readmes_and_benchmark_reports_in_engines_and_reports() -> None:
     """engines/ and reports/ exist in a clone (their READMEs, committed benchmark tables and
     the raw blocks a table rests on, ``bench-*.json``); what build and eval generate there is
     ignored by git."""

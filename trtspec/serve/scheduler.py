@@ -391,7 +391,10 @@ class Scheduler(Slots):
         """Feed prompt chunks, first admitted first, at most ``chunk`` tokens in all (and a
         tail under half a chunk with ``join_tail``: not when paced, whose chunk is what a
         step's time allows; module docstring) and ``budget``, one row a call (a call pads
-        its rows to the longest); a prompt whose last chunk is in gets its first token. Heads
+        its rows to the longest); after the first prompt's call, a leftover under half a
+        chunk that does not hold the next prompt's whole rest ends the step's prefill
+        (first come first served: no later prompt goes first); a prompt whose last chunk
+        is in gets its first token. Heads
         prefill whole prompts. Returns the tokens fed and the slots whose prompt completed
         here after earlier calls' chunks (beside running streams, they join the rounds at the
         next step)."""
