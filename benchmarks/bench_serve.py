@@ -25,6 +25,8 @@ plain arm: a check that two identical arms come out alike (its CI should hold 1.
 Writes reports/bench-serve.md. ``--quick`` runs the open-ended group, 1 prompt a category, 4
 tokens, clients 1 and 2,
 fixed D = 2 and both adaptive policies, a round cost of 2 rows timed once (a smoke test).
+``--mixed-lengths`` draws each prompt's max_tokens (seeded, the same for every arm) instead
+of giving all ``--max-tokens`` (:func:`output_lengths` says why).
 
 ``--admission`` instead measures admission under the token-budget step (the "## Admission"
 section): three plain-decoding streams while a 2,000-token prompt is admitted, their largest
@@ -53,6 +55,7 @@ import itertools
 import json
 import math
 import platform
+import random
 import shlex
 import sys
 import tempfile
@@ -121,6 +124,20 @@ def block(executor: SpecExecutor, prompts, params, clients: int) -> dict:
             for s in sent if len(s.token_times) > 1]
     return {"tokens": sum(len(s.ticket.token_ids) for s in sent), "wall": wall, "tpot": tpot,
             "stats": SpecStats.merge(s.ticket.stats for s in sent)}
+
+
+def output_lengths(n: int, max_tokens: int, mixed: bool) -> list[int]:
+    """Each prompt's max_tokens: all ``max_tokens``, or (``mixed``) drawn uniformly from
+    ½–1½ × it, seeded. All alike, the requests of a block end together under plain decoding
+    and the next ones are admitted with nothing decoding (whole prompts, full rounds), a
+    schedule speculation breaks as soon as one request gains a token: the two arms then run
+    different kinds of schedule, which real traffic (outputs of many lengths) does not give
+    plain decoding."""
+    if not mixed:
+        return [max_tokens] * n
+    rng = random.Random(0)
+    return [rng.randint(max(1, max_tokens // 2), max_tokens + max_tokens // 2)
+            for _ in range(n)]
 
 
 def blocks_of(n: int, clients: int) -> list[list[int]]:
@@ -497,6 +514,9 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=2,
                         help="prompts per built-in category (4 categories a group)")
     parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--mixed-lengths", action="store_true",
+                        help="each prompt's max_tokens drawn (seeded) from ½–1½ × "
+                             "--max-tokens, the same for every arm, instead of all alike")
     parser.add_argument("--repeats", type=int, default=1,
                         help="multiplies the passes of each (group, clients) cell (each pass: "
                         "every arm anew, every block in turn)")
@@ -565,7 +585,9 @@ def main() -> None:
             if (why := check_clients(len(prompts), clients)) is not None:
                 parser.error(why)
     warm_tokens = 2 if args.quick else 16
-    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=i) for i in range(64)]
+    lengths = output_lengths(64, max_tokens, args.mixed_lengths)
+    params = [SamplingParams(temperature=0.0, max_tokens=m, seed=i)
+              for i, m in enumerate(lengths)]
     kind = "eager" if args.quick else "compiled"
     t0 = time.perf_counter()
     runner = built_runner(lm.model, kind, rows=SLOTS, eos_token_id=lm.tokenizer.eos_token_id,
@@ -644,7 +666,11 @@ def main() -> None:
         "# Speculation under load (CPU): plain vs fixed D vs adaptive D", "",
         f"SmolLM2-135M-Instruct, float32, greedy, the built-in workload ({n} prompts a "
         "category: " + ", ".join(f"{len(p)} {g}" for g, p in sets.items()) + ", run "
-        f"separately), {max_tokens} output tokens each, {SLOTS} slots, "
+        "separately), "
+        + (f"at most {max_tokens // 2}–{max_tokens + max_tokens // 2} output tokens (each "
+           "prompt's drawn once, seeded, the same for every arm)" if args.mixed_lengths else
+           f"{max_tokens} output tokens each")
+        + f", {SLOTS} slots, "
         f"closed-loop clients in paired blocks (below), the {kind} runner (made and warmed "
         f"up in {compile_s:.0f} s; "
         f"cost curve and round cost measured in {cost_s:.0f} s); "

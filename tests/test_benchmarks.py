@@ -121,6 +121,20 @@ def test_each_bench_serve_mode_replaces_only_its_part_of_the_report(tmp_path: Pa
     assert out.read_text() == "# Tables\n\nnew\n\n## Soak\n\nsecond soak\n"
 
 
+def test_bench_serve_mixed_lengths_are_seeded_and_span_half_to_one_and_a_half(monkeypatch
+                                                                               ) -> None:
+    """--mixed-lengths: every prompt's max_tokens drawn once from ½–1½ × --max-tokens, the
+    same list in every run (so in every arm); without it, all alike."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from bench_serve import output_lengths
+
+    assert output_lengths(4, 40, False) == [40] * 4
+    drawn = output_lengths(64, 40, True)
+    assert drawn == output_lengths(64, 40, True) and min(drawn) >= 20 and max(drawn) <= 60
+    assert len(set(drawn)) > 10 and 35 <= sum(drawn) / len(drawn) <= 45
+    assert min(output_lengths(64, 1, True)) >= 1
+
+
 def test_bench_serve_pairs_blocks_by_hand(monkeypatch) -> None:
     """The load table's design and statistic against hand-computed cases: blocks of 2c
     prompts, an arm order that puts every arm at every position equally often, the
