@@ -287,11 +287,11 @@ def soak(args: argparse.Namespace) -> int:
             outcomes = asyncio.run(drive(base, model, jobs, clients, memory))
             wall = time.perf_counter() - start
             running, waiting, drained = drain(base)
+            health, counted = get(f"{base}/health")[0], ended(gauges(base)) - before
             memory.tenths.append(resident(proc.pid))  # the run's end, as it left the cache
             asyncio.run(drive(base, model, largest_jobs(clients, toy, 2 * 10**6), clients))
-            drain(base)  # the largest batch again: memory read in the warm-up's cache state
-            rss_end = resident(proc.pid)
-            health, counted = get(f"{base}/health")[0], ended(gauges(base)) - before
+            drain(base)  # the largest batch again (counted above: not the run's requests),
+            rss_end = resident(proc.pid)  # memory read in the warm-up's cache state
         finally:
             stop_server(proc)
         said = [line.strip() for line in Path(log.name).read_text().splitlines()
