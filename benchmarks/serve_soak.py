@@ -289,7 +289,7 @@ def soak(args: argparse.Namespace) -> int:
             running, waiting, drained = drain(base)
             health, counted = get(f"{base}/health")[0], ended(gauges(base)) - before
             memory.tenths.append(resident(proc.pid))  # the run's end, as it left the cache
-            asyncio.run(drive(base, model, largest_jobs(clients, toy, 2 * 10**6), clients))
+            asyncio.run(drive(base, model, largest, clients))  # (greedy: seeds moot)
             drain(base)  # the largest batch again (counted above: not the run's requests),
             rss_end = resident(proc.pid)  # memory read in the warm-up's cache state
         finally:
