@@ -226,8 +226,9 @@ def test_make_runner_falls_back_for_other_architectures_and_obeys_trtspec_compil
 
 
 def test_warm_up_compiles_every_graph_a_batch_can_need(cache_dir) -> None:
-    """After warm_up(8), any rows × width of a batch of 8 (ragged, whole or part) runs on
-    graphs already compiled: no request waits for the compiler."""
+    """After warm_up(8), any rows × width of a batch of 8 (ragged, whole or part), and any
+    round with a prompt's chunk beside it in one call (score_pair), also after the cache grew
+    inside a call, runs on graphs already compiled: no request waits for the compiler."""
     from torch._dynamo.utils import counters
 
     model = tiny_llama(vocab=64, layers=2, seed=9)
@@ -238,9 +239,56 @@ def test_warm_up_compiles_every_graph_a_batch_can_need(cache_dir) -> None:
     for feed in ([[4]] * 8, [[5, 6, 7]] + [[]] * 7, [[1] * 9, [2] * 4] + [[3]] * 6,
                  [[]] * 3 + [[4, 5]] * 5, [[6] * 17] + [[]] * 7, [[7]] * 3 + [[]] * 5):
         runner.score(feed)
+    for feed, row, chunk in (([[4]] * 3 + [[]] * 5, 3, [1] * 7), ([[4, 5]] * 2 + [[]] * 6, 2,
+                                                                   [1] * 12),
+                             ([[4]] * 7 + [[]], 7, [1] * 5), ([[4]] + [[]] * 7, 1, [2] * 3),
+                             ([[]] * 4 + [[4], [5, 6, 7], [8]] + [[]], 3, [1] * 30)):
+        runner.score_pair(feed, row, chunk)  # a round and a prompt's chunk in one call
+    runner.score([[1] * 600] + [[]] * 7)  # grows the cache inside the call: its tensors
+    runner.score([[4]] * 8)  # stay what the graphs were compiled for
     runner.prefill([[1] * 40, [2] * 7] * 4)
     assert counters["stats"]["unique_graphs"] == compiled
     assert runner.compiled
+
+
+@pytest.mark.parametrize("kind", ["eager", "compiled"])
+def test_a_chunk_beside_a_round_scores_in_one_call_as_in_two(kind: str, cache_dir) -> None:
+    """score_pair: a round over rows 0-2 (widths 1 and 3) and a 9-token chunk of a prompt
+    being admitted in row 3 (20 of its tokens in) run as one call over 3 + 1 rows and give
+    the logits of the chunk's call and then the round's, the chunk's as one prefill of the
+    whole prompt; the cache is left as the two calls leave it (the next call scores alike).
+    A chunk whose row is apart from the round's is swapped next to it first; a one-token
+    chunk, or a chunk in a row the round feeds, is not paired."""
+    model = tiny_llama(vocab=64, seed=4)
+    prompt = [(7 * i) % 60 + 1 for i in range(29)]
+
+    def fresh(row: int) -> CompiledRunner:
+        runner = make_runner(model, kind, cache_dir=cache_dir)
+        starts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [1], [2], [3]]
+        starts[row] = prompt[:20]
+        runner.prefill(starts)
+        return runner
+
+    for row in (3, 5):
+        rnd = [[10], [11, 12, 13], [14], [], [], []]
+        two, one = fresh(row), fresh(row)
+        feed: list[list[int]] = [[] for _ in rnd]
+        feed[row] = prompt[20:]
+        last, logits = two.score(feed, last_only=True)[row, 0], two.score(rnd)
+        calls = count_rows(one)
+        got, got_last = one.score_pair(rnd, row, prompt[20:])
+        assert calls == [4] and one.lengths() == two.lengths()
+        assert (one.swaps > 0) == (row == 5)
+        assert got.shape == logits.shape
+        assert all(close(got[b, : len(t)], logits[b, : len(t)]) for b, t in enumerate(rnd) if t)
+        assert close(got_last, last) and close(got_last, full_logits(model, prompt)[-1])
+        assert close(one.score([[5]] * 6), two.score([[5]] * 6))
+    one = fresh(3)
+    calls = count_rows(one)
+    one.score_pair([[10], [], [], [], [], []], 3, [7])
+    assert calls == [1, 1]  # the chunk's call, then the round's
+    with pytest.raises(ValueError, match="fed nothing else"):
+        one.score_pair([[10], [], [], [4], [], []], 3, [7, 8])
 
 
 def test_warm_up_keeps_a_live_cache_and_a_late_compile_is_said(cache_dir) -> None:
@@ -328,9 +376,9 @@ def count_rows(runner: CompiledRunner) -> list[int]:
     rows: list[int] = []
     layers = runner._layers
 
-    def spy(layer, x, *args):
-        rows.append(x.shape[0])
-        return layers(layer, x, *args)
+    def spy(compiled, first, second):
+        rows.append(len(first.rows) + (0 if second is None else len(second.rows)))
+        return layers(compiled, first, second)
 
     runner._layers = spy
     return rows
@@ -427,6 +475,7 @@ def test_requests_ending_between_others_give_their_greedy_output_alone() -> None
 
         scheduler = Scheduler(SpecExecutor(runner, proposer, 3), 4, prefill_chunk=2)
         runner.score, scored = spy, count_rows(runner)  # from after the scheduler's prefill
+        runner.score_pair = None  # every call through score (chunks beside rounds: below)
         tickets = [scheduler.submit(p, q) for p, q in zip(prompts, params, strict=True)]
         scheduler.run_until_idle()
         assert [t.token_ids for t in tickets] == alone

@@ -537,9 +537,9 @@ def test_a_long_prompt_is_admitted_in_chunks_while_the_others_decode() -> None:
     asked: list[int] = []
     round_ = executor.round
 
-    def counted_round(rows, live, draft_len, budget):
+    def counted_round(rows, live, draft_len, budget, beside=None):
         asked.append(budget)
-        return round_(rows, live, draft_len, budget)
+        return round_(rows, live, draft_len, budget, beside)
 
     executor.round = counted_round
     params = SamplingParams(temperature=0.8, max_tokens=200, ignore_eos=True)
@@ -559,6 +559,46 @@ def test_a_long_prompt_is_admitted_in_chunks_while_the_others_decode() -> None:
     for t in [*running, long]:
         scheduler.cancel(t)
     scheduler.run_until_idle()
+
+
+@pytest.mark.parametrize("method", ["none", "ngram"])
+def test_a_prompt_s_chunks_ride_in_the_rounds_own_calls(method: str) -> None:
+    """On the compiled runner's decoder (eager here: the same functions), a 30-token prompt
+    admitted 4 tokens a step beside two sampled streams has its chunks scored in the rounds'
+    own calls (score_pair: one call a step, both groups in it), and every request's seeded
+    output is the one it gets when each chunk has a call of its own, as on a runner that
+    cannot pair (the same logits up to float rounding, so the same draws)."""
+    from trtspec.runtime.compiled import CompiledRunner
+
+    model = tiny_llama(vocab=64, seed=6)
+
+    def run(pair: bool) -> tuple[list[list[int]], int]:
+        runner = CompiledRunner(model, compile=False)
+        paired = [0]
+        if pair:
+            layers = runner._layers
+
+            def spy(compiled, first, second):
+                paired[0] += second is not None
+                return layers(compiled, first, second)
+
+            runner._layers = spy
+        else:
+            runner.score_pair = None
+        proposer = NgramProposer(1, 3) if method == "ngram" else None
+        scheduler = Scheduler(SpecExecutor(runner, proposer, 3), 4, prefill_chunk=4)
+        params = SamplingParams(temperature=0.9, max_tokens=40, ignore_eos=True)
+        streams = [scheduler.submit([1, 2, 3, 1, 2], params.model_copy(update={"seed": 1})),
+                   scheduler.submit([4, 5], params.model_copy(update={"seed": 2}))]
+        while any(not t.token_ids for t in streams):
+            scheduler.step()
+        long = scheduler.submit([(5 * i) % 60 + 1 for i in range(30)],
+                                params.model_copy(update={"seed": 3, "max_tokens": 8}))
+        scheduler.run_until_idle()
+        return [t.token_ids for t in (*streams, long)], paired[0]
+
+    (riding, paired), (alone, _) = run(True), run(False)
+    assert riding == alone and paired >= 6
 
 
 def beside_a_stream(slots: int, chunk: int) -> tuple[Scheduler, Ticket, list[list[int]]]:

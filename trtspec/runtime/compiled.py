@@ -19,6 +19,10 @@ construction (the RowCache rule): a padded query writes its key at a slot ≥ th
 length, which the mask hides and the next real write overwrites. Inductor's on-disk cache lives
 under the build folder, so a second process reuses the kernels.
 
+A round and a prompt's chunk in one call (``score_pair``, ``decoder_layer.pair_fn``): two groups of
+rows, adjacent in the cache, their tokens packed into every projection (the weights read once)
+and each group attending over its own span, so the round's rows never attend over the prompt's.
+
 Live rows only (``pack_rows``, on by default): a call scores the contiguous range of *physical*
 cache rows that hold the rows it feeds, so a batch row is a name, mapped to a physical row
 (``_phys``). When the rows a call feeds are not contiguous there (a request ended between two
@@ -39,13 +43,14 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from trtspec.runtime import CacheFull
-from trtspec.runtime.decoder_layer import PROJECT_ROWS, layer_fn, layer_weights, project
+from trtspec.runtime.decoder_layer import PROJECT_ROWS, layer_fn, layer_weights, pair_fn, project
 
 SPAN_STEP = 32
 MIN_CAPACITY = 512
@@ -126,6 +131,8 @@ class CompiledRunner:
         self.compiled, self.warn, self.cache_dir = compile, warn, cache_dir
         self._eager = layer_fn(self._hq, self._hkv, self._d, self._eps)
         self._graph: Callable[..., torch.Tensor] = self._eager
+        self._pair = pair_fn(self._hq, self._hkv, self._d, self._eps)
+        self._pair_graph: Callable[..., tuple[torch.Tensor, ...]] = self._pair
         self.shapes: set[tuple[int, int]] = set()  # (Bb, Tb) run compiled so far
         self._capture: list[int] = []  # layers whose outputs each forward keeps (heads)
         self.hidden: torch.Tensor | None = None  # [n, T, k·H] of the last call: rows from
@@ -139,6 +146,7 @@ class CompiledRunner:
                 if hasattr(dynamo, knob):
                     setattr(dynamo, knob, max(getattr(dynamo, knob), 256))
             self._graph = torch.compile(self._eager, dynamic=False, fullgraph=True)
+            self._pair_graph = torch.compile(self._pair, dynamic=False, fullgraph=True)
 
     @property
     def vocab_size(self) -> int:
@@ -221,22 +229,84 @@ class CompiledRunner:
         if not live:
             return logits
         self._place(live)
+        group = self._group(tokens, live)
+        self.last_scored = len(group.rows)
+        self._room(group.span, group.top, group.width)
+        x, kept = self._run(group, None)
+        if self._capture:
+            self.hidden = torch.cat(kept, dim=-1)  # [Bb, Tb, k·H]: the rows scored only
+            self.hidden_first = group.rows.start
+        self._logits(group, x[0], logits, last_only)
+        for b in live:
+            self._lengths[b] += counts[b]
+        return logits
+
+    @torch.inference_mode()
+    def score_pair(self, tokens: Sequence[Sequence[int]], row: int, chunk: Sequence[int]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``score(tokens)`` and, in the same call, ``chunk`` appended to ``row`` (a prompt
+        being admitted, fed nothing in ``tokens``): returns (``score(tokens)``'s logits
+        [B, T, V], the logits [V] after the chunk's last token). One call runs both groups
+        (``decoder_layer.pair_fn``: the projections over all their tokens at once, each group's
+        attention over its own span) where the round's rows are contiguous (packing), the
+        chunk's row is right after them or can be swapped there, the chunk is at least 2
+        tokens and the tokens fit a skinny GEMM (PROJECT_ROWS); else, and for a runner that
+        keeps hidden states, two calls (the chunk's, then the round's), as a scheduler
+        without it would make. Logits are those of the two calls up to float rounding (other
+        GEMM shapes)."""
+        self._require(len(tokens))
+        live = [b for b, t in enumerate(tokens) if t]
+        if tokens[row] or not chunk:
+            raise ValueError("score_pair: the chunk's row is fed nothing else, and the chunk "
+                             "is not empty")
+        pair = bool(live) and len(chunk) >= 2 and not self._capture
+        if pair:
+            self._place(live)
+            phys = self._owner._phys
+            lo, hi = min(phys[b] for b in live), max(phys[b] for b in live)
+            pair = (hi - lo + 1) * max(len(t) for t in tokens) + len(chunk) <= PROJECT_ROWS
+            if pair and phys[row] != hi + 1:  # the chunk's row goes right after the
+                pair = hi + 1 < len(phys) and not lo <= phys[row] <= hi  # round's (a swap,
+                if pair:  # once an admission: cheap at its first chunk)
+                    self._swap(phys[row], hi + 1)
+        if not pair:
+            feed: list[Sequence[int]] = [[] for _ in tokens]
+            feed[row] = chunk
+            last = self.score(feed, last_only=True)[row, 0]
+            return (self.score(tokens) if live else
+                    torch.zeros((len(tokens), 0, self._vocab), device=self.device)), last
+        feed = list(tokens)
+        feed[row] = chunk
+        ga, gb = self._group(feed, live), self._group(feed, [row])
+        self.last_scored = len(ga.rows)
+        self._room(max(ga.span, gb.span), max(ga.top, gb.top), max(ga.width, gb.width))
+        (xa, xb), _ = self._run(ga, gb)
+        logits = torch.zeros((len(tokens), ga.width, self._vocab), dtype=torch.float32,
+                             device=self.device)
+        self._logits(ga, xa, logits, False)
+        last = torch.zeros((len(tokens), 1, self._vocab), dtype=torch.float32,
+                           device=self.device)
+        self._logits(gb, xb, last, True)
+        for b in (*live, row):
+            self._lengths[b] += len(feed[b])
+        return logits, last[row, 0]
+
+    def _group(self, tokens: Sequence[Sequence[int]], live: list[int]) -> _Group:
+        """The inputs of one call's group of rows: the contiguous range of physical rows the
+        batch rows ``live`` span (views of the cache, no copies), their tokens padded to the
+        widest, positions, slots and the causal mask over the slots attended."""
         phys = self._owner._phys
-        compiled, tb = self.compiled, width
-        rows = range(min(phys[b] for b in live), max(phys[b] for b in live) + 1)  # physical,
-        nb = self.last_scored = len(rows)  # contiguous: views of the cache, no copies
+        counts = [len(tokens[b]) for b in range(len(tokens))]
+        tb = max(counts[b] for b in live)
+        rows = range(min(phys[b] for b in live), max(phys[b] for b in live) + 1)  # physical
         batch_row = [0] * len(phys)  # physical → batch row
         for b, at in enumerate(phys):
             batch_row[at] = b
         order = [batch_row[at] for at in rows]  # the batch row of each row scored
         start = torch.tensor([self._lengths[b] for b in order])  # [Bb]
-        span = -(-(int(start.max()) + tb) // SPAN_STEP) * SPAN_STEP  # slots attended
-        owner = self._owner
-        if span > owner._capacity:  # needed now: all of it (and what is reserved) at once
-            owner._grow_now(span)
-        elif owner._pending > owner._capacity:  # reserved: a few tensors a call, spread over
-            owner._grow_some((owner._capacity - int(start.max()) - tb) // tb)  # the calls
-        ids = torch.zeros((nb, tb), dtype=torch.long)
+        top = int(start.max())
+        span = -(-(top + tb) // SPAN_STEP) * SPAN_STEP  # slots attended
+        ids = torch.zeros((len(rows), tb), dtype=torch.long)
         for i, b in enumerate(order):
             ids[i, : counts[b]] = torch.as_tensor(list(tokens[b]), dtype=torch.long)
         slots = (start[:, None] + torch.arange(tb)).to(self.device)  # [Bb, Tb]
@@ -244,39 +314,57 @@ class CompiledRunner:
                 <= slots[:, :, None])[:, None]  # [Bb, 1, Tb, W]
         x = self._embed(ids.to(self.device))  # [Bb, Tb, hidden]
         cos, sin = self._rotary(x, slots)
+        counted = torch.tensor([counts[b] for b in order], device=self.device)  # [Bb]
+        return _Group(rows, order, tb, span, top, ids, x, cos, sin, mask, slots, counted)
+
+    def _room(self, span: int, top: int, width: int) -> None:
+        """Room in the cache for a call that attends ``span`` slots, its longest row holding
+        ``top`` tokens, ``width`` fed a row: now, or the next tensors of a reservation."""
+        owner = self._owner
+        if span > owner._capacity:  # needed now: all of it (and what is reserved) at once
+            owner._grow_now(span)
+        elif owner._pending > owner._capacity:  # reserved: a few tensors a call, spread over
+            owner._grow_some((owner._capacity - top - width) // width)  # the calls
+
+    def _run(self, first: _Group, second: _Group | None
+             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every layer over one group (``second`` None) or two adjacent ones, compiled (the
+        same math eagerly after a compiler failure); returns the last layer's output for
+        each group and the kept layers' outputs (one group only)."""
+        compiled = self.compiled
         if compiled:
             graphs = _graphs_compiled()
             try:
-                x, kept = self._layers(self._graph, x, cos, sin, mask, slots, rows, span)
-                self.shapes.add((nb, tb))
+                out = self._layers(True, first, second)
+                self.shapes.add((len(first.rows), first.width) if second is None else
+                                (len(first.rows), first.width, len(second.rows), second.width))
                 if self._owner._warmed and not self._owner._warming and \
                         _graphs_compiled() > graphs:
                     self._owner.late_compiles += 1  # a step waited for the compiler
                     if self._owner._watch and self._owner.late_compiles == 1:  # said once
-                        self.warn(f"warning: compiled a graph after warm-up (rows {nb}, width "
-                                  f"{tb}): the step that needed it waited for the compiler")
+                        self.warn(f"warning: compiled a graph after warm-up (rows "
+                                  f"{len(first.rows)}, width {first.width}): the step that "
+                                  "needed it waited for the compiler")
+                return out
             except Exception as e:  # any compiler failure: the same math, eagerly
-                self._give_up(e)
-                compiled = False
-                x = self._embed(ids.to(self.device))  # writes went to uncommitted slots only
-        if not compiled:
-            x, kept = self._layers(self._eager, x, cos, sin, mask, slots, rows, span)
-        if self._capture:
-            self.hidden = torch.cat(kept, dim=-1)  # [Bb, Tb, k·H]: the rows scored only
-            self.hidden_first = rows.start
-        n = torch.tensor([counts[b] for b in order], device=self.device)  # [Bb]
+                self._give_up(e)  # (its writes went to uncommitted slots only)
+        return self._layers(False, first, second)
+
+    def _logits(self, group: _Group, x: torch.Tensor, logits: torch.Tensor,
+                last_only: bool) -> None:
+        """The head over a group's last-layer output x [Bb, Tb, H], into ``logits`` by batch
+        row: each row's last fed position only, or every position."""
+        nb = len(group.rows)
         if last_only:
-            x = x[torch.arange(nb, device=self.device), (n - 1).clamp(min=0)][:, None]
+            x = x[torch.arange(nb, device=self.device), (group.counts - 1).clamp(min=0)][:, None]
         else:
-            x = x[:, :width]
+            x = x[:, : logits.shape[1]]
         scored = project(self._norm(x), self._head.weight).float()[..., : self._vocab]
+        order = group.order
         if order == list(range(order[0], order[0] + nb)):  # in batch order: a slice
             logits[order[0]: order[0] + nb] = scored
         else:
             logits[torch.tensor(order, device=self.device)] = scored
-        for b in live:
-            self._lengths[b] += counts[b]
-        return logits
 
     @property
     def one_offs(self) -> int:
@@ -338,27 +426,38 @@ class CompiledRunner:
         phys[a], phys[b] = q, p
         owner.swaps += 1
 
-    def _layers(self, layer: Callable[..., torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, rows: range,
-                span: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Every decoder layer over x; returns the last one's output and the outputs of the
-        layers asked by capture_hidden, in their order."""
-        sl = slice(rows.start, rows.stop)
-        dynamic = layer is not self._eager
+    def _layers(self, compiled: bool, first: _Group, second: _Group | None
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every decoder layer over the group (or the two adjacent groups: ``pair_fn``);
+        returns the last layer's output for each group and the outputs of the layers asked by
+        capture_hidden, in their order."""
+        groups = [first] if second is None else [first, second]
+        sl = slice(first.rows.start, groups[-1].rows.stop)
+        span = max(g.span for g in groups)
+        if second is None:
+            layer = self._graph if compiled else self._eager
+        else:
+            layer = self._pair_graph if compiled else self._pair
         keys, values = self._caches()
+        xs = [g.x for g in groups]
+        fixed: list[torch.Tensor] = []
+        for name in ("cos", "sin", "mask", "slots"):
+            fixed += [getattr(g, name) for g in groups]
         kept: dict[int, torch.Tensor] = {}
         for i, (w, k, v) in enumerate(zip(self._weights, keys, values, strict=True)):
             k, v = k[:span, sl], v[:span, sl]  # [W, Bb, Hkv, d]: strides free of capacity
-            if dynamic:  # one graph whatever the rows, width and span (size-1 dims specialise)
-                for t, dims in ((x, (0, 1)), (cos, (0, 1)), (sin, (0, 1)), (slots, (0, 1)),
-                                (mask, (0, 2, 3)), (k, (0, 1)), (v, (0, 1))):
-                    for dim in dims:
+            if compiled:  # one graph whatever the rows, width and span (size-1 dims specialise)
+                for t in (*xs, *fixed, k, v):
+                    for dim in (0, 2, 3) if t.dim() == 4 and t.dtype == torch.bool else (0, 1):
                         if t.shape[dim] > 1:
                             torch._dynamo.mark_dynamic(t, dim)
-            x = layer(x, cos, sin, mask, slots, k, v, *w)
+            if second is None:
+                xs = [layer(xs[0], *fixed[:2], fixed[2], fixed[3], k, v, *w)]
+            else:
+                xs = list(layer(*xs, *fixed, k, v, *w))
             if i in self._capture:
-                kept[i] = x
-        return x, [kept[i] for i in self._capture]
+                kept[i] = xs[0]
+        return xs, [kept[i] for i in self._capture]
 
     def _give_up(self, error: Exception) -> None:
         first = (str(error).strip().splitlines() or [""])[0][:160]
@@ -381,9 +480,11 @@ class CompiledRunner:
         need; returns seconds. Widths 1, 2 and one past PROJECT_ROWS cover every width
         (project switches there); one row, two rows and the whole batch cover every row range
         (part of the batch has strides the whole batch lacks, and a one-row view's strides are
-        those of this batch size). It runs on scratch rows: a live KV cache is put back as it
-        was. A batch size already warmed up returns at once; a view warms up its owner. With
-        ``watch`` (a server) a graph compiled later is said (once): a request waited for it."""
+        those of this batch size); and a round of one row, two rows or all but one, one token
+        a row or more, with a prompt's chunk in the row after it (score_pair). It runs on
+        scratch rows: a live KV cache is put back as it was. A batch size already warmed up
+        returns at once; a view warms up its owner. With ``watch`` (a server) a graph
+        compiled later is said (once): a request waited for it."""
         if self._owner is not self:
             return self._owner.warm_up(batch, widths, watch)
         self._watch |= watch
@@ -399,6 +500,10 @@ class CompiledRunner:
             for n in sorted({1, min(2, batch), batch}):
                 for t in widths:
                     self.score([[0] * t] * n + [[]] * (batch - n))
+                    self.rollback([1] * batch)
+            for n in sorted({1, min(2, batch - 1), batch - 1} - {0}):  # a round and a
+                for t in (1, 2):  # chunk in one call (score_pair): the chunk's row after
+                    self.score_pair([[0] * t] * n + [[]] * (batch - n), n, [0, 0])
                     self.rollback([1] * batch)
             self._warmed.add(batch)
         finally:
@@ -532,10 +637,15 @@ class CompiledRunner:
 
 
 def _grown(t: torch.Tensor, capacity: int) -> torch.Tensor:
-    """``t`` [slots, …] with zeroed slots up to ``capacity`` (itself when it has them)."""
+    """``t`` [slots, …] with zeroed slots up to ``capacity`` (itself when it has them). A
+    normal tensor even when grown inside a call (inference mode), as the cache is allocated:
+    an inference tensor has another dispatch key set, which every compiled graph guards on,
+    so a cache grown mid-call would have every graph compiled again, beside a waiting
+    request."""
     if t.shape[0] >= capacity:
         return t
-    return torch.cat([t, t.new_zeros((capacity - t.shape[0], *t.shape[1:]))])
+    with torch.inference_mode(False):
+        return torch.cat([t, t.new_zeros((capacity - t.shape[0], *t.shape[1:]))])
 
 
 def free_bytes(device: torch.device) -> int | None:
@@ -549,6 +659,26 @@ def free_bytes(device: torch.device) -> int | None:
 
         return int(psutil.virtual_memory().available)
     return None
+
+
+@dataclass
+class _Group:
+    """One group of rows a call scores (CompiledRunner._group): the physical ``rows`` and
+    the batch row of each (``order``), ``width`` tokens a row (padded), the slots attended
+    (``span``), the longest row's length before the call (``top``) and the layer's inputs."""
+
+    rows: range
+    order: list[int]
+    width: int
+    span: int
+    top: int
+    ids: torch.Tensor  # [Bb, Tb]
+    x: torch.Tensor  # [Bb, Tb, hidden]
+    cos: torch.Tensor  # [Bb, Tb, d]
+    sin: torch.Tensor
+    mask: torch.Tensor  # [Bb, 1, Tb, W]
+    slots: torch.Tensor  # [Bb, Tb]
+    counts: torch.Tensor  # [Bb]: tokens fed per row
 
 
 def _graphs_compiled() -> int:

@@ -47,17 +47,39 @@ def layer_weights(layer: nn.Module) -> tuple[torch.Tensor | None, ...]:
             layer.post_attention_layernorm.weight, gate_up, m.down_proj.weight)
 
 
+def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+            sin: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
+            v_cache: torch.Tensor, first: int, hkv: int) -> torch.Tensor:
+    """One group of rows' attention: q [B, Hq, T, d], k/v [B, Hkv, T, d] (before rotary);
+    cos/sin [B, T, d]; mask [B, 1, T, W]; slots [B, T]; the group's rows are the cache's rows
+    first … first + B. Writes the group's keys and values, returns [B, Hq, T, d].
+    k_cache/v_cache [W′, R, Hkv, d] are slot-major so that growing the capacity never changes
+    a view's strides (no recompile); row b's token t goes to slot slots[b, t]."""
+    b, t = slots.shape
+    q, k = _rope(q, cos[:, None], sin[:, None]), _rope(k, cos[:, None], sin[:, None])
+    rows = first + torch.arange(b, device=slots.device)[:, None].expand(b, t)  # [B, T]
+    k_cache.index_put_((slots, rows), k.transpose(1, 2))  # k [B, Hkv, T, d]
+    v_cache.index_put_((slots, rows), v.transpose(1, 2))
+    w = mask.shape[-1]
+    return F.scaled_dot_product_attention(
+        q, k_cache[:w, first:first + b].permute(1, 2, 0, 3),
+        v_cache[:w, first:first + b].permute(1, 2, 0, 3), attn_mask=mask,
+        enable_gqa=q.shape[1] != hkv)
+
+
 def layer_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., torch.Tensor]:
     """One decoder layer as a pure function of its inputs (shapes next to tensors)."""
-
-    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
-
-    def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
 
     def layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
               slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -65,24 +87,57 @@ def layer_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., torch.Tenso
               w_o: torch.Tensor, w_post: torch.Tensor, w_gate_up: torch.Tensor,
               w_down: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape  # x [B, T, hidden]; cos/sin [B, T, d]; mask [B, 1, T, W]
-        qkv = project(norm(x, w_in), w_qkv)  # [B, T, (Hq + 2 Hkv) d]
+        qkv = project(_norm(x, w_in, eps), w_qkv)  # [B, T, (Hq + 2 Hkv) d]
         if b_qkv is not None:
             qkv = qkv + b_qkv
         q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
         q = q.reshape(b, t, hq, d).transpose(1, 2)  # [B, Hq, T, d]
         k = k.reshape(b, t, hkv, d).transpose(1, 2)  # [B, Hkv, T, d]
         v = v.reshape(b, t, hkv, d).transpose(1, 2)
-        q, k = rope(q, cos[:, None], sin[:, None]), rope(k, cos[:, None], sin[:, None])
-        # k_cache/v_cache [W, B, Hkv, d], slot-major so that growing the capacity never
-        # changes a view's strides (no recompile); row b's token t goes to slot slots[b, t]
-        rows = torch.arange(b, device=slots.device)[:, None].expand(b, t)  # [B, T]
-        k_cache.index_put_((slots, rows), k.transpose(1, 2))  # k [B, Hkv, T, d]
-        v_cache.index_put_((slots, rows), v.transpose(1, 2))
-        out = F.scaled_dot_product_attention(
-            q, k_cache.permute(1, 2, 0, 3), v_cache.permute(1, 2, 0, 3), attn_mask=mask,
-            enable_gqa=hq != hkv)  # [B, Hq, T, d]
+        out = _attend(q, k, v, cos, sin, mask, slots, k_cache, v_cache, 0, hkv)  # [B,Hq,T,d]
         x = x + project(out.transpose(1, 2).reshape(b, t, hq * d), w_o)
-        gate, up = project(norm(x, w_post), w_gate_up).chunk(2, dim=-1)  # [B, T, I] each
+        gate, up = project(_norm(x, w_post, eps), w_gate_up).chunk(2, dim=-1)  # [B, T, I]
         return x + project(F.silu(gate) * up, w_down)
+
+    return layer
+
+
+def pair_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """One decoder layer over two groups of rows in one call: every projection runs over both
+    groups' tokens packed together (one GEMM each: the weights stream from memory once), and
+    each group attends over its own span only. Why: a round of short rows and a long prompt's
+    chunk scored by one padded call would attend every row over the prompt's span; scored by
+    two calls, each pays the call's fixed cost (the weights read again). Group a is the
+    cache's rows 0 … A − 1, group b the rows A … A + B − 1 (the runner passes a view that
+    holds both, adjacent)."""
+
+    def layer(xa: torch.Tensor, xb: torch.Tensor, cos_a: torch.Tensor, cos_b: torch.Tensor,
+              sin_a: torch.Tensor, sin_b: torch.Tensor, mask_a: torch.Tensor,
+              mask_b: torch.Tensor, slots_a: torch.Tensor, slots_b: torch.Tensor,
+              k_cache: torch.Tensor, v_cache: torch.Tensor,
+              w_in: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
+              w_o: torch.Tensor, w_post: torch.Tensor, w_gate_up: torch.Tensor,
+              w_down: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        (a, ta, hidden), (b, tb, _) = xa.shape, xb.shape  # xa [A, Ta, H]; xb [B, Tb, H]
+        na, nb = a * ta, b * tb
+        x = torch.cat([xa.reshape(na, hidden), xb.reshape(nb, hidden)])[None]  # [1, N, H]
+        qkv = project(_norm(x, w_in, eps), w_qkv)[0]  # [N, (Hq + 2 Hkv) d]
+        if b_qkv is not None:
+            qkv = qkv + b_qkv
+        outs = []
+        for (rows, t, first, cos, sin, mask, slots), part in zip(
+                ((a, ta, 0, cos_a, sin_a, mask_a, slots_a),
+                 (b, tb, a, cos_b, sin_b, mask_b, slots_b)),
+                qkv.split([na, nb]), strict=True):
+            q, k, v = part.split([hq * d, hkv * d, hkv * d], dim=-1)
+            q = q.reshape(rows, t, hq, d).transpose(1, 2)  # [rows, Hq, t, d]
+            k = k.reshape(rows, t, hkv, d).transpose(1, 2)  # [rows, Hkv, t, d]
+            v = v.reshape(rows, t, hkv, d).transpose(1, 2)
+            out = _attend(q, k, v, cos, sin, mask, slots, k_cache, v_cache, first, hkv)
+            outs.append(out.transpose(1, 2).reshape(rows * t, hq * d))
+        x = x + project(torch.cat(outs)[None], w_o)  # [1, N, H]
+        gate, up = project(_norm(x, w_post, eps), w_gate_up).chunk(2, dim=-1)  # [1, N, I]
+        x = (x + project(F.silu(gate) * up, w_down))[0]  # [N, H]
+        return x[:na].reshape(a, ta, hidden), x[na:].reshape(b, tb, hidden)
 
     return layer

@@ -47,6 +47,17 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 added to the step that already paid for its last chunk. One prefilled in
                 one call (under 1.5 chunks unpaced, a kept prompt's last token, or any
                 prompt with no stream running) joins in the same step
+* riding        beside running streams, a prompt admitted over several calls has its chunk
+                scored in the round's own target call where the target can
+                (the compiled runner's ``score_pair``: the projections run once over both,
+                each attends over its own span), not in a call of its own: one call's fixed
+                cost a step instead of two. Not with a proposer that has a model (its cache
+                takes each chunk), heads, or a stall; one prompt a step; a round that fails
+                with a chunk in it is put back and the step runs as without. On the 2-core
+                CPU (a 2,000-token prompt beside three streams, one run each) the streams'
+                largest gap was 4.2× their median at 16 tokens a step against 5.4× with two
+                calls, at 4 tokens 3.2× against 3.0× (within noise), at the same TTFT
+                (reports/bench-serve.md, "Admission")
 * stall         ``prefill_stall`` (off unless set): while requests decode, the prompt chunk
                 of a step aims at taking this many times the step's round (an EMA of the
                 rounds' seconds), so the streams' inter-token gap while a prompt comes in
@@ -111,12 +122,16 @@ import collections
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from trtspec.runtime import CacheFull
 from trtspec.serve.slots import DraftPolicy, Slots, Ticket, notify, one_line, stop_at
 from trtspec.spec.adaptive import ADAPTIVE
-from trtspec.spec.executor import Delta, Request, RoundFailed, SpecExecutor, settle
+from trtspec.spec.executor import Delta, PromptChunk, Request, RoundFailed, SpecExecutor, settle
 from trtspec.spec.sample.probs import SamplingParams, make_generator
+
+if TYPE_CHECKING:
+    import torch
 
 PREFILL_CHUNK = {"cpu": 32}  # default prompt tokens a step, by device type; else 512
 PACED_MIN = 4  # prompt tokens a paced step feeds at least, so an admission always goes on
@@ -212,20 +227,35 @@ class Scheduler(Slots):
         floor = max(1, min(chunk, self.max_num_tokens // 2)) \
             if chunk and self._prefilling() else 0
         reserved = min(self.max_num_tokens - floor, len(decoding) * (want + 1))
-        began = self._now(paced)
-        used, later = self._prefill(self.max_num_tokens - reserved, chunk, not paced)
-        chunk_s = self._now(paced) - began
-        # with those whose prompt just completed, but beside running streams a prompt that
-        # came in over several calls joins the rounds at the next step (docstring, "chunk")
-        live = [b for b in self._decoding() if not decoding or b not in later]
-        if live:
-            draft_len = self.policy.for_running(len(live))
+        budget = self.max_num_tokens - reserved
+        riding = None if paced else self._riding(decoding, budget, chunk)
+        deltas = None
+        if riding is not None:  # the prompt's chunk in the round's own call
+            try:
+                deltas = self._round(decoding, draft_len, max(len(decoding), self.max_num_tokens -
+                                                               len(riding.tokens)), riding)
+            except RoundFailed:  # put back as it was: the step runs as below instead
+                riding = None
+            else:
+                if riding.logits is not None:
+                    self._chunk_in(riding.row, len(riding.tokens), riding.logits)
+        if deltas is None:
             began = self._now(paced)
-            deltas = self._round(live, draft_len, max(len(live), self.max_num_tokens - used))
-            if paced and getattr(self.executor.target, "one_offs", 0) == one_offs:
-                self._pace(chunk, used, chunk_s, self._now(paced) - began)  # (not a step
-                # that grew the cache or swapped rows: its time is no chunk's or round's)
-            if self.on_round is not None and deltas:
+            used, later = self._prefill(budget, chunk, not paced)
+            chunk_s = self._now(paced) - began
+            # with those whose prompt just completed, but beside running streams a prompt
+            # that came in over several calls joins the rounds at the next step (docstring,
+            # "chunk")
+            live = [b for b in self._decoding() if not decoding or b not in later]
+            if live:
+                draft_len = self.policy.for_running(len(live))
+                began = self._now(paced)
+                deltas = self._round(live, draft_len, max(len(live), self.max_num_tokens - used))
+                if paced and getattr(self.executor.target, "one_offs", 0) == one_offs:
+                    self._pace(chunk, used, chunk_s, self._now(paced) - began)  # (not a step
+                    # that grew the cache or swapped rows: its time is no chunk's or round's)
+        if deltas:
+            if self.on_round is not None:
                 try:
                     self.on_round(deltas)
                 except Exception as e:  # metrics must not take the server down
@@ -234,6 +264,42 @@ class Scheduler(Slots):
             for delta in deltas:
                 self._deliver(delta)
         return self.running
+
+    def _riding(self, decoding: list[int], budget: int, chunk: int | None
+                ) -> PromptChunk | None:
+        """The first admitted prompt's next chunk, to be scored in the round's own call
+        (module docstring, "riding"), or None where the step runs it in a call of its own:
+        no stream decoding, a target without ``score_pair``, a proposer with a model of its
+        own (its cache takes each chunk), heads, or a prompt this step prefills in one call
+        (it joins this step's round)."""
+        proposer = self.executor.proposer
+        if not decoding or chunk is None or self._heads or \
+                getattr(self.executor.target, "score_pair", None) is None or \
+                getattr(proposer, "draft_runner", None) is not None or \
+                getattr(proposer, "admit_chunk", None) is not None:
+            return None
+        waiting = self._prefilling()
+        if not waiting:
+            return None
+        ticket = self._tickets[waiting[0]]
+        assert ticket is not None
+        todo = len(ticket.prompt) - ticket.prefilled
+        n = self._take(todo, min(budget, chunk), chunk, budget, 0, True)
+        if n < 2 or (n == todo and ticket.prefilled == ticket.kept):
+            return None
+        start = ticket.prefilled
+        return PromptChunk(waiting[0], ticket.prompt[start: start + n])
+
+    def _take(self, todo: int, left: int, chunk: int | None, budget: int, used: int,
+              join_tail: bool) -> int:
+        """How many of a prompt's ``todo`` tokens its next call feeds: what is ``left`` of
+        the step's chunk, or all of them when the tail after would be under half a chunk
+        (``join_tail``) and they fit the ``budget`` (``used`` of it spent)."""
+        n = min(todo, left)
+        if join_tail and chunk is not None and n > 0 and 0 < todo - n < chunk / 2 and \
+                used + todo <= budget:
+            n = todo  # a short tail joins this call: one call costs about the same
+        return n
 
     def _now(self, timed: bool) -> float:
         """The clock, after the work queued on a GPU (timing a paced step), else 0."""
@@ -291,12 +357,17 @@ class Scheduler(Slots):
                 and self._rows[b] is not t.request]
         return sorted(rows, key=lambda b: self._tickets[b].admitted_at or 0.0)
 
-    def _round(self, live: list[int], draft_len: int | str, budget: int) -> list[Delta]:
+    def _round(self, live: list[int], draft_len: int | str, budget: int,
+               beside: PromptChunk | None = None) -> list[Delta]:
         """One round for ``live``; a round that failed before committing is run again row by
-        row, and a row that fails alone ends its request alone (module docstring)."""
+        row, and a row that fails alone ends its request alone (module docstring). With a
+        prompt chunk ``beside`` it in the same call, a failure is raised as it is
+        (RoundFailed: the caller runs the step without it)."""
         try:
-            deltas = self.executor.round(self._rows, live, draft_len, budget)
+            deltas = self.executor.round(self._rows, live, draft_len, budget, beside)
         except RoundFailed as e:
+            if beside is not None:
+                raise
             if len(live) == 1:
                 self._row_failed(live[0], e)
                 return []
@@ -406,10 +477,7 @@ class Scheduler(Slots):
             ticket = self._tickets[slot]
             assert ticket is not None and ticket.request is not None
             todo = len(ticket.prompt) - ticket.prefilled
-            n = todo if whole else min(todo, left)
-            if join_tail and chunk is not None and n > 0 and 0 < todo - n < chunk / 2 and \
-                    used + todo <= budget:
-                n = todo  # a short tail joins this call: one call costs about the same
+            n = todo if whole else self._take(todo, left, chunk, budget, used, join_tail)
             if n <= 0 or (whole and used and n > left):  # heads: one whole prompt past it
                 break
             if chunk is not None and used and n < min(todo, chunk / 2):  # a call's fixed
@@ -424,24 +492,32 @@ class Scheduler(Slots):
                 self._row_failed(slot, e)  # row is emptied as the slot is freed)
                 continue
             several = ticket.prefilled > ticket.kept  # earlier calls fed its first chunks
-            ticket.prefilled += n
             left, used = left - n, used + n
-            if ticket.prefilled < len(ticket.prompt):
-                continue
-            if several:
+            if self._chunk_in(slot, n, logits) and several:
                 later.add(slot)
-            self._rows[slot] = ticket.request
-            try:  # the proposer's admission (a kept prompt's, a lookup's index) is this
-                # request's too
-                if self.executor.proposer is not None:
-                    self.executor.proposer.admit(slot, ticket.prompt, ticket.kept)
-                deltas = self.executor.first_tokens(self._rows, [slot], logits[None])
-            except Exception as e:
-                self._row_failed(slot, e)  # its row and the proposer's are released
-                continue
-            for delta in deltas:
-                self._deliver(delta)
         return used, later
+
+    def _chunk_in(self, slot: int, n: int, logits: torch.Tensor) -> bool:
+        """``n`` more of ``slot``'s prompt are in, ``logits`` [V] after the last of them;
+        when that completes the prompt, the request gets its first token (or fails alone).
+        Returns whether it completed."""
+        ticket = self._tickets[slot]
+        assert ticket is not None and ticket.request is not None
+        ticket.prefilled += n
+        if ticket.prefilled < len(ticket.prompt):
+            return False
+        self._rows[slot] = ticket.request
+        try:  # the proposer's admission (a kept prompt's, a lookup's index) is this
+            # request's too
+            if self.executor.proposer is not None:
+                self.executor.proposer.admit(slot, ticket.prompt, ticket.kept)
+            deltas = self.executor.first_tokens(self._rows, [slot], logits[None])
+        except Exception as e:
+            self._row_failed(slot, e)  # its row and the proposer's are released
+            return True
+        for delta in deltas:
+            self._deliver(delta)
+        return True
 
     def _kept_part(self, slot: int, prompt: list[int]) -> int:
         """How many of ``prompt``'s tokens ``slot`` still holds (module docstring: all but the

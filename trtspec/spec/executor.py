@@ -65,6 +65,18 @@ class Delta:
 
 
 @dataclass
+class PromptChunk:
+    """Tokens of a prompt being admitted in ``row``, scored in a round's own target call (the
+    compiled runner's ``score_pair``: one call reads the weights once for both; a chunk
+    emits nothing, so the round's sampling is untouched). ``logits`` [V], after its last
+    token: None until scored (a round that failed rolled it back)."""
+
+    row: int
+    tokens: list[int]
+    logits: torch.Tensor | None = None
+
+
+@dataclass
 class Completion:
     prompt_token_ids: list[int]
     token_ids: list[int]
@@ -211,12 +223,16 @@ class SpecExecutor:
                 for i, (b, r) in enumerate(zip(rows, chosen, strict=True))]
 
     def round(self, reqs: list[Request], live: list[int], draft_len: int | str | None = None,
-              max_tokens: int | None = None) -> list[Delta]:
+              max_tokens: int | None = None, beside: PromptChunk | None = None
+              ) -> list[Delta]:
         """One verification round for the rows ``live`` of a batch (other rows are left alone),
         proposing ``draft_len`` tokens each [default: the executor's: adaptive when it has a
         chooser], clipped to the budget; "adaptive": each row's own D (needs a chooser).
         ``max_tokens`` bounds the tokens the round feeds the target (a step's token budget):
         each row's D is cut to ``max_tokens // len(live) − 1`` when the D asked would pass it.
+        ``beside``: a prompt chunk the target scores in the round's own call (its
+        ``score_pair``; the caller checks it has one): its logits are filled in once scored,
+        and a failed round rolls it back with the rest.
 
         A failure before anything is committed raises :class:`RoundFailed` with the target
         rolled back and the proposer's drafts undone; one after (committing,
@@ -254,9 +270,11 @@ class SpecExecutor:
             settle(self.target)
             one_offs, began = self._one_offs(), time.perf_counter()
         try:
-            n_draft, out = self._score_and_verify(reqs, live, draft_len, chooser, rows)
+            n_draft, out = self._score_and_verify(reqs, live, draft_len, chooser, rows, beside)
         except Exception as e:
             self.target.rollback(before)  # scoring appends only: this always rolls back
+            if beside is not None:  # (the chunk too)
+                beside.logits = None
             if self.proposer is not None:
                 self.proposer.undo()  # RuntimeError where it cannot: the batch ends
             raise RoundFailed(f"{type(e).__name__}: {e}") from e
@@ -280,7 +298,8 @@ class SpecExecutor:
         if clock:  # what this round took, for the next ones' choice: not a round that did
             settle(self.target)  # one-off work (grew the cache, swapped rows, compiled);
             k = max(n_draft[b] for b in live)  # one asked to draft that got nothing is
-            if self._one_offs() == one_offs:  # width 0 (its lookups are no plain round's)
+            if self._one_offs() == one_offs and beside is None:  # width 0 (its lookups are
+                # no plain round's); a call that also took a prompt's chunk is no round's
                 width = k + 1 if k or not any(draft_len[b] for b in live) else 0
                 chooser.observe_round(getattr(self.target, "last_scored", rows), width,
                                       time.perf_counter() - began)  # B: the rows scored
@@ -300,8 +319,8 @@ class SpecExecutor:
         return count(live) if count is not None else live[-1] - live[0] + 1
 
     def _score_and_verify(self, reqs: list[Request], live: list[int], draft_len: list[int],
-                          chooser: AdaptiveDraft | None, span: int
-                          ) -> tuple[list[int], VerifyOutput]:
+                          chooser: AdaptiveDraft | None, span: int,
+                          beside: PromptChunk | None = None) -> tuple[list[int], VerifyOutput]:
         """A round up to its verdict, with nothing committed: D chosen (adaptive), drafts
         proposed, the target's p scored, verify() run; ``span``: the rows the target scores
         (B, :meth:`rows_scored`). Returns the drafts each row got and verify's result."""
@@ -326,7 +345,11 @@ class SpecExecutor:
         if k and self.round_cost is not None:  # a wider call BLAS runs faster (the runner
             longest = feed[max(live, key=lambda b: n_draft[b])]  # pads every row to it)
             longest += longest[-1:] * (self.round_cost.width(span, k + 1) - k - 1)
-        logits = self.target.score(feed)[:, : k + 1]  # [B, k + 1, V]
+        if beside is None:
+            logits = self.target.score(feed)[:, : k + 1]  # [B, k + 1, V]
+        else:
+            logits, last = self.target.score_pair(feed, beside.row, beside.tokens)  # type: ignore[attr-defined]
+            logits, beside.logits = logits[:, : k + 1], last
         rows = torch.tensor(live)
         dev_rows = rows.to(logits.device)
         out = verify(rows_to_probs(logits[dev_rows], [reqs[b].params for b in live]),  # [L,K+1,V]
