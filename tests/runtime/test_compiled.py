@@ -246,9 +246,11 @@ def test_warm_up_compiles_every_graph_a_batch_can_need(cache_dir) -> None:
         runner.score_pair(feed, row, chunk)  # a round and a prompt's chunk in one call
     runner.score([[1] * 600] + [[]] * 7)  # grows the cache inside the call: its tensors
     runner.score([[4]] * 8)  # stay what the graphs were compiled for
+    runner.score_pair([[4]] * 3 + [[]] * 5, 3, [1] * 6)
     runner.prefill([[1] * 40, [2] * 7] * 4)
     assert counters["stats"]["unique_graphs"] == compiled
     assert runner.compiled
+    assert runner.warm_up(1) > 0  # one row: no round beside a chunk to warm up
 
 
 @pytest.mark.parametrize("kind", ["eager", "compiled"])
@@ -258,7 +260,7 @@ def test_a_chunk_beside_a_round_scores_in_one_call_as_in_two(kind: str, cache_di
     the logits of the chunk's call and then the round's, the chunk's as one prefill of the
     whole prompt; the cache is left as the two calls leave it (the next call scores alike).
     A chunk whose row is apart from the round's is swapped next to it first; a one-token
-    chunk, or a chunk in a row the round feeds, is not paired."""
+    chunk is scored in two calls; a chunk in a row the round feeds is refused."""
     model = tiny_llama(vocab=64, seed=4)
     prompt = [(7 * i) % 60 + 1 for i in range(29)]
 

@@ -133,6 +133,7 @@ class CompiledRunner:
         self._graph: Callable[..., torch.Tensor] = self._eager
         self._pair = pair_fn(self._hq, self._hkv, self._d, self._eps)
         self._pair_graph: Callable[..., tuple[torch.Tensor, ...]] = self._pair
+        self._pairing = True  # score_pair makes one call (off after its graph failed)
         self.shapes: set[tuple[int, int]] = set()  # (Bb, Tb) run compiled so far
         self._capture: list[int] = []  # layers whose outputs each forward keeps (heads)
         self.hidden: torch.Tensor | None = None  # [n, T, k·H] of the last call: rows from
@@ -259,16 +260,19 @@ class CompiledRunner:
         if tokens[row] or not chunk:
             raise ValueError("score_pair: the chunk's row is fed nothing else, and the chunk "
                              "is not empty")
-        pair = bool(live) and len(chunk) >= 2 and not self._capture
+        width = max(len(t) for t in tokens)
+        pair = self.pairs(live, row, width, len(chunk))
         if pair:
             self._place(live)
             phys = self._owner._phys
             lo, hi = min(phys[b] for b in live), max(phys[b] for b in live)
-            pair = (hi - lo + 1) * max(len(t) for t in tokens) + len(chunk) <= PROJECT_ROWS
-            if pair and phys[row] != hi + 1:  # the chunk's row goes right after the
-                pair = hi + 1 < len(phys) and not lo <= phys[row] <= hi  # round's (a swap,
-                if pair:  # once an admission: cheap at its first chunk)
+            pair = (hi - lo + 1) * width + len(chunk) <= PROJECT_ROWS  # (not packed yet:
+            if pair and phys[row] != hi + 1:  # the rows between count) the chunk's row goes
+                pair = hi + 1 < len(phys) and not lo <= phys[row] <= hi  # right after the
+                if pair:  # round's (a swap, once an admission: cheap at its first chunk)
                     self._swap(phys[row], hi + 1)
+            if not pair:
+                self._recent.pop()  # the round's score() below records its rows itself
         if not pair:
             feed: list[Sequence[int]] = [[] for _ in tokens]
             feed[row] = chunk
@@ -280,7 +284,10 @@ class CompiledRunner:
         ga, gb = self._group(feed, live), self._group(feed, [row])
         self.last_scored = len(ga.rows)
         self._room(max(ga.span, gb.span), max(ga.top, gb.top), max(ga.width, gb.width))
-        (xa, xb), _ = self._run(ga, gb)
+        try:
+            (xa, xb), _ = self._run(ga, gb)
+        except _PairFailed:
+            return self.score_pair(tokens, row, chunk)  # two calls now: pairing is off
         logits = torch.zeros((len(tokens), ga.width, self._vocab), dtype=torch.float32,
                              device=self.device)
         self._logits(ga, xa, logits, False)
@@ -290,6 +297,23 @@ class CompiledRunner:
         for b in (*live, row):
             self._lengths[b] += len(feed[b])
         return logits, last[row, 0]
+
+    def pairs(self, live: Sequence[int], row: int, width: int, chunk: int) -> bool:
+        """Whether ``score_pair`` would score a round feeding the batch rows ``live`` (at most
+        ``width`` tokens a row) and a ``chunk``-token chunk in ``row`` in one call (else it
+        makes two): pairing on (off after a compiler failure of its graph), no hidden states
+        kept, a chunk of 2 tokens or more, the tokens within a skinny GEMM (PROJECT_ROWS, the
+        rows the round spans counted, or its live rows where they can be packed), and the
+        chunk's row after the round's or free to be swapped there."""
+        if not (self._pairing and live and chunk >= 2 and not self._capture):
+            return False
+        owner = self._owner
+        phys = owner._phys
+        at = sorted(phys[b] for b in live)
+        rows = len(at) if owner.pack_rows else at[-1] - at[0] + 1
+        if rows * width + chunk > PROJECT_ROWS:
+            return False
+        return owner.pack_rows or phys[row] == at[-1] + 1
 
     def _group(self, tokens: Sequence[Sequence[int]], live: list[int]) -> _Group:
         """The inputs of one call's group of rows: the contiguous range of physical rows the
@@ -346,9 +370,19 @@ class CompiledRunner:
                                   f"{len(first.rows)}, width {first.width}): the step that "
                                   "needed it waited for the compiler")
                 return out
-            except Exception as e:  # any compiler failure: the same math, eagerly
-                self._give_up(e)  # (its writes went to uncommitted slots only)
+            except Exception as e:  # any compiler failure: the same math, eagerly (its
+                if second is not None:  # writes went to uncommitted slots only); the pair's
+                    self._give_up_pairing(e)  # graph: no more pairs (score_pair makes two
+                    raise _PairFailed from e  # compiled calls instead)
+                self._give_up(e)
         return self._layers(False, first, second)
+
+    def _give_up_pairing(self, error: Exception) -> None:
+        first = (str(error).strip().splitlines() or [""])[0][:160]
+        self.warn(f"warning: torch.compile failed for a round and a prompt's chunk in one "
+                  f"call ({type(error).__name__}: {first}); scoring them in two calls from "
+                  "now on")
+        self._pairing = False
 
     def _logits(self, group: _Group, x: torch.Tensor, logits: torch.Tensor,
                 last_only: bool) -> None:
@@ -501,8 +535,9 @@ class CompiledRunner:
                 for t in widths:
                     self.score([[0] * t] * n + [[]] * (batch - n))
                     self.rollback([1] * batch)
-            for n in sorted({1, min(2, batch - 1), batch - 1} - {0}):  # a round and a
-                for t in (1, 2):  # chunk in one call (score_pair): the chunk's row after
+            for n in sorted({min(1, batch - 1), min(2, batch - 1), batch - 1} - {0}):  # a
+                # round and a chunk in one call (score_pair): the chunk's row after it
+                for t in (1, 2):
                     self.score_pair([[0] * t] * n + [[]] * (batch - n), n, [0, 0])
                     self.rollback([1] * batch)
             self._warmed.add(batch)
@@ -659,6 +694,10 @@ def free_bytes(device: torch.device) -> int | None:
 
         return int(psutil.virtual_memory().available)
     return None
+
+
+class _PairFailed(Exception):
+    """The pair graph failed to compile: score_pair scores its groups in two calls."""
 
 
 @dataclass

@@ -48,16 +48,18 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 one call (under 1.5 chunks unpaced, a kept prompt's last token, or any
                 prompt with no stream running) joins in the same step
 * riding        beside running streams, a prompt admitted over several calls has its chunk
-                scored in the round's own target call where the target can
-                (the compiled runner's ``score_pair``: the projections run once over both,
-                each attends over its own span), not in a call of its own: one call's fixed
-                cost a step instead of two. Not with a proposer that has a model (its cache
-                takes each chunk), heads, or a stall; one prompt a step; a round that fails
-                with a chunk in it is put back and the step runs as without. On the 2-core
-                CPU (a 2,000-token prompt beside three streams, one run each) the streams'
-                largest gap was 4.2× their median at 16 tokens a step against 5.4× with two
-                calls, at 4 tokens 3.2× against 3.0× (within noise), at the same TTFT
-                (reports/bench-serve.md, "Admission")
+                scored in the round's own target call where the target would pair them
+                (the compiled runner's ``score_pair`` and ``pairs``: the projections run
+                once over both, each group attends over its own span), not in a call of its
+                own: one call's fixed cost a step instead of two. Not with a proposer that
+                has a model (its cache takes each chunk), heads, a stall, or while a
+                batch-aware chooser's plain round is due a timing; one prompt a step; a
+                round that fails with a chunk in it is put back and the step runs as
+                without. On the 2-core CPU, timed call by call (a 1,900-token prompt, three
+                streams, median of 15 calls), a round with a chunk of 2, 4 or 13 tokens in
+                it took 1.6, 1.8 and 2.4 rounds against 2.2, 2.0 and 3.8 for two calls; the
+                streams' largest gap over a whole admission, one run each, did not show a
+                difference beyond the run-to-run spread (reports/bench-serve.md, "Admission")
 * stall         ``prefill_stall`` (off unless set): while requests decode, the prompt chunk
                 of a step aims at taking this many times the step's round (an EMA of the
                 rounds' seconds), so the streams' inter-token gap while a prompt comes in
@@ -228,7 +230,7 @@ class Scheduler(Slots):
             if chunk and self._prefilling() else 0
         reserved = min(self.max_num_tokens - floor, len(decoding) * (want + 1))
         budget = self.max_num_tokens - reserved
-        riding = None if paced else self._riding(decoding, budget, chunk)
+        riding = None if paced else self._riding(decoding, budget, chunk, want)
         deltas = None
         if riding is not None:  # the prompt's chunk in the round's own call
             try:
@@ -265,19 +267,26 @@ class Scheduler(Slots):
                 self._deliver(delta)
         return self.running
 
-    def _riding(self, decoding: list[int], budget: int, chunk: int | None
+    def _riding(self, decoding: list[int], budget: int, chunk: int | None, want: int
                 ) -> PromptChunk | None:
         """The first admitted prompt's next chunk, to be scored in the round's own call
-        (module docstring, "riding"), or None where the step runs it in a call of its own:
-        no stream decoding, a target without ``score_pair``, a proposer with a model of its
-        own (its cache takes each chunk), heads, or a prompt this step prefills in one call
-        (it joins this step's round)."""
-        proposer = self.executor.proposer
+        (module docstring, "riding"; ``want``: the rounds' D), or None where the step runs
+        it in a call of its own:
+        no stream decoding, a target without ``score_pair`` or that would not pair these
+        (its ``pairs``), a proposer with a model of its own (its cache takes each chunk),
+        heads, a batch-aware chooser whose plain round is due a timing, or a prompt this
+        step prefills in one call (it joins this step's round)."""
+        proposer, target = self.executor.proposer, self.executor.target
+        chooser = self.executor.adaptive
         if not decoding or chunk is None or self._heads or \
-                getattr(self.executor.target, "score_pair", None) is None or \
+                getattr(target, "score_pair", None) is None or \
                 getattr(proposer, "draft_runner", None) is not None or \
                 getattr(proposer, "admit_chunk", None) is not None:
             return None
+        if chooser is not None and chooser.clock is not None and \
+                chooser.clock.stale(self.executor.rows_scored(decoding)):
+            return None  # the batch-aware chooser's plain round is due a timing, which a
+            # round with a chunk in its call is not
         waiting = self._prefilling()
         if not waiting:
             return None
@@ -285,8 +294,10 @@ class Scheduler(Slots):
         assert ticket is not None
         todo = len(ticket.prompt) - ticket.prefilled
         n = self._take(todo, min(budget, chunk), chunk, budget, 0, True)
-        if n < 2 or (n == todo and ticket.prefilled == ticket.kept):
+        if n == todo and ticket.prefilled == ticket.kept:
             return None
+        if not target.pairs(decoding, waiting[0], want + 1, n):  # two calls there: the
+            return None  # step's own (which may feed more prompts)
         start = ticket.prefilled
         return PromptChunk(waiting[0], ticket.prompt[start: start + n])
 
