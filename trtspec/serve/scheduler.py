@@ -57,9 +57,11 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 round that fails with a chunk in it is put back and the step runs as
                 without. On the 2-core CPU, timed call by call (a 1,900-token prompt, three
                 streams, median of 15 calls), a round with a chunk of 2, 4 or 13 tokens in
-                it took 1.6, 1.8 and 2.4 rounds against 2.2, 2.0 and 3.8 for two calls; the
-                streams' largest gap over a whole admission, one run each, did not show a
-                difference beyond the run-to-run spread (reports/bench-serve.md, "Admission")
+                it took 1.6, 1.8 and 2.4 rounds against 2.2, 2.0 and 3.8 for two calls; over
+                a 2,000-token admission at 4 tokens a step the streams' largest gap was
+                2.8–2.9× their median (three runs) against 3.0–3.4× with two calls, at 8
+                tokens 3.5–3.9× against 3.9–4.6×, at 16 no different (reports/bench-serve.md,
+                "Admission: the chunk in the round's call")
 * stall         ``prefill_stall`` (off unless set): while requests decode, the prompt chunk
                 of a step aims at taking this many times the step's round (an EMA of the
                 rounds' seconds), so the streams' inter-token gap while a prompt comes in

@@ -1,0 +1,102 @@
+"""The admission gap with a prompt's chunk in the round's own call (the compiled runner's
+``score_pair``) against the chunk in a call of its own, side by side in one run.
+
+SmolLM2-135M-Instruct on the compiled runner, 8 slots, plain greedy decoding: three streams
+decode, then a 2,000-token prompt arrives and is admitted ``--chunks`` tokens a step
+(bench_serve's ``admission_gaps``). Each chunk size runs paired and with two calls
+alternately, ``--repeats`` times (drift on a shared machine falls on both alike), after one
+warm pass of each. *gap ×*: the streams' largest inter-token gap from the prompt's arrival
+to its first token over their median gap before it (the issue's target: ≤ 3×); *p95 ×*:
+the 95th percentile of those gaps over the same median; the control floor: the largest of
+as many gaps with no prompt arriving, over its median (the machine's noise alone). Writes
+the "## Admission: the chunk in the round's call" section of ``--out``.
+
+    .venv/bin/python benchmarks/bench_admission_pairing.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+from bench_serve import WHOLE, admission_gaps, replace_section, smollm2_runner  # same folder
+
+from trtspec.eval.workloads import builtin
+from trtspec.runtime.models import encode
+
+TITLE = "## Admission: the chunk in the round's call"
+
+
+def paired(runner, on: bool) -> None:
+    """Let the scheduler score chunks in the round's call (the runner's own score_pair), or
+    not (a runner without one: the chunk's call, then the round's)."""
+    if on:
+        runner.__dict__.pop("score_pair", None)
+    else:
+        runner.score_pair = None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chunks", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("reports/bench-serve.md"))
+    args = parser.parse_args()
+    lm, kind, runner = smollm2_runner(False)
+    ids = [t for r in builtin() for t in encode(lm.tokenizer, r.chat())]
+    prompt = (ids * (1 + 2000 // len(ids)))[:2000]
+    for c in args.chunks:  # warm: every graph, span and cache size a measured run needs
+        for on in (True, False):
+            paired(runner, on)
+            admission_gaps(runner, prompt, c)
+    runs: dict[tuple[int, bool], list[dict]] = {}
+    for _ in range(args.repeats):
+        for c in args.chunks:
+            for on in (True, False):
+                paired(runner, on)
+                g = admission_gaps(runner, prompt, c)
+                runs.setdefault((c, on), []).append(g)
+                print(f"chunk {c} {'paired' if on else 'two calls'}: "
+                      f"{g['max'] / g['median']:.2f}× (p95 {g['p95'] / g['median']:.2f}×), "
+                      f"TTFT {g['ttft']:.1f} s", flush=True)
+    paired(runner, True)
+    control = admission_gaps(runner, None, WHOLE,
+                             window=max(g["ttft"] for gs in runs.values() for g in gs))
+
+    def floor(n: int) -> float:
+        return max(g for _, g in control["gaps"][:n]) / control["median"]
+
+    lines = [TITLE, "",
+             f"SmolLM2-135M-Instruct on the {kind} runner, 8 slots, plain greedy; "
+             f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} "
+             "threads. Three streams decode, a 2,000-token prompt arrives; *paired*: its "
+             "chunk scored in the round's own call (`score_pair`, the scheduler's default "
+             "where the runner has it), *two calls*: the chunk's call, then the round's. "
+             f"Each cell: {args.repeats} runs, alternating paired and two calls; *gap ×* "
+             "the streams' largest gap during the admission over their median before it, "
+             "per run; *p95 ×* the 95th percentile; *floor* the control's largest of as "
+             "many gaps with no prompt (noise alone).", "",
+             "| tokens a step | paired gap × | two calls gap × | paired p95 × | two calls "
+             "p95 × | paired TTFT | two calls TTFT | floor |",
+             "|---:|---|---|---|---|---:|---:|---:|"]
+
+    def cell(gs: list[dict], key: str) -> str:
+        return ", ".join(f"{g[key] / g['median']:.1f}×" for g in gs)
+
+    for c in args.chunks:
+        a, b = runs[(c, True)], runs[(c, False)]
+        lines.append(f"| {c} | {cell(a, 'max')} | {cell(b, 'max')} | {cell(a, 'p95')} | "
+                     f"{cell(b, 'p95')} | {sum(g['ttft'] for g in a) / len(a):.1f} s | "
+                     f"{sum(g['ttft'] for g in b) / len(b):.1f} s | {floor(a[0]['n']):.1f}× |")
+    lines += ["", "Command: `.venv/bin/python benchmarks/bench_admission_pairing.py " +
+              shlex.join(sys.argv[1:]) + "`", ""]
+    replace_section(args.out, TITLE, "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
