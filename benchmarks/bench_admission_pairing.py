@@ -44,6 +44,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chunks", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--stall", type=float, default=None,
+                        help="pace the chunks (the scheduler's prefill_stall), at most --chunks")
     parser.add_argument("--out", type=Path, default=Path("reports/bench-serve.md"))
     args = parser.parse_args()
     lm, kind, runner = smollm2_runner(False)
@@ -52,13 +54,13 @@ def main() -> None:
     for c in args.chunks:  # warm: every graph, span and cache size a measured run needs
         for on in (True, False):
             paired(runner, on)
-            admission_gaps(runner, prompt, c)
+            admission_gaps(runner, prompt, c, args.stall)
     runs: dict[tuple[int, bool], list[dict]] = {}
     for _ in range(args.repeats):
         for c in args.chunks:
             for on in (True, False):
                 paired(runner, on)
-                g = admission_gaps(runner, prompt, c)
+                g = admission_gaps(runner, prompt, c, args.stall)
                 runs.setdefault((c, on), []).append(g)
                 print(f"chunk {c} {'paired' if on else 'two calls'}: "
                       f"{g['max'] / g['median']:.2f}× (p95 {g['p95'] / g['median']:.2f}×), "
@@ -70,7 +72,8 @@ def main() -> None:
     def floor(n: int) -> float:
         return max(g for _, g in control["gaps"][:n]) / control["median"]
 
-    lines = [TITLE, "",
+    title = TITLE + ("" if args.stall is None else f", paced to {args.stall:g}× a round")
+    lines = [title, "",
              f"SmolLM2-135M-Instruct on the {kind} runner, 8 slots, plain greedy; "
              f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} "
              "threads. Three streams decode, a 2,000-token prompt arrives; *paired*: its "
@@ -79,7 +82,10 @@ def main() -> None:
              f"Each cell: {args.repeats} runs, alternating paired and two calls; *gap ×* "
              "the streams' largest gap during the admission over their median before it, "
              "per run; *p95 ×* the 95th percentile; *floor* the control's largest of as "
-             "many gaps with no prompt (noise alone).", "",
+             "many gaps with no prompt (noise alone)." +
+             ("" if args.stall is None else f" Paced (`--prefill-stall {args.stall:g}`): the "
+              "chunk learnt so that what it adds to a step aims at that many rounds, at most "
+              "the tokens a step named."), "",
              "| tokens a step | paired gap × | two calls gap × | paired p95 × | two calls "
              "p95 × | paired TTFT | two calls TTFT | floor |",
              "|---:|---|---|---|---|---:|---:|---:|"]
@@ -94,7 +100,7 @@ def main() -> None:
                      f"{sum(g['ttft'] for g in b) / len(b):.1f} s | {floor(a[0]['n']):.1f}× |")
     lines += ["", "Command: `.venv/bin/python benchmarks/bench_admission_pairing.py " +
               shlex.join(sys.argv[1:]) + "`", ""]
-    replace_section(args.out, TITLE, "\n".join(lines))
+    replace_section(args.out, title, "\n".join(lines))
     print("\n".join(lines))
 
 
