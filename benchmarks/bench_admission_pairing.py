@@ -45,7 +45,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--stall", type=float, default=None,
-                        help="pace the chunks (the scheduler's prefill_stall), at most --chunks")
+                        help="pace the chunks (the scheduler's prefill_stall), at most --chunks;"
+                             " a paced scheduler does not pair: both arms run two calls")
     parser.add_argument("--out", type=Path, default=Path("reports/bench-serve.md"))
     args = parser.parse_args()
     lm, kind, runner = smollm2_runner(False)

@@ -52,9 +52,11 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 (the compiled runner's ``score_pair`` and ``pairs``: the projections run
                 once over both, each group attends over its own span), not in a call of its
                 own: one call's fixed cost a step instead of two. Not with a proposer that
-                has a model (its cache takes each chunk), heads, or while a batch-aware
-                chooser's plain round is due a timing; one prompt a step (paced: what the
-                step took beyond the rounds' average is the chunk's time, see "stall"); a
+                has a model (its cache takes each chunk), heads, a stall (its chunk is
+                learnt from the chunk's own call's time; learnt from a riding step's time
+                beyond the rounds' average instead, at 1× a round it gave no smaller gap,
+                and that average goes stale while every step rides), or while a batch-aware
+                chooser's plain round is due a timing; one prompt a step; a
                 round that fails with a chunk in it is put back and the step runs as
                 without. On the 2-core CPU, timed call by call (a 1,900-token prompt, three
                 streams, median of 15 calls), a round with a chunk of 2, 4 or 13 tokens in
@@ -233,10 +235,9 @@ class Scheduler(Slots):
             if chunk and self._prefilling() else 0
         reserved = min(self.max_num_tokens - floor, len(decoding) * (want + 1))
         budget = self.max_num_tokens - reserved
-        riding = self._riding(decoding, budget, chunk, want, paced)
+        riding = None if paced else self._riding(decoding, budget, chunk, want)
         deltas = None
         if riding is not None:  # the prompt's chunk in the round's own call
-            began = self._now(paced)
             try:
                 deltas = self._round(decoding, draft_len, max(len(decoding), self.max_num_tokens -
                                                                len(riding.tokens)), riding)
@@ -245,10 +246,6 @@ class Scheduler(Slots):
             else:
                 if riding.logits is not None:
                     self._chunk_in(riding.row, len(riding.tokens), riding.logits)
-                if paced and self._round_s is not None and \
-                        getattr(self.executor.target, "one_offs", 0) == one_offs:
-                    chunk_s = self._now(paced) - began - self._round_s  # what the chunk
-                    self._pace(chunk, len(riding.tokens), chunk_s, self._round_s)  # added
         if deltas is None:
             began = self._now(paced)
             used, later = self._prefill(budget, chunk, not paced)
@@ -275,17 +272,15 @@ class Scheduler(Slots):
                 self._deliver(delta)
         return self.running
 
-    def _riding(self, decoding: list[int], budget: int, chunk: int | None, want: int,
-                paced: bool = False) -> PromptChunk | None:
+    def _riding(self, decoding: list[int], budget: int, chunk: int | None, want: int
+                ) -> PromptChunk | None:
         """The first admitted prompt's next chunk, to be scored in the round's own call
         (module docstring, "riding"; ``want``: the rounds' D), or None where the step runs
         it in a call of its own:
         no stream decoding, a target without ``score_pair`` or that would not pair these
         (its ``pairs``), a proposer with a model of its own (its cache takes each chunk),
         heads, a batch-aware chooser whose plain round is due a timing, or a prompt this
-        step prefills in one call (it joins this step's round). ``paced``: no tail joins
-        (as in _prefill), and no ride before a round was timed alone (the rounds' average
-        is what tells a riding chunk's time from its round's)."""
+        step prefills in one call (it joins this step's round). Not called when paced."""
         proposer, target = self.executor.proposer, self.executor.target
         chooser = self.executor.adaptive
         if not decoding or chunk is None or self._heads or \
@@ -303,9 +298,7 @@ class Scheduler(Slots):
         ticket = self._tickets[waiting[0]]
         assert ticket is not None
         todo = len(ticket.prompt) - ticket.prefilled
-        if paced and self._round_s is None:
-            return None
-        n = self._take(todo, min(budget, chunk), chunk, budget, 0, not paced)
+        n = self._take(todo, min(budget, chunk), chunk, budget, 0, True)
         if n == todo and ticket.prefilled == ticket.kept:
             return None
         if not target.pairs(decoding, waiting[0], want + 1, n):  # two calls there: the
