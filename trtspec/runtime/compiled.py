@@ -134,7 +134,8 @@ class CompiledRunner:
         self._pair = pair_fn(self._hq, self._hkv, self._d, self._eps)
         self._pair_graph: Callable[..., tuple[torch.Tensor, ...]] = self._pair
         self._pairing = True  # score_pair makes one call (off after its graph failed)
-        self.shapes: set[tuple[int, int]] = set()  # (Bb, Tb) run compiled so far
+        self.shapes: set[tuple[int, ...]] = set()  # (Bb, Tb) run compiled so far, and
+        # (Bb, Tb, Bb′, Tb′) for a pair
         self._capture: list[int] = []  # layers whose outputs each forward keeps (heads)
         self.hidden: torch.Tensor | None = None  # [n, T, k·H] of the last call: rows from
         self.hidden_first, self.hidden_counts = 0, []  # hidden_first; tokens fed per batch row
@@ -339,7 +340,7 @@ class CompiledRunner:
         x = self._embed(ids.to(self.device))  # [Bb, Tb, hidden]
         cos, sin = self._rotary(x, slots)
         counted = torch.tensor([counts[b] for b in order], device=self.device)  # [Bb]
-        return _Group(rows, order, tb, span, top, ids, x, cos, sin, mask, slots, counted)
+        return _Group(rows, order, tb, span, top, x, cos, sin, mask, slots, counted)
 
     def _room(self, span: int, top: int, width: int) -> None:
         """Room in the cache for a call that attends ``span`` slots, its longest row holding
@@ -485,10 +486,8 @@ class CompiledRunner:
                     for dim in (0, 2, 3) if t.dim() == 4 and t.dtype == torch.bool else (0, 1):
                         if t.shape[dim] > 1:
                             torch._dynamo.mark_dynamic(t, dim)
-            if second is None:
-                xs = [layer(xs[0], *fixed[:2], fixed[2], fixed[3], k, v, *w)]
-            else:
-                xs = list(layer(*xs, *fixed, k, v, *w))
+            out = layer(*xs, *fixed, k, v, *w)
+            xs = [out] if second is None else list(out)
             if i in self._capture:
                 kept[i] = xs[0]
         return xs, [kept[i] for i in self._capture]
@@ -535,8 +534,10 @@ class CompiledRunner:
                 for t in widths:
                     self.score([[0] * t] * n + [[]] * (batch - n))
                     self.rollback([1] * batch)
-            for n in sorted({min(1, batch - 1), min(2, batch - 1), batch - 1} - {0}):  # a
-                # round and a chunk in one call (score_pair): the chunk's row after it
+            pairs = set() if self._capture else {min(1, batch - 1), min(2, batch - 1),
+                                                 batch - 1} - {0}  # a round and a chunk in
+            for n in sorted(pairs):  # one call (score_pair, never where hidden states are
+                # kept): the chunk's row after the round's
                 for t in (1, 2):
                     self.score_pair([[0] * t] * n + [[]] * (batch - n), n, [0, 0])
                     self.rollback([1] * batch)
@@ -711,7 +712,6 @@ class _Group:
     width: int
     span: int
     top: int
-    ids: torch.Tensor  # [Bb, Tb]
     x: torch.Tensor  # [Bb, Tb, hidden]
     cos: torch.Tensor  # [Bb, Tb, d]
     sin: torch.Tensor

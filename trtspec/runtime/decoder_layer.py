@@ -58,24 +58,29 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + rotated * sin
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-            sin: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
-            v_cache: torch.Tensor, first: int, hkv: int) -> torch.Tensor:
-    """One group of rows' attention: q [B, Hq, T, d], k/v [B, Hkv, T, d] (before rotary);
-    cos/sin [B, T, d]; mask [B, 1, T, W]; slots [B, T]; the group's rows are the cache's rows
-    first … first + B. Writes the group's keys and values, returns [B, Hq, T, d].
+def _attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+            slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, first: int,
+            hq: int, hkv: int, d: int) -> torch.Tensor:
+    """One group of rows' attention: qkv [B, T, (Hq + 2 Hkv) d] (before rotary); cos/sin
+    [B, T, d]; mask [B, 1, T, W]; slots [B, T]; the group's rows are the cache's rows
+    first … first + B. Writes the group's keys and values, returns [B, T, Hq·d].
     k_cache/v_cache [W′, R, Hkv, d] are slot-major so that growing the capacity never changes
     a view's strides (no recompile); row b's token t goes to slot slots[b, t]."""
     b, t = slots.shape
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q = q.reshape(b, t, hq, d).transpose(1, 2)  # [B, Hq, T, d]
+    k = k.reshape(b, t, hkv, d).transpose(1, 2)  # [B, Hkv, T, d]
+    v = v.reshape(b, t, hkv, d).transpose(1, 2)
     q, k = _rope(q, cos[:, None], sin[:, None]), _rope(k, cos[:, None], sin[:, None])
     rows = first + torch.arange(b, device=slots.device)[:, None].expand(b, t)  # [B, T]
     k_cache.index_put_((slots, rows), k.transpose(1, 2))  # k [B, Hkv, T, d]
     v_cache.index_put_((slots, rows), v.transpose(1, 2))
     w = mask.shape[-1]
-    return F.scaled_dot_product_attention(
+    out = F.scaled_dot_product_attention(
         q, k_cache[:w, first:first + b].permute(1, 2, 0, 3),
         v_cache[:w, first:first + b].permute(1, 2, 0, 3), attn_mask=mask,
-        enable_gqa=q.shape[1] != hkv)
+        enable_gqa=hq != hkv)  # [B, Hq, T, d]
+    return out.transpose(1, 2).reshape(b, t, hq * d)
 
 
 def layer_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., torch.Tensor]:
@@ -86,16 +91,12 @@ def layer_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., torch.Tenso
               w_in: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
               w_o: torch.Tensor, w_post: torch.Tensor, w_gate_up: torch.Tensor,
               w_down: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape  # x [B, T, hidden]; cos/sin [B, T, d]; mask [B, 1, T, W]
+        # x [B, T, hidden]; cos/sin [B, T, d]; mask [B, 1, T, W]
         qkv = project(_norm(x, w_in, eps), w_qkv)  # [B, T, (Hq + 2 Hkv) d]
         if b_qkv is not None:
             qkv = qkv + b_qkv
-        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-        q = q.reshape(b, t, hq, d).transpose(1, 2)  # [B, Hq, T, d]
-        k = k.reshape(b, t, hkv, d).transpose(1, 2)  # [B, Hkv, T, d]
-        v = v.reshape(b, t, hkv, d).transpose(1, 2)
-        out = _attend(q, k, v, cos, sin, mask, slots, k_cache, v_cache, 0, hkv)  # [B,Hq,T,d]
-        x = x + project(out.transpose(1, 2).reshape(b, t, hq * d), w_o)
+        x = x + project(_attend(qkv, cos, sin, mask, slots, k_cache, v_cache, 0, hq, hkv, d),
+                        w_o)
         gate, up = project(_norm(x, w_post, eps), w_gate_up).chunk(2, dim=-1)  # [B, T, I]
         return x + project(F.silu(gate) * up, w_down)
 
@@ -129,12 +130,9 @@ def pair_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., tuple[torch.
                 ((a, ta, 0, cos_a, sin_a, mask_a, slots_a),
                  (b, tb, a, cos_b, sin_b, mask_b, slots_b)),
                 qkv.split([na, nb]), strict=True):
-            q, k, v = part.split([hq * d, hkv * d, hkv * d], dim=-1)
-            q = q.reshape(rows, t, hq, d).transpose(1, 2)  # [rows, Hq, t, d]
-            k = k.reshape(rows, t, hkv, d).transpose(1, 2)  # [rows, Hkv, t, d]
-            v = v.reshape(rows, t, hkv, d).transpose(1, 2)
-            out = _attend(q, k, v, cos, sin, mask, slots, k_cache, v_cache, first, hkv)
-            outs.append(out.transpose(1, 2).reshape(rows * t, hq * d))
+            out = _attend(part.reshape(rows, t, -1), cos, sin, mask, slots, k_cache, v_cache,
+                          first, hq, hkv, d)  # [rows, t, Hq·d]
+            outs.append(out.reshape(rows * t, hq * d))
         x = x + project(torch.cat(outs)[None], w_o)  # [1, N, H]
         gate, up = project(_norm(x, w_post, eps), w_gate_up).chunk(2, dim=-1)  # [1, N, I]
         x = (x + project(F.silu(gate) * up, w_down))[0]  # [N, H]

@@ -242,7 +242,7 @@ class Scheduler(Slots):
                 deltas = self._round(decoding, draft_len, max(len(decoding), self.max_num_tokens -
                                                                len(riding.tokens)), riding)
             except RoundFailed:  # put back as it was: the step runs as below instead
-                riding = None
+                pass
             else:
                 if riding.logits is not None:
                     self._chunk_in(riding.row, len(riding.tokens), riding.logits)
