@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 PROJECT_ROWS = 128  # up to this many rows, project computes w · hᵀ
+GROUP_TOKENS = 32  # up to this many tokens a row (rounds, the CPU's prefill chunk), a key/value
+# head's query heads attend as one (_attend); past it, prefills, left as they were (not measured)
 
 
 def project(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -76,11 +78,22 @@ def _attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch
     k_cache.index_put_((slots, rows), k.transpose(1, 2))  # k [B, Hkv, T, d]
     v_cache.index_put_((slots, rows), v.transpose(1, 2))
     w = mask.shape[-1]
-    out = F.scaled_dot_product_attention(
-        q, k_cache[:w, first:first + b].permute(1, 2, 0, 3),
-        v_cache[:w, first:first + b].permute(1, 2, 0, 3), attn_mask=mask,
-        enable_gqa=hq != hkv)  # [B, Hq, T, d]
-    return out.transpose(1, 2).reshape(b, t, hq * d)
+    keys = k_cache[:w, first:first + b].permute(1, 2, 0, 3)  # [B, Hkv, W, d]
+    values = v_cache[:w, first:first + b].permute(1, 2, 0, 3)
+    g = hq // hkv  # query heads a key/value head serves (heads j·g … j·g + g − 1 share head j)
+    if g > 1 and t <= GROUP_TOKENS:
+        # A few tokens a row: each key/value head's g query heads attend as one head of g·T
+        # queries, one attention over g·T rows instead of g over T. Measured on the 2-core CPU
+        # (SmolLM2-135M, g = 3, compiled, medians of 30 calls, two runs each): a verify round
+        # of 8 rows × 3 tokens 7-11 % faster at 100-400 slots, plain rounds (T = 1) and a
+        # 4-token chunk beside a round within noise.
+        out = F.scaled_dot_product_attention(
+            q.reshape(b, hkv, g * t, d), keys, values,
+            attn_mask=mask.repeat(1, 1, g, 1))  # [B, Hkv, g·T, d]; mask [B, 1, g·T, W]
+    else:
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                             enable_gqa=g > 1)  # [B, Hq, T, d]
+    return out.reshape(b, hq, t, d).transpose(1, 2).reshape(b, t, hq * d)
 
 
 def layer_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., torch.Tensor]:
