@@ -811,6 +811,48 @@ def test_a_stall_keeps_the_chunk_s_own_call_and_no_stall_rides() -> None:
     assert paced == 0 and unpaced >= 8 and tokens == same
 
 
+def test_a_stale_clock_lets_a_short_prompt_ride_and_a_long_one_in_its_last_two_chunks(
+) -> None:
+    """With the batch-aware chooser's plain round always due a timing (its clock stale), a
+    prompt of two chunks still rides in the rounds' calls (a call of its own each time cost
+    the batch-aware arm what plain decoding saved), while a prompt of many chunks takes calls
+    of its own until its last two: its rounds get timed instead of staying plain."""
+    from trtspec.runtime.compiled import CompiledRunner
+    from trtspec.spec.adaptive import AdaptiveDraft, RoundCost
+
+    model = tiny_llama(vocab=64, seed=6)
+
+    def rides(prompt_len: int) -> int:
+        runner = CompiledRunner(model, compile=False)
+        count, pair = [0], runner.score_pair
+
+        def counted(tokens, row, chunk):
+            count[0] += 1
+            return pair(tokens, row, chunk)
+
+        runner.score_pair = counted
+        chooser = AdaptiveDraft(3, [1.0] * 5, round_cost=RoundCost.linear(0.1, 4, 4),
+                                timed=True)
+        assert chooser.clock is not None
+        chooser.clock.stale = lambda rows: True  # every round's plain timing is due
+        scheduler = Scheduler(SpecExecutor(runner, NgramProposer(1, 3), 3, adaptive=chooser),
+                              2, prefill_chunk=8)
+        params = SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
+        running = scheduler.submit([1, 2], params)
+        for _ in range(3):
+            scheduler.step()
+        ticket = scheduler.submit([(3 * i) % 60 + 1 for i in range(prompt_len)],
+                                  params.model_copy(update={"max_tokens": 2}))
+        while not ticket.done.is_set():
+            scheduler.step()
+        scheduler.cancel(running)
+        scheduler.run_until_idle()
+        return count[0]
+
+    assert rides(14) == 2  # 8 + 6 tokens: both chunks ride
+    assert rides(80) == 2  # ten chunks of 8: the last two ride
+
+
 def test_a_stall_learns_nothing_from_one_off_work_and_keeps_under_a_small_chunk() -> None:
     """A step whose calls grew the cache (the runner's one_offs moved) teaches the pacing
     nothing: its time is no chunk's; and a prefill_chunk under PACED_MIN stays the most a
