@@ -290,8 +290,9 @@ class Scheduler(Slots):
         rides: forgoing a round's timing for two steps costs less than a call of its own,
         which made the batch-aware arm 2-3 % slower than plain decoding at 8 and 16 clients
         on short prompts while it drafted nothing (it rode in no step; plain rode in six of
-        19 admissions in a profiled block). A longer prompt's chunk takes its own call,
-        once: the round is then timed and the rest ride."""
+        19 admissions in a profiled block). A longer prompt's chunks take calls of their
+        own until the plain round is timed (up to three at a batch size the clock has not
+        timed yet: RoundClock.FIRST), then ride."""
         proposer, target = self.executor.proposer, self.executor.target
         chooser = self.executor.adaptive
         if not decoding or chunk is None or self._heads or \
