@@ -22,12 +22,14 @@ def test_project_equals_linear(shape: tuple[int, int]) -> None:
 
 
 @pytest.mark.parametrize("hq,hkv", [(6, 2), (4, 4)])
-@pytest.mark.parametrize("t", [1, 3, decoder_layer.GROUP_TOKENS, decoder_layer.GROUP_TOKENS + 1])
+@pytest.mark.parametrize("t", [1, 3, PROJECT_ROWS // 2, PROJECT_ROWS // 2 + 1])
 def test_grouped_query_heads_attend_as_each_head_alone(monkeypatch: pytest.MonkeyPatch,
                                                        hq: int, hkv: int, t: int) -> None:
-    """A key/value head's query heads attending as one head of g·T queries (keys and values
-    read once) gives what each query head attending alone gives, on a cache of two rows with
-    different spans (the mask keeps each query from later slots)."""
+    """A key/value head's query heads attending as one head of g·T queries (up to
+    PROJECT_ROWS tokens a call on a CPU) gives what SDPA's own grouped-query form gives (each
+    query head over its key/value head), on a cache of two rows with different spans (the mask
+    keeps each query from later slots); past PROJECT_ROWS, or with as many key/value heads as
+    query heads, the query heads attend apart."""
     d, hidden, inter, b, span = 8, 16, 24, 2, 48
     g = torch.Generator().manual_seed(1)
     x = torch.randn(b, t, hidden, generator=g)  # [B, T, hidden]
@@ -39,7 +41,16 @@ def test_grouped_query_heads_attend_as_each_head_alone(monkeypatch: pytest.Monke
                torch.randn(hidden, hq * d, generator=g), torch.ones(hidden),
                torch.randn(2 * inter, hidden, generator=g), torch.randn(hidden, inter, generator=g))
     layer = decoder_layer.layer_fn(hq, hkv, d, 1e-5)
+    sdpa, queries = F.scaled_dot_product_attention, []
+
+    def spy(q, *args, **kwargs):
+        queries.append(q.shape[1:3])  # [heads, query rows]
+        return sdpa(q, *args, **kwargs)
+
+    monkeypatch.setattr(decoder_layer.F, "scaled_dot_product_attention", spy)
     grouped = layer(x, cos, sin, mask, slots, cache.clone(), (-cache).clone(), *weights)
-    monkeypatch.setattr(decoder_layer, "GROUP_TOKENS", 0)  # each query head alone
+    monkeypatch.setattr(decoder_layer, "GROUP_HEADS", False)  # SDPA's enable_gqa
     alone = layer(x, cos, sin, mask, slots, cache.clone(), (-cache).clone(), *weights)
     torch.testing.assert_close(grouped, alone, rtol=1e-5, atol=1e-4)
+    groups = hq // hkv if b * t <= PROJECT_ROWS else 1
+    assert queries == [(hq // groups, groups * t), (hq, t)]

@@ -811,20 +811,22 @@ def test_a_stall_keeps_the_chunk_s_own_call_and_no_stall_rides() -> None:
     assert paced == 0 and unpaced >= 8 and tokens == same
 
 
-def test_a_stale_clock_lets_a_short_prompt_ride_and_a_long_one_in_its_last_two_chunks(
-) -> None:
+def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() -> None:
     """With the batch-aware chooser's plain round always due a timing (its clock stale), a
-    prompt of two chunks still rides in the rounds' calls (a call of its own each time cost
-    the batch-aware arm what plain decoding saved), while a prompt of many chunks takes calls
-    of its own until its last two: its rounds get timed instead of staying plain."""
+    prompt of two chunks rides whole (a call of its own each time cost the batch-aware arm
+    what plain decoding saved), while longer prompts, or short ones arriving back to back,
+    ride two steps in a row and then take a call of their own, whose round gets timed: the
+    clock is never kept stale for as long as prompts keep coming."""
     from trtspec.runtime.compiled import CompiledRunner
     from trtspec.spec.adaptive import AdaptiveDraft, RoundCost
 
     model = tiny_llama(vocab=64, seed=6)
 
-    def rides(prompt_len: int) -> int:
+    def admit(lengths: list[int]) -> tuple[int, int, int]:
+        """Rides, rounds timed and steps while prompts of ``lengths`` are admitted back to
+        back beside a running stream."""
         runner = CompiledRunner(model, compile=False)
-        count, pair = [0], runner.score_pair
+        count, pair = [0, 0], runner.score_pair
 
         def counted(tokens, row, chunk):
             count[0] += 1
@@ -835,22 +837,35 @@ def test_a_stale_clock_lets_a_short_prompt_ride_and_a_long_one_in_its_last_two_c
                                 timed=True)
         assert chooser.clock is not None
         chooser.clock.stale = lambda rows: True  # every round's plain timing is due
+        observe = chooser.observe_round
+
+        def timed(rows, width, seconds):
+            count[1] += 1
+            observe(rows, width, seconds)
+
+        chooser.observe_round = timed
         scheduler = Scheduler(SpecExecutor(runner, NgramProposer(1, 3), 3, adaptive=chooser),
                               2, prefill_chunk=8)
         params = SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
         running = scheduler.submit([1, 2], params)
         for _ in range(3):
             scheduler.step()
-        ticket = scheduler.submit([(3 * i) % 60 + 1 for i in range(prompt_len)],
-                                  params.model_copy(update={"max_tokens": 2}))
-        while not ticket.done.is_set():
-            scheduler.step()
+        count[1], steps = 0, 0
+        for n in lengths:
+            ticket = scheduler.submit([(3 * i) % 60 + 1 for i in range(n)],
+                                      params.model_copy(update={"max_tokens": 1}))
+            while not ticket.done.is_set():
+                scheduler.step()
+                steps += 1
         scheduler.cancel(running)
         scheduler.run_until_idle()
-        return count[0]
+        return count[0], count[1], steps
 
-    assert rides(14) == 2  # 8 + 6 tokens: both chunks ride
-    assert rides(80) == 2  # ten chunks of 8: the last two ride
+    assert admit([14])[:2] == (2, 0)  # 8 + 6 tokens: both chunks ride, no round timed
+    rides, timed, steps = admit([80])  # ten chunks of 8: ride, ride, a call of its own, …
+    assert (rides, timed, steps) == (7, 3, 10)
+    rides, timed, steps = admit([14] * 6)  # back to back, a chunk waiting at every step
+    assert steps == 12 and rides == 8 and timed == 4
 
 
 def test_a_stall_learns_nothing_from_one_off_work_and_keeps_under_a_small_chunk() -> None:

@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 PROJECT_ROWS = 128  # up to this many rows, project computes w · hᵀ
-GROUP_TOKENS = 32  # up to this many tokens a row (rounds, the CPU's prefill chunk), a key/value
-# head's query heads attend as one (_attend); past it, prefills, left as they were (not measured)
+GROUP_HEADS = True  # _attend groups query heads by key/value head (a benchmark turns it off)
 
 
 def project(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -81,12 +80,11 @@ def _attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch
     keys = k_cache[:w, first:first + b].permute(1, 2, 0, 3)  # [B, Hkv, W, d]
     values = v_cache[:w, first:first + b].permute(1, 2, 0, 3)
     g = hq // hkv  # query heads a key/value head serves (heads j·g … j·g + g − 1 share head j)
-    if g > 1 and t <= GROUP_TOKENS:
-        # A few tokens a row: each key/value head's g query heads attend as one head of g·T
-        # queries, one attention over g·T rows instead of g over T. Measured on the 2-core CPU
-        # (SmolLM2-135M, g = 3, compiled, medians of 30 calls, two runs each): a verify round
-        # of 8 rows × 3 tokens 7-11 % faster at 100-400 slots, plain rounds (T = 1) and a
-        # 4-token chunk beside a round within noise.
+    if GROUP_HEADS and g > 1 and not q.is_cuda and b * t <= PROJECT_ROWS:
+        # A round or a chunk on a CPU: each key/value head's g query heads attend as one head
+        # of g·T queries, one attention over g·T rows instead of g over T (measured:
+        # benchmarks/bench_grouped_attention.py). The bound is project's own switch,
+        # so the compiled graphs split where they already did: no graph more to warm up.
         out = F.scaled_dot_product_attention(
             q.reshape(b, hkv, g * t, d), keys, values,
             attn_mask=mask.repeat(1, 1, g, 1))  # [B, Hkv, g·T, d]; mask [B, 1, g·T, W]

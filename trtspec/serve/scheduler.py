@@ -56,8 +56,8 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 learnt from the chunk's own call's time; learnt from a riding step's time
                 beyond the rounds' average instead, at 1× a round it gave no smaller gap,
                 and that average goes stale while every step rides), or while a batch-aware
-                chooser's plain round is due a timing and the prompt has more than two
-                chunks left (:meth:`Scheduler._riding` says why); one prompt a step; a
+                chooser's plain round is due a timing and STALE_RIDES steps in a row
+                rode while it was (:meth:`Scheduler._riding` says why); one prompt a step; a
                 round that fails with a chunk in it is put back and the step runs as
                 without. On the 2-core CPU, timed call by call (a 1,900-token prompt, three
                 streams, median of 15 calls), a round with a chunk of 2, 4 or 13 tokens in
@@ -143,6 +143,7 @@ if TYPE_CHECKING:
 
 PREFILL_CHUNK = {"cpu": 32}  # default prompt tokens a step, by device type; else 512
 PACED_MIN = 4  # prompt tokens a paced step feeds at least, so an admission always goes on
+STALE_RIDES = 2  # steps in a row a chunk rides while the batch-aware clock is due a timing
 PACE_RATE = 0.3  # of the newest round in a paced scheduler's EMA of round seconds
 STRIKES = 3  # requests failing in a row (nothing succeeding between) that say the runner is
 
@@ -186,6 +187,7 @@ class Scheduler(Slots):
             prefill_chunk or default_prefill_chunk(getattr(executor.target, "device", None))
         self._strikes = 0  # requests failed in a row (module docstring, "failure")
         self._split = 0  # rounds in a row that failed batched, then ran row by row
+        self._stale_rides = 0  # steps in a row a chunk rode while the clock was stale
         self._idle = [Request([0], SamplingParams(), frozenset(), make_generator(0),
                               finish_reason="idle") for _ in range(slots)]
         self._rows: list[Request] = list(self._idle)  # what verify sees in each row
@@ -281,18 +283,18 @@ class Scheduler(Slots):
         no stream decoding, a target without ``score_pair`` or that would not pair these
         (its ``pairs``), a proposer with a model of its own (its cache takes each chunk),
         heads, a prompt this step prefills in one call (it joins this step's round), or a
-        batch-aware chooser whose plain round is due a timing while the prompt has more
-        than two chunks left. Not called when paced.
+        batch-aware chooser whose plain round is due a timing after STALE_RIDES steps in a
+        row rode while it was. Not called when paced.
 
-        Why two: while the chooser's clock is stale its rounds are plain, and a round with a
-        chunk in its call is not timed, so riding keeps them plain until a step without a
-        chunk. A prompt done within two steps (most chat prompts at the CPU's chunk of 32)
-        rides: forgoing a round's timing for two steps costs less than a call of its own,
-        which made the batch-aware arm 2-3 % slower than plain decoding at 8 and 16 clients
-        on short prompts while it drafted nothing (it rode in no step; plain rode in six of
-        19 admissions in a profiled block). A longer prompt's chunks take calls of their
-        own until the plain round is timed (up to three at a batch size the clock has not
-        timed yet: RoundClock.FIRST), then ride."""
+        Why a few steps: while the chooser's clock is stale its rounds are plain, and a round
+        with a chunk in its call is not timed, so riding keeps the clock stale. Never riding
+        then cost a call of its own per admission: in a profiled block of 16 short prompts
+        at 8 clients, the batch-aware arm (drafting nothing) rode in none of its admissions'
+        steps and made 6 calls more than plain decoding, which rode in 6; the bench had it at
+        0.97-0.98× plain at 8 and 16 clients. Riding always would keep the clock stale for as
+        long as prompts keep arriving. So a chunk rides up to STALE_RIDES steps in a row
+        while the clock is stale (a prompt of two chunks, most chat prompts at the CPU's 32,
+        rides whole), and the next takes a call of its own, so the round gets timed."""
         proposer, target = self.executor.proposer, self.executor.target
         chooser = self.executor.adaptive
         if not decoding or chunk is None or self._heads or \
@@ -309,13 +311,14 @@ class Scheduler(Slots):
         n = self._take(todo, min(budget, chunk), chunk, budget, 0, True)
         if n == todo and ticket.prefilled == ticket.kept:
             return None
-        if todo > 2 * n and chooser is not None and chooser.clock is not None and \
-                chooser.clock.stale(self.executor.rows_scored(decoding)):
-            return None  # the batch-aware chooser's plain round is due a timing (a round
-            # with a chunk in its call is none), and this prompt would hold it off for more
-            # than this step and the next: its chunk takes a call of its own
         if not target.pairs(decoding, waiting[0], want + 1, n):  # two calls there: the
             return None  # step's own (which may feed more prompts)
+        stale = chooser is not None and chooser.clock is not None and \
+            chooser.clock.stale(self.executor.rows_scored(decoding))
+        if stale and self._stale_rides >= STALE_RIDES:
+            self._stale_rides = 0  # the plain round is due a timing: a call of its own
+            return None
+        self._stale_rides = self._stale_rides + 1 if stale else 0
         start = ticket.prefilled
         return PromptChunk(waiting[0], ticket.prompt[start: start + n])
 
