@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 PROJECT_ROWS = 128  # up to this many rows, project computes w · hᵀ
-GROUP_HEADS = True  # _attend groups query heads by key/value head (a benchmark turns it off)
 
 
 def project(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -77,21 +76,11 @@ def _attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch
     k_cache.index_put_((slots, rows), k.transpose(1, 2))  # k [B, Hkv, T, d]
     v_cache.index_put_((slots, rows), v.transpose(1, 2))
     w = mask.shape[-1]
-    keys = k_cache[:w, first:first + b].permute(1, 2, 0, 3)  # [B, Hkv, W, d]
-    values = v_cache[:w, first:first + b].permute(1, 2, 0, 3)
-    g = hq // hkv  # query heads a key/value head serves (heads j·g … j·g + g − 1 share head j)
-    if GROUP_HEADS and g > 1 and not q.is_cuda and b * t <= PROJECT_ROWS:
-        # A round or a chunk on a CPU: each key/value head's g query heads attend as one head
-        # of g·T queries, one attention over g·T rows instead of g over T (measured:
-        # benchmarks/bench_grouped_attention.py). The bound is project's own switch,
-        # so the compiled graphs split where they already did: no graph more to warm up.
-        out = F.scaled_dot_product_attention(
-            q.reshape(b, hkv, g * t, d), keys, values,
-            attn_mask=mask.repeat(1, 1, g, 1))  # [B, Hkv, g·T, d]; mask [B, 1, g·T, W]
-    else:
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                             enable_gqa=g > 1)  # [B, Hq, T, d]
-    return out.reshape(b, hq, t, d).transpose(1, 2).reshape(b, t, hq * d)
+    out = F.scaled_dot_product_attention(
+        q, k_cache[:w, first:first + b].permute(1, 2, 0, 3),
+        v_cache[:w, first:first + b].permute(1, 2, 0, 3), attn_mask=mask,
+        enable_gqa=hq != hkv)  # [B, Hq, T, d]
+    return out.transpose(1, 2).reshape(b, t, hq * d)
 
 
 def layer_fn(hq: int, hkv: int, d: int, eps: float) -> Callable[..., torch.Tensor]:
