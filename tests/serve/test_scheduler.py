@@ -816,15 +816,16 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
     prompt of two chunks rides whole (a call of its own each time cost the batch-aware arm
     what plain decoding saved), while longer prompts, or short ones arriving back to back,
     ride two steps in a row and then take a call of their own, whose round gets timed: the
-    clock is never kept stale for as long as prompts keep coming."""
+    clock is never kept stale for as long as prompts keep coming. A step with nothing riding
+    starts the count again."""
     from trtspec.runtime.compiled import CompiledRunner
     from trtspec.spec.adaptive import AdaptiveDraft, RoundCost
 
     model = tiny_llama(vocab=64, seed=6)
 
-    def admit(lengths: list[int]) -> tuple[int, int, int]:
-        """Rides, rounds timed and steps while prompts of ``lengths`` are admitted back to
-        back beside a running stream."""
+    def admit(lengths: list[int], gap: int = 0) -> tuple[int, int, int]:
+        """Rides, rounds timed and steps while prompts of ``lengths`` are admitted beside a
+        running stream, one after the other, ``gap`` steps with no prompt between two."""
         runner = CompiledRunner(model, compile=False)
         count, pair = [0, 0], runner.score_pair
 
@@ -857,6 +858,9 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
             while not ticket.done.is_set():
                 scheduler.step()
                 steps += 1
+            for _ in range(gap):
+                scheduler.step()
+                steps += 1
         scheduler.cancel(running)
         scheduler.run_until_idle()
         return count[0], count[1], steps
@@ -866,6 +870,8 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
     assert (rides, timed, steps) == (7, 3, 10)
     rides, timed, steps = admit([14] * 6)  # back to back, a chunk waiting at every step
     assert steps == 12 and rides == 8 and timed == 4
+    rides, timed, steps = admit([14, 14], gap=2)  # a step without a chunk between them:
+    assert (rides, timed, steps) == (4, 4, 8)  # each rides whole (two steps in a row)
 
 
 def test_a_stall_learns_nothing_from_one_off_work_and_keeps_under_a_small_chunk() -> None:

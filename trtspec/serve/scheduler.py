@@ -238,7 +238,8 @@ class Scheduler(Slots):
             if chunk and self._prefilling() else 0
         reserved = min(self.max_num_tokens - floor, len(decoding) * (want + 1))
         budget = self.max_num_tokens - reserved
-        riding = None if paced else self._riding(decoding, budget, chunk, want)
+        riding = None if paced else self._riding(decoding, budget, chunk, want,
+                                                 draft_len == ADAPTIVE)
         deltas = None
         if riding is not None:  # the prompt's chunk in the round's own call
             try:
@@ -249,7 +250,8 @@ class Scheduler(Slots):
             else:
                 if riding.logits is not None:
                     self._chunk_in(riding.row, len(riding.tokens), riding.logits)
-        if deltas is None:
+        if deltas is None:  # nothing rode (or the round it rode in failed): STALE_RIDES
+            self._stale_rides = 0  # counts steps in a row that rode
             began = self._now(paced)
             used, later = self._prefill(budget, chunk, not paced)
             chunk_s = self._now(paced) - began
@@ -275,11 +277,12 @@ class Scheduler(Slots):
                 self._deliver(delta)
         return self.running
 
-    def _riding(self, decoding: list[int], budget: int, chunk: int | None, want: int
-                ) -> PromptChunk | None:
+    def _riding(self, decoding: list[int], budget: int, chunk: int | None, want: int,
+                adaptive: bool) -> PromptChunk | None:
         """The first admitted prompt's next chunk, to be scored in the round's own call
-        (module docstring, "riding"; ``want``: the rounds' D), or None where the step runs
-        it in a call of its own:
+        (module docstring, "riding"; ``want``: the rounds' D; ``adaptive``: the round's D
+        is the chooser's, whose clock it times), or None where the step runs it in a call of
+        its own:
         no stream decoding, a target without ``score_pair`` or that would not pair these
         (its ``pairs``), a proposer with a model of its own (its cache takes each chunk),
         heads, a prompt this step prefills in one call (it joins this step's round), or a
@@ -294,7 +297,9 @@ class Scheduler(Slots):
         0.97-0.98× plain at 8 and 16 clients. Riding always would keep the clock stale for as
         long as prompts keep arriving. So a chunk rides up to STALE_RIDES steps in a row
         while the clock is stale (a prompt of two chunks, most chat prompts at the CPU's 32,
-        rides whole), and the next takes a call of its own, so the round gets timed."""
+        rides whole), and the next takes a call of its own, so its round can be timed (one
+        that did one-off work is not, and a batch size new to the clock needs
+        RoundClock.FIRST timed rounds)."""
         proposer, target = self.executor.proposer, self.executor.target
         chooser = self.executor.adaptive
         if not decoding or chunk is None or self._heads or \
@@ -313,7 +318,7 @@ class Scheduler(Slots):
             return None
         if not target.pairs(decoding, waiting[0], want + 1, n):  # two calls there: the
             return None  # step's own (which may feed more prompts)
-        stale = chooser is not None and chooser.clock is not None and \
+        stale = adaptive and chooser is not None and chooser.clock is not None and \
             chooser.clock.stale(self.executor.rows_scored(decoding))
         if stale and self._stale_rides >= STALE_RIDES:
             self._stale_rides = 0  # the plain round is due a timing: a call of its own
