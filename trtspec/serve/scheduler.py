@@ -296,10 +296,10 @@ class Scheduler(Slots):
         steps and made 6 calls more than plain decoding, which rode in 6; the bench had it at
         0.97-0.98× plain at 8 and 16 clients. Riding always would keep the clock stale for as
         long as prompts keep arriving. So a chunk rides up to STALE_RIDES steps in a row
-        while the clock is stale (a prompt of two chunks, most chat prompts at the CPU's 32,
-        rides whole), and the next takes a call of its own, so its round can be timed (one
-        that did one-off work is not, and a batch size new to the clock needs
-        RoundClock.FIRST timed rounds)."""
+        while the clock is stale (after a step with nothing riding, a prompt of two chunks,
+        most chat prompts at the CPU's 32, rides whole), and the next takes a call of its
+        own, so its round can be timed (one that did one-off work is not, and a batch size
+        new to the clock needs RoundClock.FIRST timed rounds)."""
         proposer, target = self.executor.proposer, self.executor.target
         chooser = self.executor.adaptive
         if not decoding or chunk is None or self._heads or \
