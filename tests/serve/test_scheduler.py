@@ -823,7 +823,8 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
 
     model = tiny_llama(vocab=64, seed=6)
 
-    def admit(lengths: list[int], gap: int = 0) -> tuple[int, int, int]:
+    def admit(lengths: list[int], gap: int = 0, policy: DraftPolicy | None = None
+              ) -> tuple[int, int, int]:
         """Rides, rounds timed and steps while prompts of ``lengths`` are admitted beside a
         running stream, one after the other, ``gap`` steps with no prompt between two."""
         runner = CompiledRunner(model, compile=False)
@@ -846,7 +847,7 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
 
         chooser.observe_round = timed
         scheduler = Scheduler(SpecExecutor(runner, NgramProposer(1, 3), 3, adaptive=chooser),
-                              2, prefill_chunk=8)
+                              2, policy, prefill_chunk=8)
         params = SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
         running = scheduler.submit([1, 2], params)
         for _ in range(3):
@@ -872,6 +873,8 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
     assert steps == 12 and rides == 8 and timed == 4
     rides, timed, steps = admit([14, 14], gap=2)  # a step without a chunk between them:
     assert (rides, timed, steps) == (4, 4, 8)  # each rides whole (two steps in a row)
+    rides, timed, steps = admit([80], policy=DraftPolicy(draft_len=2))  # a fixed D: no
+    assert (rides, timed, steps) == (10, 0, 10)  # round is the chooser's, none is timed
 
 
 def test_a_stall_learns_nothing_from_one_off_work_and_keeps_under_a_small_chunk() -> None:
