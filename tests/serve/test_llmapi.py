@@ -293,6 +293,10 @@ def test_trtspec_serve_runs_tensorrt_llms_batch_behind_the_openai_api(
             stop=[text[2:4]], extra_body={"ignore_eos": True})  # (docs/serve.md: a request
         # that ends by itself in the round its stop string was found in counts its own end)
         assert cut.choices[0].finish_reason == "stop" and cut.choices[0].text == text[:2]
-        assert metric(url, 'trtspec:request_success_total{finish_reason="length"}') == 3
-        assert metric(url, 'trtspec:request_success_total{finish_reason="stop"}') == 1
+        length = metric(url, 'trtspec:request_success_total{finish_reason="length"}')
+        stopped = metric(url, 'trtspec:request_success_total{finish_reason="stop"}')
+        # the stand-in's engine runs ahead of the server as TensorRT-LLM's does, and under a
+        # full suite on 2 cores it once finished the 1,000 tokens (the most this recipe's
+        # max_seq_len allows) before the abort arrived: that request then counts its own end
+        assert (length, stopped) in ((3, 1), (4, 0))
         assert metric(url, "trtspec:num_requests_running") == 0
