@@ -321,8 +321,8 @@ class Scheduler(Slots):
         stale = adaptive and chooser is not None and chooser.clock is not None and \
             chooser.clock.stale(self.executor.rows_scored(decoding))
         if stale and self._stale_rides >= STALE_RIDES:
-            self._stale_rides = 0  # the plain round is due a timing: a call of its own
-            return None
+            return None  # the plain round is due a timing: a call of its own (step()
+            # starts the count again, as after any step with nothing riding)
         self._stale_rides = self._stale_rides + 1 if stale else 0
         start = ticket.prefilled
         return PromptChunk(waiting[0], ticket.prompt[start: start + n])
