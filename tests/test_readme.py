@@ -100,7 +100,7 @@ def test_a_fresh_clone_tracks_only_readmes_and_benchmark_reports_in_engines_and_
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
 
     assert git("ls-files", "engines").stdout.split() == ["engines/README.md"]
-    assert all(re.fullmatch(r"reports/bench-[a-z][a-z-]*\.(md|json)", f)
+    assert all(re.fullmatch(r"reports/bench-[a-z][a-z0-9-]*\.(md|json)", f)
                for f in git("ls-files", "reports").stdout.split())
     generated = ["engines/demo/cpu/manifest.json", "engines/demo/cpu/inductor/x",
                  "engines/demo/h200-1a2b3c4d/engines/target/rank0.engine",
