@@ -561,13 +561,17 @@ def test_a_long_prompt_is_admitted_in_chunks_while_the_others_decode() -> None:
     scheduler.run_until_idle()
 
 
-@pytest.mark.parametrize("method", ["none", "ngram"])
-def test_a_prompt_s_chunks_ride_in_the_rounds_own_calls(method: str) -> None:
+@pytest.mark.parametrize(("method", "failing"), [("none", False), ("ngram", False),
+                                                  ("ngram", True)])
+def test_a_prompt_s_chunks_ride_in_the_rounds_own_calls(method: str, failing: bool) -> None:
     """On the compiled runner's decoder (eager here: the same functions), a 30-token prompt
     admitted 4 tokens a step beside two sampled streams has its chunks scored in the rounds'
     own calls (score_pair: one call a step, both groups in it), and every request's seeded
     output is the one it gets when each chunk has a call of its own, as on a runner that
-    cannot pair (the same logits up to float rounding, so the same draws)."""
+    cannot pair (the same logits up to float rounding, so the same draws). ``failing``: every
+    other paired call raises after writing the cache; the round and the chunk are put back and the
+    step runs them in calls of their own, so the outputs are still the same and no request
+    ends (a failed pairing is no request's fault)."""
     from trtspec.runtime.compiled import CompiledRunner
 
     model = tiny_llama(vocab=64, seed=6)
@@ -583,6 +587,17 @@ def test_a_prompt_s_chunks_ride_in_the_rounds_own_calls(method: str) -> None:
                 return layers(compiled, first, second)
 
             runner._layers = spy
+            if failing:
+                score_pair, calls = runner.score_pair, [0]
+
+                def flaky(tokens, row, chunk):
+                    calls[0] += 1
+                    out = score_pair(tokens, row, chunk)  # the cache written, then
+                    if calls[0] % 2:  # a failure: both groups must be rolled back
+                        raise RuntimeError("paired call failed")
+                    return out
+
+                runner.score_pair = flaky
         else:
             runner.score_pair = None
         proposer = NgramProposer(1, 3) if method == "ngram" else None
@@ -594,11 +609,19 @@ def test_a_prompt_s_chunks_ride_in_the_rounds_own_calls(method: str) -> None:
             scheduler.step()
         long = scheduler.submit([(5 * i) % 60 + 1 for i in range(30)],
                                 params.model_copy(update={"seed": 3, "max_tokens": 8}))
-        scheduler.run_until_idle()
-        return [t.token_ids for t in (*streams, long)], paired[0]
+        chunk_in, held = scheduler._chunk_in, []
 
-    (riding, paired), (alone, _) = run(True), run(False)
-    assert riding == alone and paired >= 6
+        def counted(slot, n, logits):  # the prompt's row in the cache after each chunk
+            held.append(runner.lengths()[slot])
+            return chunk_in(slot, n, logits)
+
+        scheduler._chunk_in = counted
+        scheduler.run_until_idle()
+        return [t.token_ids for t in (*streams, long)], held, paired[0]
+
+    (riding, held, paired), (alone, held_alone, _) = run(True), run(False)
+    assert riding == alone and paired >= (3 if failing else 6)
+    assert held == held_alone and held[-1] == 30  # (a failed pairing rolled its chunk back)
 
 
 def beside_a_stream(slots: int, chunk: int) -> tuple[Scheduler, Ticket, list[list[int]]]:
