@@ -280,6 +280,46 @@ def test_batch_aware_probes_are_rounds_judged_by_the_next_choice() -> None:
     assert chooser_.choose_round([a, b], [4, 4], 2) == [4, 4] and chooser_.wait == 2
 
 
+def test_a_round_that_fails_puts_the_chooser_s_probe_bookkeeping_back() -> None:
+    """A batch-aware round that raises before committing (here: the target's scoring) leaves
+    the chooser's probe bookkeeping as it found it, though choosing that round had moved it
+    (a plain round waited, then a probe started): the round run again chooses anew instead
+    of counting twice, or of leaving a probe whose verdict never comes."""
+    from trtspec.spec.executor import RoundFailed
+
+    runner = ToyRunner(MarkovLM(vocab_size=16, order=2, seed=5))
+    chooser_ = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), probe_after=2,
+                             max_wait=8, probe_budget=1.0, min_gain=100.0)  # never pays
+    ex = SpecExecutor(runner, NgramProposer(), 4, adaptive=chooser_)
+    reqs = [ex.request([1, 2, 3, 1, 2], SamplingParams(max_tokens=40, ignore_eos=True))
+            for _ in range(2)]
+    ex.first_tokens(reqs, [0, 1], runner.prefill([r.prompt for r in reqs]))
+    ex.proposer.start([r.prompt for r in reqs])
+    for r in reqs:
+        r.adaptive = chooser_.start()
+    score, moved = runner.score, []
+
+    def failing(tokens, last_only=False):
+        moved.append(chooser_.mark([r.adaptive for r in reqs]))  # after choosing
+        raise RuntimeError("scoring failed")
+
+    def bookkeeping() -> tuple:
+        mark = chooser_.mark([r.adaptive for r in reqs])
+        return mark.idle, mark.wait, mark.probed, mark.probe_saw, \
+            [p for _, p in mark.probing]
+
+    for _ in range(4):  # plain, plain, a probe, then plain again: each fails once first
+        before = bookkeeping()
+        runner.score = failing
+        with pytest.raises(RoundFailed):
+            ex.round(reqs, [0, 1])
+        assert bookkeeping() == before
+        m = moved[-1]
+        assert (m.idle, m.wait, m.probed, m.probe_saw) != before[:4]  # it had moved
+        runner.score = score
+        ex.round(reqs, [0, 1])  # the same round, run again
+
+
 def test_the_round_clock_by_hand() -> None:
     """A cell counts from its third round (the median of three), then an EMA with spikes
     clipped; observed ratios where both were timed; else the table's ratio scaled by how far

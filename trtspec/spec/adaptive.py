@@ -153,6 +153,17 @@ class AdaptiveState:
         return out
 
 
+@dataclass(frozen=True)
+class ProbeMark:
+    """The chooser's probe bookkeeping at one moment (:meth:`AdaptiveDraft.mark`)."""
+
+    idle: int
+    wait: int
+    probed: bool
+    probe_saw: bool
+    probing: list[tuple[AdaptiveState, bool]]  # each request's state and its flag
+
+
 class RoundCost:
     """t(B, W) / t(1, 1): a round that scores W tokens in each of B rows, from a table of
     measured times (rows → width → any unit; widths 1 … n for every row). A round with drafts
@@ -340,6 +351,21 @@ class AdaptiveDraft:
         self.clock = RoundClock() if timed and round_cost is not None else None
         self.probed = False  # batch-aware: a probe whose verdict is pending
         self.probe_saw = False  # … and it (or a round since) observed something
+
+    def mark(self, states: Sequence[AdaptiveState | None]) -> ProbeMark:
+        """What choosing a round may change (the probe bookkeeping: plain rounds waited, a
+        probe started), for ``states`` too, so a round that fails before it is observed can
+        be put back (:meth:`back_to`): run again, it would otherwise count as two rounds
+        waited, or start a probe whose verdict never comes."""
+        return ProbeMark(self.idle, self.wait, self.probed, self.probe_saw,
+                         [(s, s.probing) for s in states if s is not None])
+
+    def back_to(self, mark: ProbeMark) -> None:
+        """The probe bookkeeping as :meth:`mark` found it."""
+        self.idle, self.wait, self.probed, self.probe_saw = \
+            mark.idle, mark.wait, mark.probed, mark.probe_saw
+        for state, probing in mark.probing:
+            state.probing = probing
 
     def start(self) -> AdaptiveState:
         """A new request's state: the prior (positions nobody observed follow the last one

@@ -48,8 +48,9 @@ def settle(runner: Runner) -> None:
 
 class RoundFailed(Exception):
     """A round raised before it committed anything (while proposing, scoring or verifying):
-    the target and the proposer were put back where the round found them, so the batch can go
-    on without the rows that made it fail. ``__cause__`` is what was raised."""
+    the target, the proposer and the chooser's probe bookkeeping were put back where the round
+    found them, so the batch can go on without the rows that made it fail. ``__cause__`` is
+    what was raised."""
 
 
 @dataclass
@@ -235,8 +236,11 @@ class SpecExecutor:
         and a failed round rolls it back with the rest.
 
         A failure before anything is committed raises :class:`RoundFailed` with the target
-        rolled back and the proposer's drafts undone; one after (committing,
-        observing) is raised as it is: the batch's state is then unknown."""
+        rolled back, the proposer's drafts undone and the chooser's probe bookkeeping put
+        back (not the requests' generators: a failure after their draws, a draft model's or
+        verification's, leaves them advanced, so a round run again is still exact but not
+        the sample the seed gives alone); one after (committing, observing) is raised as it
+        is: the batch's state is then unknown."""
         chooser = self.adaptive if draft_len in (None, ADAPTIVE) else None
         if draft_len == ADAPTIVE and chooser is None and self.proposer is not None:
             raise ValueError("draft_len adaptive needs an executor built with an AdaptiveDraft")
@@ -269,10 +273,13 @@ class SpecExecutor:
         if clock:  # what this round costs, and nothing queued before it (a GPU runs ahead)
             settle(self.target)
             one_offs, began = self._one_offs(), time.perf_counter()
+        mark = chooser.mark([reqs[i].adaptive for i in live]) if chooser is not None else None
         try:
             n_draft, out = self._score_and_verify(reqs, live, draft_len, chooser, rows, beside)
         except Exception as e:
             self.target.rollback(before)  # scoring appends only: this always rolls back
+            if mark is not None:  # the chooser's probe bookkeeping too (its run again
+                chooser.back_to(mark)  # chooses anew)
             if beside is not None:  # (the chunk too)
                 beside.logits = None
             if self.proposer is not None:
