@@ -561,24 +561,26 @@ def test_a_long_prompt_is_admitted_in_chunks_while_the_others_decode() -> None:
     scheduler.run_until_idle()
 
 
-@pytest.mark.parametrize(("method", "failing"), [("none", False), ("ngram", False),
-                                                  ("ngram", True)])
-def test_a_prompt_s_chunks_ride_in_the_rounds_own_calls(method: str, failing: bool) -> None:
+@pytest.mark.parametrize(("method", "failing"), [("none", None), ("ngram", None),
+                                                  ("ngram", 2), ("ngram", 1)])
+def test_a_prompt_s_chunks_ride_in_the_rounds_own_calls(method: str, failing: int | None,
+                                                        caplog) -> None:
     """On the compiled runner's decoder (eager here: the same functions), a 30-token prompt
     admitted 4 tokens a step beside two sampled streams has its chunks scored in the rounds'
     own calls (score_pair: one call a step, both groups in it), and every request's seeded
     output is the one it gets when each chunk has a call of its own, as on a runner that
-    cannot pair (the same logits up to float rounding, so the same draws). ``failing``: every
-    other paired call raises after writing the cache; the round and the chunk are put back and the
-    step runs them in calls of their own, so the outputs are still the same and no request
-    ends (a failed pairing is no request's fault)."""
+    cannot pair (the same logits up to float rounding, so the same draws). ``failing`` n:
+    every n-th paired call raises after writing the cache; the round and the chunk are put
+    back and the step runs them in calls of their own, so the outputs are still the same, the
+    prompt's row holds just its tokens and no request ends (a failed pairing is no request's
+    fault); each failure is logged, and three in a row stop the riding."""
     from trtspec.runtime.compiled import CompiledRunner
 
     model = tiny_llama(vocab=64, seed=6)
 
-    def run(pair: bool) -> tuple[list[list[int]], int]:
+    def run(pair: bool) -> tuple[list[list[int]], list[int], int, int]:
         runner = CompiledRunner(model, compile=False)
-        paired = [0]
+        paired, failed = [0], [0]
         if pair:
             layers = runner._layers
 
@@ -588,12 +590,12 @@ def test_a_prompt_s_chunks_ride_in_the_rounds_own_calls(method: str, failing: bo
 
             runner._layers = spy
             if failing:
-                score_pair, calls = runner.score_pair, [0]
+                score_pair = runner.score_pair
 
                 def flaky(tokens, row, chunk):
-                    calls[0] += 1
                     out = score_pair(tokens, row, chunk)  # the cache written, then
-                    if calls[0] % 2:  # a failure: both groups must be rolled back
+                    if paired[0] % failing == 0:  # a failure: both groups rolled back
+                        failed[0] += 1
                         raise RuntimeError("paired call failed")
                     return out
 
@@ -617,11 +619,20 @@ def test_a_prompt_s_chunks_ride_in_the_rounds_own_calls(method: str, failing: bo
 
         scheduler._chunk_in = counted
         scheduler.run_until_idle()
-        return [t.token_ids for t in (*streams, long)], held, paired[0]
+        assert scheduler.error is None
+        return [t.token_ids for t in (*streams, long)], held, paired[0], failed[0]
 
-    (riding, held, paired), (alone, held_alone, _) = run(True), run(False)
-    assert riding == alone and paired >= (3 if failing else 6)
+    (riding, held, paired, failed), (alone, held_alone, _, _) = run(True), run(False)
+    assert riding == alone
     assert held == held_alone and held[-1] == 30  # (a failed pairing rolled its chunk back)
+    warned = [r.getMessage() for r in caplog.records if "chunk in" in r.getMessage()]
+    if failing is None:  # 30 tokens, 4 a step: 7 chunks of 4 and one of 2
+        assert (paired, failed, warned) == (8, 0, [])
+    elif failing == 2:  # every other call fails: the chunk rides again after each
+        assert (paired, failed) == (8, 4) and len(warned) == 4
+    else:  # all fail: three tries, then the chunks take calls of their own
+        assert (paired, failed) == (3, 3) and len(warned) == 3
+        assert "now take calls of their own" in warned[-1]
 
 
 def beside_a_stream(slots: int, chunk: int) -> tuple[Scheduler, Ticket, list[list[int]]]:
@@ -838,24 +849,29 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
     """With the batch-aware chooser's plain round always due a timing (its clock stale), a
     prompt of two chunks rides whole (a call of its own each time cost the batch-aware arm
     what plain decoding saved), while longer prompts, or short ones arriving back to back,
-    ride two steps in a row and then take a call of their own, whose round gets timed: the
-    clock is never kept stale for as long as prompts keep coming. A step with nothing riding
-    starts the count again."""
+    ride two steps in a row and then take a call of their own, whose round gets timed (one
+    that did one-off work is not): while prompts keep coming, a timing is tried at least
+    every third step. A step with nothing riding starts the count again, as does a ride that
+    failed (its round then runs in a call of its own and is timed)."""
     from trtspec.runtime.compiled import CompiledRunner
     from trtspec.spec.adaptive import AdaptiveDraft, RoundCost
 
     model = tiny_llama(vocab=64, seed=6)
 
-    def admit(lengths: list[int], gap: int = 0, policy: DraftPolicy | None = None
-              ) -> tuple[int, int, int]:
+    def admit(lengths: list[int], gap: int = 0, policy: DraftPolicy | None = None,
+              fail: bool = False) -> tuple[int, int, int]:
         """Rides, rounds timed and steps while prompts of ``lengths`` are admitted beside a
-        running stream, one after the other, ``gap`` steps with no prompt between two."""
+        running stream, one after the other, ``gap`` steps with no prompt between two;
+        ``fail``: every paired call raises (after scoring)."""
         runner = CompiledRunner(model, compile=False)
         count, pair = [0, 0], runner.score_pair
 
         def counted(tokens, row, chunk):
             count[0] += 1
-            return pair(tokens, row, chunk)
+            out = pair(tokens, row, chunk)
+            if fail:
+                raise RuntimeError("paired call failed")
+            return out
 
         runner.score_pair = counted
         chooser = AdaptiveDraft(3, [1.0] * 5, round_cost=RoundCost.linear(0.1, 4, 4),
@@ -898,6 +914,8 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
     assert (rides, timed, steps) == (4, 4, 8)  # each rides whole (two steps in a row)
     rides, timed, steps = admit([80], policy=DraftPolicy(draft_len=2))  # a fixed D: no
     assert (rides, timed, steps) == (10, 0, 10)  # round is the chooser's, none is timed
+    rides, timed, steps = admit([80], fail=True)  # a failed ride's step runs its round in a
+    assert (rides, timed, steps) == (3, 10, 10)  # call of its own, timed; three stop riding
 
 
 def test_a_stall_learns_nothing_from_one_off_work_and_keeps_under_a_small_chunk() -> None:

@@ -59,7 +59,8 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 chooser's plain round is due a timing and STALE_RIDES steps in a row
                 rode while it was (:meth:`Scheduler._riding` says why); one prompt a step; a
                 round that fails with a chunk in it is put back and the step runs as
-                without. On the 2-core CPU, timed call by call (a 1,900-token prompt, three
+                without (logged: STRIKES such failures in a row and chunks stop riding).
+                On the 2-core CPU, timed call by call (a 1,900-token prompt, three
                 streams, median of 15 calls), a round with a chunk of 2, 4 or 13 tokens in
                 it took 1.6, 1.8 and 2.4 rounds against 2.2, 2.0 and 3.8 for two calls; over
                 a 2,000-token admission at 4 tokens a step the streams' largest gap was
@@ -188,6 +189,7 @@ class Scheduler(Slots):
         self._strikes = 0  # requests failed in a row (module docstring, "failure")
         self._split = 0  # rounds in a row that failed batched, then ran row by row
         self._stale_rides = 0  # steps in a row a chunk rode while the clock was stale
+        self._pair_failures = 0  # rounds in a row that failed with a chunk riding in them
         self._idle = [Request([0], SamplingParams(), frozenset(), make_generator(0),
                               finish_reason="idle") for _ in range(slots)]
         self._rows: list[Request] = list(self._idle)  # what verify sees in each row
@@ -245,9 +247,10 @@ class Scheduler(Slots):
             try:
                 deltas = self._round(decoding, draft_len, max(len(decoding), self.max_num_tokens -
                                                                len(riding.tokens)), riding)
-            except RoundFailed:  # put back as it was: the step runs as below instead
-                pass
+            except RoundFailed as e:  # put back as it was: the step runs as below instead
+                self._ride_failed(e)
             else:
+                self._pair_failures = 0
                 if riding.logits is not None:
                     self._chunk_in(riding.row, len(riding.tokens), riding.logits)
         if deltas is None:  # nothing rode (or the round it rode in failed): STALE_RIDES
@@ -285,7 +288,8 @@ class Scheduler(Slots):
         its own:
         no stream decoding, a target without ``score_pair`` or that would not pair these
         (its ``pairs``), a proposer with a model of its own (its cache takes each chunk),
-        heads, a prompt this step prefills in one call (it joins this step's round), or a
+        heads, a prompt this step prefills in one call (it joins this step's round), STRIKES
+        rounds in a row that failed with a chunk riding (:meth:`_ride_failed`), or a
         batch-aware chooser whose plain round is due a timing after STALE_RIDES steps in a
         row rode while it was. Not called when paced.
 
@@ -302,7 +306,7 @@ class Scheduler(Slots):
         new to the clock needs RoundClock.FIRST timed rounds)."""
         proposer, target = self.executor.proposer, self.executor.target
         chooser = self.executor.adaptive
-        if not decoding or chunk is None or self._heads or \
+        if not decoding or chunk is None or self._heads or self._pair_failures >= STRIKES or \
                 getattr(target, "score_pair", None) is None or \
                 getattr(proposer, "draft_runner", None) is not None or \
                 getattr(proposer, "admit_chunk", None) is not None:
@@ -326,6 +330,22 @@ class Scheduler(Slots):
         self._stale_rides = self._stale_rides + 1 if stale else 0
         start = ticket.prefilled
         return PromptChunk(waiting[0], ticket.prompt[start: start + n])
+
+    def _ride_failed(self, error: RoundFailed) -> None:
+        """A round failed with a prompt's chunk in its call (both put back; the step runs
+        them in calls of their own, where a failure is a request's, as any). Said, as its
+        call's work was lost; STRIKES in a row and chunks stop riding (each failed pairing
+        would cost the step a call's work again)."""
+        self._pair_failures += 1
+        reason = one_line(error.__cause__ or error)
+        if self._pair_failures >= STRIKES:
+            logging.getLogger("trtspec.serve.scheduler").warning(
+                "%d rounds in a row failed with a prompt's chunk in their call (the last: %s); "
+                "prompt chunks now take calls of their own", STRIKES, reason)
+        else:
+            logging.getLogger("trtspec.serve.scheduler").warning(
+                "a round failed with a prompt's chunk in its call (%s); both run again in "
+                "calls of their own", reason)
 
     def _take(self, todo: int, left: int, chunk: int | None, budget: int, used: int,
               join_tail: bool) -> int:
