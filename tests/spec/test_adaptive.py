@@ -318,6 +318,23 @@ def test_a_round_that_fails_puts_the_chooser_s_probe_bookkeeping_back() -> None:
         assert (m.idle, m.wait, m.probed, m.probe_saw) != before[:4]  # it had moved
         runner.score = score
         ex.round(reqs, [0, 1])  # the same round, run again
+    # per request (no round cost): a new request's first round is a probe that fails; its
+    # state, made for that round, is left as no probe
+    alone = AdaptiveDraft(4, FLAT, probe_after=0, min_gain=100.0)
+    ex = SpecExecutor(runner, NgramProposer(), 4, adaptive=alone)
+    reqs = [ex.request([1, 2, 3, 1, 2], SamplingParams(max_tokens=40, ignore_eos=True))]
+    ex.first_tokens(reqs, [0], runner.prefill([reqs[0].prompt]))
+    ex.proposer.start([reqs[0].prompt])
+    probing = []
+
+    def probed(tokens, last_only=False):
+        probing.append(reqs[0].adaptive.probing)
+        raise RuntimeError("scoring failed")
+
+    runner.score = probed
+    with pytest.raises(RoundFailed):
+        ex.round(reqs, [0])
+    assert probing == [True] and not reqs[0].adaptive.probing and alone.idle == 0
 
 
 def test_the_round_clock_by_hand() -> None:

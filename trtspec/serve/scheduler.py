@@ -59,7 +59,8 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 chooser's plain round is due a timing and STALE_RIDES steps in a row
                 rode while it was (:meth:`Scheduler._riding` says why); one prompt a step; a
                 round that fails with a chunk in it is put back and the step runs as
-                without (logged: STRIKES such failures in a row and chunks stop riding).
+                without (logged; STRIKES in a row that the same work without the chunk did
+                not repeat, and chunks stop riding for good: :meth:`Scheduler._ride_failed`).
                 On the 2-core CPU, timed call by call (a 1,900-token prompt, three
                 streams, median of 15 calls), a round with a chunk of 2, 4 or 13 tokens in
                 it took 1.6, 1.8 and 2.4 rounds against 2.2, 2.0 and 3.8 for two calls; over
@@ -190,6 +191,7 @@ class Scheduler(Slots):
         self._split = 0  # rounds in a row that failed batched, then ran row by row
         self._stale_rides = 0  # steps in a row a chunk rode while the clock was stale
         self._pair_failures = 0  # rounds in a row that failed with a chunk riding in them
+        self._ended_alone = 0  # requests ended by a failure of their own, so far
         self._idle = [Request([0], SamplingParams(), frozenset(), make_generator(0),
                               finish_reason="idle") for _ in range(slots)]
         self._rows: list[Request] = list(self._idle)  # what verify sees in each row
@@ -242,13 +244,14 @@ class Scheduler(Slots):
         budget = self.max_num_tokens - reserved
         riding = None if paced else self._riding(decoding, budget, chunk, want,
                                                  draft_len == ADAPTIVE)
-        deltas = None
+        deltas = failed = None
         if riding is not None:  # the prompt's chunk in the round's own call
+            ended = self._ended_alone
             try:
                 deltas = self._round(decoding, draft_len, max(len(decoding), self.max_num_tokens -
                                                                len(riding.tokens)), riding)
             except RoundFailed as e:  # put back as it was: the step runs as below instead
-                self._ride_failed(e)
+                failed = e
             else:
                 self._pair_failures = 0
                 if riding.logits is not None:
@@ -269,6 +272,9 @@ class Scheduler(Slots):
                 if paced and getattr(self.executor.target, "one_offs", 0) == one_offs:
                     self._pace(chunk, used, chunk_s, self._now(paced) - began)  # (not a step
                     # that grew the cache or swapped rows: its time is no chunk's or round's)
+        if failed is not None:  # the pairing is suspect where the same work ran without it
+            self._ride_failed(failed, self._ended_alone == ended and  # and ended nobody
+                              not is_memory(failed.__cause__))
         if deltas:
             if self.on_round is not None:
                 try:
@@ -331,21 +337,29 @@ class Scheduler(Slots):
         start = ticket.prefilled
         return PromptChunk(waiting[0], ticket.prompt[start: start + n])
 
-    def _ride_failed(self, error: RoundFailed) -> None:
-        """A round failed with a prompt's chunk in its call (both put back; the step runs
-        them in calls of their own, where a failure is a request's, as any). Said, as its
-        call's work was lost; STRIKES in a row and chunks stop riding (each failed pairing
-        would cost the step a call's work again)."""
-        self._pair_failures += 1
+    def _ride_failed(self, error: RoundFailed, suspect: bool) -> None:
+        """A round failed with a prompt's chunk riding in it (both put back; the step ran
+        them in calls of their own, where a failure is a request's, as any). Said; the
+        pairing is ``suspect`` where that same work then ran with no request ending and the
+        failure was not memory (which the cache's growth for the prompt can run short of
+        whether it rides or not). STRIKES suspect failures in a row and chunks stop riding
+        for the scheduler's lifetime, as the compiled runner stops pairing after its graph
+        failed: each would cost a step the work of a call that fails."""
         reason = one_line(error.__cause__ or error)
+        log = logging.getLogger("trtspec.serve.scheduler")
+        if not suspect:
+            log.warning("a round with a prompt's chunk riding in it failed (%s); run without "
+                        "it, the step failed a request too (or ran short of memory): not "
+                        "counted against riding", reason)
+            return
+        self._pair_failures += 1
         if self._pair_failures >= STRIKES:
-            logging.getLogger("trtspec.serve.scheduler").warning(
-                "%d rounds in a row failed with a prompt's chunk in their call (the last: %s); "
-                "prompt chunks now take calls of their own", STRIKES, reason)
+            log.warning("%d rounds in a row failed with a prompt's chunk riding in them and "
+                        "ran without it (the last: %s); prompt chunks take calls of their "
+                        "own from now on", STRIKES, reason)
         else:
-            logging.getLogger("trtspec.serve.scheduler").warning(
-                "a round failed with a prompt's chunk in its call (%s); both run again in "
-                "calls of their own", reason)
+            log.warning("a round with a prompt's chunk riding in it failed (%s) and ran "
+                        "without it", reason)
 
     def _take(self, todo: int, left: int, chunk: int | None, budget: int, used: int,
               join_tail: bool) -> int:
@@ -465,6 +479,7 @@ class Scheduler(Slots):
         ticket = self._tickets[slot]
         cause = error.__cause__ if isinstance(error, RoundFailed) and error.__cause__ else error
         reason = one_line(cause)
+        self._ended_alone += 1
         logging.getLogger("trtspec.serve.scheduler").error(
             "a request failed and was ended alone (%s); the others go on", reason)
         if ticket is not None:

@@ -161,7 +161,7 @@ class ProbeMark:
     wait: int
     probed: bool
     probe_saw: bool
-    probing: list[tuple[AdaptiveState, bool]]  # each request's state and its flag
+    probing: tuple[tuple[AdaptiveState, bool], ...]  # each request's state and its flag
 
 
 class RoundCost:
@@ -358,7 +358,8 @@ class AdaptiveDraft:
         be put back (:meth:`back_to`): run again, it would otherwise count as two rounds
         waited, or start a probe whose verdict never comes."""
         return ProbeMark(self.idle, self.wait, self.probed, self.probe_saw,
-                         [(s, s.probing) for s in states if s is not None])
+                         tuple((s, s.probing) for s in states if s is not None)
+                         if self.round_cost is None else ())  # (batch-aware: never set)
 
     def back_to(self, mark: ProbeMark) -> None:
         """The probe bookkeeping as :meth:`mark` found it."""

@@ -269,11 +269,16 @@ class SpecExecutor:
                 reserve(max(before[b] for b in scored) + widest)
             except MemoryError as e:
                 raise RoundFailed(f"{type(e).__name__}: {e}") from e
+        mark = None
+        if chooser is not None:  # every live request's state exists before the mark, so a
+            for i in live:  # failed round leaves none half-used (a new one's probe flag)
+                if reqs[i].adaptive is None:
+                    reqs[i].adaptive = chooser.start()
+            mark = chooser.mark([reqs[i].adaptive for i in live])
         clock = chooser is not None and chooser.clock is not None
         if clock:  # what this round costs, and nothing queued before it (a GPU runs ahead)
             settle(self.target)
             one_offs, began = self._one_offs(), time.perf_counter()
-        mark = chooser.mark([reqs[i].adaptive for i in live]) if chooser is not None else None
         try:
             n_draft, out = self._score_and_verify(reqs, live, draft_len, chooser, rows, beside)
         except Exception as e:
@@ -332,10 +337,8 @@ class SpecExecutor:
         proposed, the target's p scored, verify() run; ``span``: the rows the target scores
         (B, :meth:`rows_scored`). Returns the drafts each row got and verify's result."""
         batch = len(reqs)
-        if chooser is not None:  # choose within the budget: a probe that could draft
-            for i in live:  # nothing would teach nothing
-                if reqs[i].adaptive is None:
-                    reqs[i].adaptive = chooser.start()
+        if chooser is not None:  # choose within the budget (a probe that could draft
+            # nothing would teach nothing); each live request has its state (round)
             chosen = chooser.choose_round([reqs[i].adaptive for i in live],
                                           [draft_len[i] for i in live], span)
             for i, d in zip(live, chosen, strict=True):
