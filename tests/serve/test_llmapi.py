@@ -181,7 +181,9 @@ def test_cancel_aborts_in_tensorrt_llm_and_frees_the_slot(trtllm_standin) -> Non
     assert long.finish_reason == "abort" and long.done.is_set()
     assert short.finish_reason == "length" and short.token_ids
     assert scheduler.running == 0 and scheduler.waiting == 0
-    assert scheduler.arm.llm.aborted == [0] and scheduler.arm.llm.iterations < 1_000
+    # aborted, not run to its 10,000 tokens (the stand-in's engine thread runs on between
+    # steps: under a full suite on 2 cores it once ran 1,746 iterations before the cancel)
+    assert scheduler.arm.llm.aborted == [0] and scheduler.arm.llm.iterations < 10_000
 
 
 def test_a_request_tensorrt_llm_refuses_ends_alone(trtllm_standin) -> None:
