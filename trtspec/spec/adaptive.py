@@ -352,13 +352,13 @@ class AdaptiveDraft:
         self.probed = False  # batch-aware: a probe whose verdict is pending
         self.probe_saw = False  # … and it (or a round since) observed something
 
-    def mark(self, states: Sequence[AdaptiveState | None]) -> ProbeMark:
+    def mark(self, states: Sequence[AdaptiveState]) -> ProbeMark:
         """What choosing a round may change (the probe bookkeeping: plain rounds waited, a
         probe started), for ``states`` too, so a round that fails before it is observed can
         be put back (:meth:`back_to`): run again, it would otherwise count as two rounds
         waited, or start a probe whose verdict never comes."""
         return ProbeMark(self.idle, self.wait, self.probed, self.probe_saw,
-                         tuple((s, s.probing) for s in states if s is not None)
+                         tuple((s, s.probing) for s in states)
                          if self.round_cost is None else ())  # (batch-aware: never set)
 
     def back_to(self, mark: ProbeMark) -> None:
