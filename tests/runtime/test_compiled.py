@@ -191,6 +191,46 @@ def test_compiled_greedy_equals_transformers_on_smollm2(smollm2, cache_dir) -> N
     assert spec[0].token_ids == want
 
 
+@pytest.mark.parametrize("kind", ["eager", "compiled"])
+def test_prepacked_weights_are_the_default_and_score_as_the_model_s_own(kind: str, cache_dir
+                                                                        ) -> None:
+    """On a CPU every GEMM's weight, the head's included, is prepacked for oneDNN by default;
+    the logits are those of the weights as the model has them (prepacked=False) up to float
+    rounding, prefill, a verify round and a chunk beside it alike, and the compiled graph is
+    used, not an eager fallback. A layer-skip view shares the prepacked weights."""
+    model = tiny_llama(vocab=64)
+    runs = {}
+    for prepacked in (True, False):
+        runner = CompiledRunner(model, compile=kind == "compiled", cache_dir=cache_dir,
+                                prepacked=prepacked)
+        assert runner.prepacked == prepacked and runner._head_w.is_mkldnn == prepacked
+        assert all(w.is_mkldnn == prepacked for w in runner._weights[0] if w is not None
+                   and w.dim() == 2)
+        first = runner.prefill([[1, 2, 3], [4, 5], [6]])
+        round_ = runner.score([[7, 8, 9], [10], []])
+        pair, last = runner.score_pair([[11], [12], []], 2, [13, 14, 15])
+        draft = runner.layer_skip(1)
+        draft.follow()
+        assert draft._weights[0][1] is runner._weights[0][1]
+        drafted = draft.score([[16, 17], [18], []])
+        runs[prepacked] = (first, round_, pair, last, drafted)
+        assert runner.compiled == (kind == "compiled")
+    for a, b in zip(runs[True], runs[False], strict=True):
+        assert close(a, b)
+
+
+def test_prepacking_is_all_or_none_and_can_be_turned_off(monkeypatch) -> None:
+    """One graph serves every layer, so one weight that cannot be prepacked (here the head, in
+    float16) leaves all of them as they are; TRTSPEC_PREPACK=0 does the same."""
+    model = tiny_llama(vocab=64)
+    model.lm_head = torch.nn.Linear(model.config.hidden_size, 64, bias=False,
+                                    dtype=torch.float16)
+    mixed = CompiledRunner(model, compile=False)
+    assert not mixed.prepacked and not mixed._weights[0][1].is_mkldnn
+    monkeypatch.setenv("TRTSPEC_PREPACK", "0")
+    assert not CompiledRunner(tiny_llama(vocab=64), compile=False).prepacked
+
+
 def test_a_compiler_failure_warns_once_and_runs_eagerly(monkeypatch) -> None:
     def broken(fn, **kw):
         def call(*a, **k):
