@@ -21,11 +21,13 @@ def _stderr(line: str) -> None:
 
 def make_runner(model: nn.Module, kind: str = "compiled", *, eos_token_id: int | None = None,
                 vocab_size: int | None = None, cache_dir: Path | None = None,
-                capacity: int = 512, warn: Callable[[str], None] = _stderr) -> Any:
+                capacity: int = 512, prepacked: bool | None = None,
+                warn: Callable[[str], None] = _stderr) -> Any:
     """The Runner of a backend.runner kind: ``compiled`` (this decoder under torch.compile),
     ``eager`` (the same decoder, eager) or ``transformers`` (the model's own modules, eager: any
     architecture). A model this decoder does not cover runs on ``transformers``, with one
-    warning; ``TRTSPEC_COMPILE=0`` turns ``compiled`` into ``eager``."""
+    warning; ``TRTSPEC_COMPILE=0`` turns ``compiled`` into ``eager``. ``prepacked``: see
+    CompiledRunner (default: on a CPU, unless ``TRTSPEC_PREPACK=0``)."""
     from trtspec.runtime.hf import HFRunner
 
     if kind == "compiled" and os.environ.get("TRTSPEC_COMPILE", "1") == "0":
@@ -37,7 +39,7 @@ def make_runner(model: nn.Module, kind: str = "compiled", *, eos_token_id: int |
     if kind == "transformers":
         return HFRunner(model, eos_token_id=eos_token_id, vocab_size=vocab_size)
     return CompiledRunner(model, eos_token_id, vocab_size, compile=kind == "compiled",
-                          cache_dir=cache_dir, capacity=capacity, warn=warn)
+                          cache_dir=cache_dir, capacity=capacity, prepacked=prepacked, warn=warn)
 
 
 def runner_kind(runner: Any) -> str:
