@@ -64,7 +64,7 @@ class DraftLen(click.ParamType):
               help="queued requests beyond the slots; more are refused (429)")
 @click.option("--prefill-chunk", type=click.IntRange(1), default=None,
               help="most prompt tokens a step prefills, over all admissions, so running "
-                   "streams keep decoding while a long prompt comes in [default: 32 on a "
+                   "streams keep decoding while a long prompt comes in [default: 16 on a "
                    "CPU, 512 on a GPU; a step's whole budget is limits.max_num_tokens]")
 @click.option("--prefill-stall", type=click.FloatRange(0, min_open=True), default=None,
               help="while requests decode, a step's prompt chunk aims at this many times "

@@ -21,13 +21,15 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
 * chunk         ``prefill_chunk``: the prompt tokens one step prefills while requests are
                 decoding, over all the requests being admitted, first come first served (at
                 most a chunk, and a tail below: under 1.5 chunks)
-                [default: 32 on a CPU: on a quiet 2-core CPU, three streams decoding while
-                a 2,000-token prompt came in, its largest gap was 3.7× and 4.9× their median
-                at 16 and 32 tokens a step (one run each) and the prompt's TTFT 11 and 7 s: a
-                one-row call costs 20 ms at 1 token, 60–90 ms at 16 and 130–150 ms at 32
-                beside a 27-ms round, so the chunk trades the streams' gap for the
-                prompt's TTFT (reports/bench-serve.md, "Admission"; "stall" below paces
-                it by time); 512 on a GPU, not measured here];
+                [default: 16 on a CPU: on a quiet 2-core CPU (the compiled runner, weights
+                prepacked), three streams decoding while a 2,000-token prompt came in, its
+                chunk riding in the round's call, their largest gap was 2.9× their median
+                in 3 runs of 3 at 16 tokens a step, 2.7–3.2× at 8 and 4.6× at 32 (one run),
+                and the prompt's TTFT 5.8, 9.6 and 3.9 s: a step with a 32-token chunk at
+                the prompt's end costs about 80 ms beside an 18-ms round, so the chunk
+                trades the streams' gap for the prompt's TTFT (reports/bench-serve.md,
+                "Admission with prepacked weights"; "stall" below paces it by time); 512 on
+                a GPU, not measured here];
                 with none decoding, no stream waits, so prompts take the whole budget. With
                 Medusa or EAGLE heads prompts are prefilled whole (their heads read the hidden
                 states of the prompt's one scoring call); a draft model takes each chunk
@@ -143,7 +145,7 @@ from trtspec.spec.sample.probs import SamplingParams, make_generator
 if TYPE_CHECKING:
     import torch
 
-PREFILL_CHUNK = {"cpu": 32}  # default prompt tokens a step, by device type; else 512
+PREFILL_CHUNK = {"cpu": 16}  # default prompt tokens a step, by device type; else 512
 PACED_MIN = 4  # prompt tokens a paced step feeds at least, so an admission always goes on
 STALE_RIDES = 2  # steps in a row a chunk rides while the batch-aware clock is due a timing
 PACE_RATE = 0.3  # of the newest round in a paced scheduler's EMA of round seconds
