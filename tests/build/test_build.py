@@ -255,8 +255,15 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
     assert any(cache.rglob("*")), "nothing cached"
     assert built.cost_curve is not None and "layer_skip" in built.cost_curve.draft
 
-    runner = OpenBuild(load_recipe(recipe), built).target_runner()
-    assert runner_kind(runner) == "compiled"
+    assert built.runner.prepacked  # float32 on this CPU: the curve above is a prepacked one
+    said: list[str] = []
+    runner = OpenBuild(load_recipe(recipe), built, said.append).target_runner()
+    assert runner_kind(runner) == "compiled" and runner.prepacked
+    assert not any("prepacked" in line for line in said)
+    old = built.model_copy(update={"runner": built.runner.model_copy(update={"prepacked": None})})
+    OpenBuild(load_recipe(recipe), old, said.append).target_runner()  # a build from before
+    assert any("cost curve with the weights not prepacked" in line and "build --force" in line
+               for line in said)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
     with torch.inference_mode():
         want = tiny(torch.tensor([[1, 2, 3]])).logits[0, -1]

@@ -219,16 +219,23 @@ def test_prepacked_weights_are_the_default_and_score_as_the_model_s_own(kind: st
         assert close(a, b)
 
 
-def test_prepacking_is_all_or_none_and_can_be_turned_off(monkeypatch) -> None:
-    """One graph serves every layer, so one weight that cannot be prepacked (here the head, in
-    float16) leaves all of them as they are; TRTSPEC_PREPACK=0 does the same."""
+def test_prepacking_is_the_default_all_or_none_and_can_be_turned_off(monkeypatch) -> None:
+    """Prepacked by default (TRTSPEC_PREPACK unset). One graph serves every layer, so one
+    weight that cannot be prepacked (here the head, in float16) leaves all of them as they are,
+    with one warning; TRTSPEC_PREPACK=0 turns it off without one."""
+    monkeypatch.delenv("TRTSPEC_PREPACK", raising=False)
+    assert CompiledRunner(tiny_llama(vocab=64), compile=False).prepacked
     model = tiny_llama(vocab=64)
     model.lm_head = torch.nn.Linear(model.config.hidden_size, 64, bias=False,
                                     dtype=torch.float16)
-    mixed = CompiledRunner(model, compile=False)
+    said: list[str] = []
+    mixed = CompiledRunner(model, compile=False, warn=said.append)
     assert not mixed.prepacked and not mixed._weights[0][1].is_mkldnn
+    assert len(said) == 1 and "not prepacked" in said[0] and "float16" in said[0]
     monkeypatch.setenv("TRTSPEC_PREPACK", "0")
-    assert not CompiledRunner(tiny_llama(vocab=64), compile=False).prepacked
+    said.clear()
+    assert not CompiledRunner(tiny_llama(vocab=64), compile=False, warn=said.append).prepacked
+    assert not said
 
 
 def test_a_compiler_failure_warns_once_and_runs_eagerly(monkeypatch) -> None:

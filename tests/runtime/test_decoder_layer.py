@@ -18,7 +18,8 @@ def test_project_equals_linear(shape: tuple[int, int], prepacked: bool) -> None:
     h = torch.randn(*shape, 24, generator=g)  # [B, T, in]
     w = torch.randn(40, 24, generator=g)  # [out, in]
     if prepacked:
-        assert prepacks(w)  # fp32 on a CPU with oneDNN: what CI and every x86 torch wheel has
+        if not prepacks(w):  # fp32 on a CPU whose torch runs oneDNN (CI's does)
+            pytest.skip("this torch does not run oneDNN's prepacked GEMM")
         w_packed = prepack(w)
         assert w_packed.is_mkldnn
         out = project(h, w_packed, prepacked=True)
@@ -34,6 +35,8 @@ def test_a_prepacked_weight_runs_in_a_compiled_graph_at_dynamic_rows() -> None:
     place: the caller says it is prepacked)."""
     g = torch.Generator().manual_seed(1)
     w = torch.randn(48, 16, generator=g)
+    if not prepacks(w):
+        pytest.skip("this torch does not run oneDNN's prepacked GEMM")
 
     def f(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.silu(project(h, weight, prepacked=True))

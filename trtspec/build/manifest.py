@@ -63,6 +63,8 @@ class RunnerInfo(Strict):
     compile_seconds: float | None = None  # build's warm-up: compiling, or loading the cache
     cache_dir: str | None = None  # inductor's cache, reused by eval and serve
     note: str | None = None  # why it is not what was requested
+    prepacked: bool | None = None  # GEMM weights prepacked for oneDNN when the build measured
+    # its cost curve (None: a build from before trtspec prepacked: not prepacked)
 
 
 class Manifest(Strict):

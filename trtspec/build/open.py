@@ -86,6 +86,14 @@ class OpenBuild:
             self._runner = built_runner(lm.model, kind, rows=self.recipe.limits.max_batch_size,
                                         cache_dir=built.cache_dir if built is not None else None,
                                         eos_token_id=lm.tokenizer.eos_token_id, say=self.say)
+            now = bool(getattr(self._runner, "prepacked", False))
+            then = bool(built is not None and built.prepacked)
+            if built is not None and now != then and self.manifest.cost_curve is not None:
+                self.say(f"warning: this build measured its cost curve with the weights "
+                         f"{'' if then else 'not '}prepacked and they are "
+                         f"{'' if now else 'not '}now (another trtspec, or TRTSPEC_PREPACK): "
+                         "the adaptive D's costs are off; `trtspec build --force` measures "
+                         "them again")
         return self._runner
 
     def warm_up(self, batch: int, watch: bool = False) -> float:

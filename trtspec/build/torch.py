@@ -158,7 +158,8 @@ def target_runner(recipe: Recipe, artifacts: list[Artifact], out_dir: Path,
     return runner, model, RunnerInfo(kind=kind, requested=recipe.backend.runner,
                                      compile_seconds=seconds,
                                      cache_dir=str(cache) if kind == "compiled" else None,
-                                     note=notes[0] if notes else None)
+                                     note=notes[0] if notes else None,
+                                     prepacked=bool(getattr(runner, "prepacked", False)))
 
 
 def measure_costs(recipe: Recipe, artifacts: list[Artifact], max_tokens: int, target: Any,

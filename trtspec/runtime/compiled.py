@@ -131,6 +131,10 @@ class CompiledRunner:
         self.prepacked = prepacked and all(
             prepacks(w) for w in (self._head.weight, *(w for layer in decoder.layers
                                                        for w in gemm_weights(layer))))
+        if prepacked and not self.prepacked and self._head.weight.device.type == "cpu":
+            warn(f"warning: the weights ({self._head.weight.dtype}) are not prepacked for "
+                 "oneDNN here: the projections run as W · xᵀ, slower on a CPU (a "
+                 "float32 model, or bfloat16 on a CPU with AVX-512 BF16, is prepacked)")
         self._weights = [layer_weights(layer, prepacked=self.prepacked)
                          for layer in decoder.layers]
         self._head_w = (prepack(self._head.weight) if self.prepacked  # [V′, H]

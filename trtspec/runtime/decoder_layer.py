@@ -6,12 +6,12 @@ compiler failure must change nothing but speed), and a layer-skip draft of the s
 the one graph.
 
 On a CPU the weights are prepacked once into oneDNN's blocked layout (``prepack``) and every GEMM
-runs there (``prepacked_linear``). Measured on this project's 2-core CPU (SmolLM2-135M's four layer
-weights × 30 layers, fp32): at 8 rows 15 ms against 28 ms for MKL's w · hᵀ and 37 ms for
-F.linear, at 16 rows 20 against 38 and 46, at 512 rows 376 against 714 (F.linear); one row
-9 ms against 12. The rows of a verify round (a few rows × D + 1) and a prompt's chunk are
-exactly where MKL's small-GEMM kernels were slowest. A whole compiled decode step of 3 rows took
-18 ms prepacked against 28 ms before.
+runs there (``prepacked_linear``). A one-off timing on this project's 2-core CPU (SmolLM2-135M's
+four layer weights × 30 layers, fp32; the runner's own t(T) is in reports/bench-cpu.md): at 8
+rows 15 ms against 28 ms for MKL's w · hᵀ and 37 ms for F.linear, at 16 rows 20 against 38 and
+46, at 512 rows 376 against 714 (F.linear); one row 9 ms against 12. The rows of a verify round
+(a few rows × D + 1) and a prompt's chunk are exactly where MKL's small-GEMM kernels were
+slowest. A whole compiled decode step of 3 rows took 18 ms prepacked against 28 ms before.
 """
 
 from __future__ import annotations

@@ -35,10 +35,11 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 states of the prompt's one scoring call); a draft model takes each chunk
                 into its own cache right after the target's (its cost, outside the budget;
                 on the compiled runner its cache is checked for the prompt at the first).
-                Each call has a fixed cost (20 ms for one token on the CPU), and requests
+                Each call has a fixed cost (16 ms for two tokens on the CPU, the weights
+                prepacked; 20 ms for one before), and requests
                 that speculation desynchronises are admitted one by one, beside rounds, so
                 a prompt's tail shorter than half a chunk joins the chunk before it in the
-                same call (a 40-token prompt is one call, not 32 and 8), and what a step has
+                same call (a 20-token prompt is one call, not 16 and 4), and what a step has
                 left after one prompt's call, under half a chunk, starts no other prompt
                 unless it holds that prompt's whole rest (at 4 clients on the CPU, a 5-token
                 call, ~30 ms, came after a 27-token prompt's; on a GPU, chunk 512,
@@ -83,7 +84,9 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 of 1 or less mostly pins the chunk there) and ``prefill_chunk``; later
                 admissions start from what was learnt. A short tail does not join a paced
                 chunk (that call would pass the stall). On the 2-core CPU a one-row call
-                costs 20 ms at 1 token and 130–150 ms at 32, so a short gap costs the admitted
+                cost 20 ms at 1 token and 130–150 ms at 32 before the weights were prepacked
+                (16 ms at 2 and 33–71 ms at 32 after, by the prompt's position, timed
+                directly), so a short gap costs the admitted
                 prompt's TTFT (reports/bench-serve.md, "Admission")
 * failure       a prompt chunk that raises ends that request alone; a round that raises
                 before it committed anything is run again row by row, and a row that fails
