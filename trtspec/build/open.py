@@ -87,8 +87,8 @@ class OpenBuild:
                                         cache_dir=built.cache_dir if built is not None else None,
                                         eos_token_id=lm.tokenizer.eos_token_id, say=self.say)
             now = bool(getattr(self._runner, "prepacked", False))
-            then = bool(built is not None and built.prepacked)
-            if built is not None and now != then and self.manifest.cost_curve is not None:
+            then = bool(built and built.prepacked)
+            if built is not None and self.manifest.cost_curve is not None and now != then:
                 self.say(f"warning: this build measured its cost curve with the weights "
                          f"{'' if then else 'not '}prepacked and they are "
                          f"{'' if now else 'not '}now (another trtspec, or TRTSPEC_PREPACK): "

@@ -114,12 +114,11 @@ def layer_weights(layer: nn.Module, *, prepacked: bool = False
     q|k|v fused and gate|up fused: one GEMM each; with ``prepacked``, every GEMM's weight
     prepacked (``prepack``). The fused and prepacked ones are copies: the model itself is left
     as it was, for transformers."""
-    a, m = layer.self_attn, layer.mlp
-    qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+    a = layer.self_attn
+    q, k, v, o, gate, up, down = gemm_weights(layer)
     biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
     bias = None if biases[0] is None else torch.cat(biases)
-    gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
-    gemms = [qkv, a.o_proj.weight, gate_up, m.down_proj.weight]
+    gemms = [torch.cat([q, k, v]), o, torch.cat([gate, up]), down]
     if prepacked:
         gemms = [prepack(w) for w in gemms]
     qkv, o, gate_up, down = gemms

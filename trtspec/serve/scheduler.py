@@ -24,10 +24,11 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 [default: 16 on a CPU: on a quiet 2-core CPU (the compiled runner, weights
                 prepacked), three streams decoding while a 2,000-token prompt came in, its
                 chunk riding in the round's call, their largest gap was 2.9× their median
-                in 3 runs of 3 at 16 tokens a step, 2.7–3.2× at 8 and 4.6× at 32 (one run),
-                and the prompt's TTFT 5.8, 9.6 and 3.9 s: a step with a 32-token chunk at
-                the prompt's end costs about 80 ms beside an 18-ms round, so the chunk
-                trades the streams' gap for the prompt's TTFT (reports/bench-serve.md,
+                in each of 3 runs at 16 tokens a step (3.7× in a fourth, a one-run table),
+                2.7–3.2× at 8 and 4.6× at 32 (one run): at the ≤ 3× target, not under it;
+                the prompt's TTFT 5.8, 9.6 and 3.9 s. A step with a 32-token chunk at the
+                prompt's end took about 80 ms beside an 18-ms round (timed directly), so the
+                chunk trades the streams' gap for the prompt's TTFT (reports/bench-serve.md,
                 "Admission with prepacked weights"; "stall" below paces it by time); 512 on
                 a GPU, not measured here];
                 with none decoding, no stream waits, so prompts take the whole budget. With
