@@ -857,17 +857,20 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
     ride two steps in a row and then take a call of their own, whose round gets timed (one
     that did one-off work is not): while prompts keep coming, a timing is tried at least
     every third step. A step with nothing riding starts the count again, as does a ride that
-    failed (its round then runs in a call of its own and is timed)."""
+    failed (its round then runs in a call of its own and is timed). A chooser that would draft
+    nothing whatever the clock said wants no timing: its chunks ride every step, as plain
+    decoding's do."""
     from trtspec.runtime.compiled import CompiledRunner
     from trtspec.spec.adaptive import AdaptiveDraft, RoundCost
 
     model = tiny_llama(vocab=64, seed=6)
 
     def admit(lengths: list[int], gap: int = 0, policy: DraftPolicy | None = None,
-              fail: bool = False) -> tuple[int, int, int]:
+              fail: bool = False, keen: bool = True) -> tuple[int, int, int]:
         """Rides, rounds timed and steps while prompts of ``lengths`` are admitted beside a
         running stream, one after the other, ``gap`` steps with no prompt between two;
-        ``fail``: every paired call raises (after scoring)."""
+        ``fail``: every paired call raises (after scoring); not ``keen``: a chooser that
+        would draft nothing (no width gains enough, no probe due)."""
         runner = CompiledRunner(model, compile=False)
         count, pair = [0, 0], runner.score_pair
 
@@ -880,7 +883,8 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
 
         runner.score_pair = counted
         chooser = AdaptiveDraft(3, [1.0] * 5, round_cost=RoundCost.linear(0.1, 4, 4),
-                                timed=True)
+                                timed=True, **({} if keen else {"min_gain": 1e9,
+                                                                "probe_after": 10 ** 9}))
         assert chooser.clock is not None
         chooser.clock.stale = lambda rows: True  # every round's plain timing is due
         observe = chooser.observe_round
@@ -921,6 +925,8 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
     assert (rides, timed, steps) == (10, 0, 10)  # round is the chooser's, none is timed
     rides, timed, steps = admit([80], fail=True)  # a failed ride's step runs its round in a
     assert (rides, timed, steps) == (3, 10, 10)  # call of its own, timed; three stop riding
+    rides, timed, steps = admit([80], keen=False)  # a chooser that would draft nothing
+    assert (rides, timed, steps) == (10, 0, 10)  # wants no timing: every chunk rides
 
 
 def test_a_stall_learns_nothing_from_one_off_work_and_keeps_under_a_small_chunk() -> None:

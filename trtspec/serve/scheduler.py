@@ -60,7 +60,8 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 learnt from the chunk's own call's time; learnt from a riding step's time
                 beyond the rounds' average instead, at 1× a round it gave no smaller gap,
                 and that average goes stale while every step rides), or while a batch-aware
-                chooser's plain round is due a timing and STALE_RIDES steps in a row
+                chooser's plain round is due a timing that could change its choice
+                (``AdaptiveDraft.wants_timing``) and STALE_RIDES steps in a row
                 rode while it was (:meth:`Scheduler._riding` says why); one prompt a step; a
                 round that fails with a chunk in it is put back and the step runs as
                 without (logged; STRIKES in a row that the same work without the chunk did
@@ -302,8 +303,10 @@ class Scheduler(Slots):
         (its ``pairs``), a proposer with a model of its own (its cache takes each chunk),
         heads, a prompt this step prefills in one call (it joins this step's round), STRIKES
         rounds in a row that failed with a chunk riding (:meth:`_ride_failed`), or a
-        batch-aware chooser whose plain round is due a timing after STALE_RIDES steps in a
-        row rode while it was. Not called when paced.
+        batch-aware chooser whose plain round is due a timing that could change its choice
+        (``AdaptiveDraft.wants_timing``: its clock's baseline stale, and it would draft or
+        probe but for that) after STALE_RIDES steps in a row rode while it was. Not called
+        when paced.
 
         Why a few steps: while the chooser's clock is stale its rounds are plain, and a round
         with a chunk in its call is not timed, so riding keeps the clock stale. Never riding
@@ -312,10 +315,14 @@ class Scheduler(Slots):
         steps and made 6 calls more than plain decoding, which rode in 6; the bench had it at
         0.97-0.98× plain at 8 and 16 clients. Riding always would keep the clock stale for as
         long as prompts keep arriving. So a chunk rides up to STALE_RIDES steps in a row
-        while the clock is stale (after a step with nothing riding, a prompt of two chunks,
-        most chat prompts at the CPU's 32, rides whole), and the next takes a call of its
+        while the clock is stale (after a step with nothing riding, a prompt of two chunks
+        rides whole), and the next takes a call of its
         own, so its round can be timed (one that did one-off work is not, and a batch size
-        new to the clock needs RoundClock.FIRST timed rounds)."""
+        new to the clock needs RoundClock.FIRST timed rounds). A chooser that would draft
+        nothing anyway needs no timing, so its chunks ride as plain decoding's do: at 16
+        clients on open-ended prompts (the prepacked runner, chunks of 16), the arm that
+        stayed plain made 386 target calls over three blocks of 16 prompts against plain's
+        372, and 371 once it asked for timings only where they could change its choice."""
         proposer, target = self.executor.proposer, self.executor.target
         chooser = self.executor.adaptive
         if not decoding or chunk is None or self._heads or self._pair_failures >= STRIKES or \
@@ -334,8 +341,8 @@ class Scheduler(Slots):
             return None
         if not target.pairs(decoding, waiting[0], want + 1, n):  # two calls there: the
             return None  # step's own (which may feed more prompts)
-        stale = adaptive and chooser is not None and chooser.clock is not None and \
-            chooser.clock.stale(self.executor.rows_scored(decoding))
+        stale = adaptive and chooser is not None and \
+            chooser.wants_timing(self.executor.rows_scored(decoding))
         if stale and self._stale_rides >= STALE_RIDES:
             return None  # the plain round is due a timing: a call of its own (step()
             # starts the count again, as after any step with nothing riding)

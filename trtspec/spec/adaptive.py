@@ -351,6 +351,8 @@ class AdaptiveDraft:
         self.clock = RoundClock() if timed and round_cost is not None else None
         self.probed = False  # batch-aware: a probe whose verdict is pending
         self.probe_saw = False  # … and it (or a round since) observed something
+        self.tempted = True  # batch-aware: the last round would have drafted, clock aside
+        # (:meth:`wants_timing`; none yet: assume so)
 
     def mark(self, states: Sequence[AdaptiveState]) -> ProbeMark:
         """What choosing a round may change (the probe bookkeeping: plain rounds waited, a
@@ -455,9 +457,12 @@ class AdaptiveDraft:
         the rows the round scores). Batch-aware with a round cost, else each request alone."""
         if self.round_cost is None:
             return [self.choose(s, c) if c > 0 else 0 for s, c in zip(states, caps, strict=True)]
-        if self.clock is not None and self.clock.stale(rows):
-            return [0] * len(caps)  # the baseline is due a timing
         rates = self.round_rates(states, caps, rows) if states else [1.0]
+        if self.clock is not None and self.clock.stale(rows):  # the baseline is due a
+            self.tempted = len(rates) > 1 and (  # timing: plain, unless it would not matter
+                max(rates[1:]) >= self.min_gain or self._probe_due(states, caps, rows))
+            return [0] * len(caps)
+        self.tempted = False
         if len(rates) == 1:
             return [0] * len(caps)  # nothing to draft
         best = max(range(1, len(rates)), key=rates.__getitem__)  # the best-looking W > 0
@@ -466,13 +471,30 @@ class AdaptiveDraft:
             self.wait = self.probe_after if rates[best] >= self.min_gain else min(
                 2 * self.wait, self.max_wait)
         if rates[best] < self.min_gain:
-            extra = self.expected_time(states, [min(1, c) for c in caps], rows) - 1
-            if self.idle < max(self.wait, extra / self.probe_budget):  # a probe of many rows
-                self.idle += 1  # costs more: it waits until it is ≤ probe_budget of the time
+            if not self._probe_due(states, caps, rows):
+                self.idle += 1
                 return [0] * len(caps)
             self.idle, self.probed, self.probe_saw = 0, True, False
             best = 1  # a probe asks the least that tells: one draft a row
+        self.tempted = True
         return [max(0, min(best, c)) for c in caps]
+
+    def _probe_due(self, states: Sequence[AdaptiveState], caps: Sequence[int], rows: int
+                   ) -> bool:
+        """Whether a probe's turn has come (batch-aware): ``wait`` plain rounds, and as many
+        as make its expected extra cost over a plain round ≤ ``probe_budget`` of them (a
+        probe of many rows costs more)."""
+        extra = self.expected_time(states, [min(1, c) for c in caps], rows) - 1
+        return self.idle >= max(self.wait, extra / self.probe_budget)
+
+    def wants_timing(self, rows: int) -> bool:
+        """Whether a plain round at ``rows`` rows is due a timing that could change a choice:
+        the clock's baseline there is stale (:meth:`RoundClock.stale`) and the last round
+        chosen would have drafted (or probed) but for the clock. The scheduler then gives
+        the next round a call of its own (a round with a prompt's chunk in its call is not
+        timed). A chooser that drafts nothing needs no baseline: the clock only ever prices
+        a width above the build's table, and the table already says plain."""
+        return self.clock is not None and self.tempted and self.clock.stale(rows)
 
     def choose(self, state: AdaptiveState, cap: int) -> int:
         """D for this request's next round, at most ``cap`` (and max_draft_len)."""
