@@ -282,11 +282,14 @@ def test_batch_aware_probes_are_rounds_judged_by_the_next_choice() -> None:
 
 def test_a_stale_clock_wants_a_timing_only_where_the_chooser_would_draft() -> None:
     """The clock's plain baseline at B rows is stale until three plain rounds there are
-    timed, and every round is then plain; the scheduler gives such a round a call of its own
-    (a prompt's chunk riding in it would leave it untimed) only where the timing could change
-    a choice: the last round would have drafted, or probed, but for the clock. Rows that
-    accept nothing and whose probe is not due (the 2-row probe waits 34 rounds, 2 % of its
-    0.67-round cost) want no timing, stale or not; rows that accept well do, while stale."""
+    timed (or after ``refresh`` speculative ones), and every round is then plain; the
+    scheduler gives such a round a call of its own (a prompt's chunk riding in it would
+    leave it untimed) only where the timing could change a choice: at the round cost's
+    prices, which the clock never goes below, the round would draft or probe. Rows that
+    accept nothing, their probe not due (the 2-row probe waits 34 rounds, 2 % of its
+    0.67-round cost), want no timing, and their stale rounds count toward the probe, whose
+    turn then wants one; rows that accept well want one, even where the stale clock, having
+    timed wide rounds dear, prices them out."""
     dull = [state(0.0, 0.0, 0.0, 0.0), state(0.0, 0.0, 0.0, 0.0)]
     keen = [state(0.9, 0.9, 0.9, 0.9), state(0.9, 0.9, 0.9, 0.9)]
     chooser_ = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), timed=True,
@@ -295,16 +298,23 @@ def test_a_stale_clock_wants_a_timing_only_where_the_chooser_would_draft() -> No
     chooser_.observe_round(3, 1, 0.1)  # a clock that has timed something: B = 2 is stale
     assert chooser_.clock.stale(2) and chooser_.wants_timing(2)  # nothing chosen yet
     assert chooser_.choose_round(dull, [4, 4], 2) == [0, 0]
-    assert not chooser_.wants_timing(2) and chooser_.idle == 0  # stale rounds wait no probe
+    assert not chooser_.wants_timing(2) and chooser_.idle == 1  # a plain round waited
     assert chooser_.choose_round(keen, [4, 4], 2) == [0, 0] and chooser_.wants_timing(2)
     for _ in range(3):
         chooser_.observe_round(2, 1, 0.1)
     assert not chooser_.clock.stale(2) and not chooser_.wants_timing(2)
     assert chooser_.choose_round(keen, [4, 4], 2) == [4, 4]  # timed: it drafts
-    assert chooser_.tempted and not chooser_.wants_timing(2)  # (not stale)
-    assert chooser_.choose_round(dull, [4, 4], 2) == [0, 0] and not chooser_.tempted
+    assert chooser_.would_draft and not chooser_.wants_timing(2)  # (not stale)
+    assert chooser_.choose_round(dull, [4, 4], 2) == [0, 0] and not chooser_.would_draft
     chooser_.idle = 40  # a probe is due: stale again, it would probe, so it wants a timing
     assert chooser_.choose_round(dull, [4, 4], 3) == [0, 0] and chooser_.wants_timing(3)
+    for width in range(2, 6):  # wide rounds at B = 2 timed 10× plain: the clock says plain
+        for _ in range(3):
+            chooser_.observe_round(2, width, 1.0)
+    assert max(chooser_.round_rates(keen, [4, 4], 2)[1:]) < chooser_.min_gain
+    chooser_.clock.refresh = 3  # … and its baseline is stale (12 speculative rounds since)
+    assert chooser_.clock.stale(2)
+    assert chooser_.choose_round(keen, [4, 4], 2) == [0, 0] and chooser_.wants_timing(2)
     assert not AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS)).wants_timing(2)  # no
     # clock (untimed): nothing to time
 

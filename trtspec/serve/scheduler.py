@@ -152,7 +152,7 @@ if TYPE_CHECKING:
 
 PREFILL_CHUNK = {"cpu": 16}  # default prompt tokens a step, by device type; else 512
 PACED_MIN = 4  # prompt tokens a paced step feeds at least, so an admission always goes on
-STALE_RIDES = 2  # steps in a row a chunk rides while the batch-aware clock is due a timing
+STALE_RIDES = 2  # steps in a row a chunk rides while the batch-aware chooser wants a timing
 PACE_RATE = 0.3  # of the newest round in a paced scheduler's EMA of round seconds
 STRIKES = 3  # requests failing in a row (nothing succeeding between) that say the runner is
 
@@ -196,7 +196,7 @@ class Scheduler(Slots):
             prefill_chunk or default_prefill_chunk(getattr(executor.target, "device", None))
         self._strikes = 0  # requests failed in a row (module docstring, "failure")
         self._split = 0  # rounds in a row that failed batched, then ran row by row
-        self._stale_rides = 0  # steps in a row a chunk rode while the clock was stale
+        self._timing_rides = 0  # steps in a row a chunk rode while the chooser wanted a timing
         self._pair_failures = 0  # rounds in a row that failed with a chunk riding in them
         self._ended_alone = 0  # requests ended by a failure of their own, so far
         self._idle = [Request([0], SamplingParams(), frozenset(), make_generator(0),
@@ -264,7 +264,7 @@ class Scheduler(Slots):
                 if riding.logits is not None:
                     self._chunk_in(riding.row, len(riding.tokens), riding.logits)
         if deltas is None:  # nothing rode (or the round it rode in failed): STALE_RIDES
-            self._stale_rides = 0  # counts steps in a row that rode
+            self._timing_rides = 0  # counts steps in a row that rode
             began = self._now(paced)
             used, later = self._prefill(budget, chunk, not paced)
             chunk_s = self._now(paced) - began
@@ -304,9 +304,9 @@ class Scheduler(Slots):
         heads, a prompt this step prefills in one call (it joins this step's round), STRIKES
         rounds in a row that failed with a chunk riding (:meth:`_ride_failed`), or a
         batch-aware chooser whose plain round is due a timing that could change its choice
-        (``AdaptiveDraft.wants_timing``: its clock's baseline stale, and it would draft or
-        probe but for that) after STALE_RIDES steps in a row rode while it was. Not called
-        when paced.
+        (``AdaptiveDraft.wants_timing``: its clock's baseline stale, and at the round cost's
+        prices it would draft or probe) after STALE_RIDES steps in a row rode while it was.
+        Not called when paced.
 
         Why a few steps: while the chooser's clock is stale its rounds are plain, and a round
         with a chunk in its call is not timed, so riding keeps the clock stale. Never riding
@@ -319,10 +319,11 @@ class Scheduler(Slots):
         rides whole), and the next takes a call of its
         own, so its round can be timed (one that did one-off work is not, and a batch size
         new to the clock needs RoundClock.FIRST timed rounds). A chooser that would draft
-        nothing anyway needs no timing, so its chunks ride as plain decoding's do: at 16
-        clients on open-ended prompts (the prepacked runner, chunks of 16), the arm that
-        stayed plain made 386 target calls over three blocks of 16 prompts against plain's
-        372, and 371 once it asked for timings only where they could change its choice."""
+        nothing whatever the timing said needs none, so its chunks ride as plain decoding's
+        do: at 16 clients on open-ended prompts (the prepacked runner, chunks of 16; one
+        profiled run of three blocks of 16 prompts, each arm), the arm that stayed plain made
+        386 target calls against plain's 372, and 371 once it asked for timings only where
+        they could change its choice."""
         proposer, target = self.executor.proposer, self.executor.target
         chooser = self.executor.adaptive
         if not decoding or chunk is None or self._heads or self._pair_failures >= STRIKES or \
@@ -341,12 +342,12 @@ class Scheduler(Slots):
             return None
         if not target.pairs(decoding, waiting[0], want + 1, n):  # two calls there: the
             return None  # step's own (which may feed more prompts)
-        stale = adaptive and chooser is not None and \
+        timing_due = adaptive and chooser is not None and \
             chooser.wants_timing(self.executor.rows_scored(decoding))
-        if stale and self._stale_rides >= STALE_RIDES:
+        if timing_due and self._timing_rides >= STALE_RIDES:
             return None  # the plain round is due a timing: a call of its own (step()
             # starts the count again, as after any step with nothing riding)
-        self._stale_rides = self._stale_rides + 1 if stale else 0
+        self._timing_rides = self._timing_rides + 1 if timing_due else 0
         start = ticket.prefilled
         return PromptChunk(waiting[0], ticket.prompt[start: start + n])
 

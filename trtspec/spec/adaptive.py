@@ -161,6 +161,7 @@ class ProbeMark:
     wait: int
     probed: bool
     probe_saw: bool
+    would_draft: bool
     probing: tuple[tuple[AdaptiveState, bool], ...]  # each request's state and its flag
 
 
@@ -351,22 +352,22 @@ class AdaptiveDraft:
         self.clock = RoundClock() if timed and round_cost is not None else None
         self.probed = False  # batch-aware: a probe whose verdict is pending
         self.probe_saw = False  # … and it (or a round since) observed something
-        self.tempted = True  # batch-aware: the last round would have drafted, clock aside
-        # (:meth:`wants_timing`; none yet: assume so)
+        self.would_draft = True  # batch-aware: the last round chosen would have drafted or
+        # probed but for a stale clock (:meth:`wants_timing`; before any round: assume so)
 
     def mark(self, states: Sequence[AdaptiveState]) -> ProbeMark:
         """What choosing a round may change (the probe bookkeeping: plain rounds waited, a
         probe started), for ``states`` too, so a round that fails before it is observed can
         be put back (:meth:`back_to`): run again, it would otherwise count as two rounds
         waited, or start a probe whose verdict never comes."""
-        return ProbeMark(self.idle, self.wait, self.probed, self.probe_saw,
+        return ProbeMark(self.idle, self.wait, self.probed, self.probe_saw, self.would_draft,
                          tuple((s, s.probing) for s in states)
                          if self.round_cost is None else ())  # (batch-aware: never set)
 
     def back_to(self, mark: ProbeMark) -> None:
         """The probe bookkeeping as :meth:`mark` found it."""
-        self.idle, self.wait, self.probed, self.probe_saw = \
-            mark.idle, mark.wait, mark.probed, mark.probe_saw
+        self.idle, self.wait, self.probed, self.probe_saw, self.would_draft = \
+            mark.idle, mark.wait, mark.probed, mark.probe_saw, mark.would_draft
         for state, probing in mark.probing:
             state.probing = probing
 
@@ -393,16 +394,17 @@ class AdaptiveDraft:
         return [e / widest_cost([state.reach(d)], lambda k: self.cost[k] + k * self.draft_cost)
                 for d, e in enumerate(self.emitted(state, cap))]
 
-    def round_rates(self, states: Sequence[AdaptiveState], caps: Sequence[int], rows: int
-                    ) -> list[float]:
+    def round_rates(self, states: Sequence[AdaptiveState], caps: Sequence[int], rows: int,
+                    clocked: bool = True) -> list[float]:
         """Expected tokens per unit time of a round of these requests (plain decoding = 1) for
         W = 0 … max cap, each request drafting min(W, its cap); ``rows``: rows the round scores
-        (B)."""
+        (B); not ``clocked``: at the round cost's prices alone (:meth:`round_time`)."""
         emitted = [self.emitted(s, max(c, 0)) for s, c in zip(states, caps, strict=True)]
         # once a round, not once a width: each row's r_k and time_B(k) for every k
         reaches = [s.reach(len(e) - 1) for s, e in zip(states, emitted, strict=True)]
         widest = max((len(e) for e in emitted), default=1) - 1
-        times = self._round_times(rows, widest) if widest else []  # none: nothing to draft
+        times = self._round_times(rows, widest, clocked) if widest else []  # none: nothing
+        # to draft
         out = []
         for w in range(widest + 1):
             ds = [min(w, len(e) - 1) for e in emitted]
@@ -412,37 +414,38 @@ class AdaptiveDraft:
             out.append(tokens / len(emitted) / time)
         return out
 
-    def expected_time(self, states: Sequence[AdaptiveState], drafts: Sequence[int], rows: int
-                      ) -> float:
+    def expected_time(self, states: Sequence[AdaptiveState], drafts: Sequence[int], rows: int,
+                      clocked: bool = True) -> float:
         """E[a round's time] over a plain round's at ``rows`` rows, row i asked for
         ``drafts[i]``: Σ_k P(the widest row gets k drafts) · time_B(k) (module docstring)."""
         if not any(drafts):
             return 1.0
         return widest_cost([s.reach(d) for s, d in zip(states, drafts, strict=True)],
-                           self._round_times(rows, max(0, max(drafts))).__getitem__)
+                           self._round_times(rows, max(0, max(drafts)), clocked).__getitem__)
 
-    def _round_times(self, rows: int, widest: int) -> list[float]:
+    def _round_times(self, rows: int, widest: int, clocked: bool = True) -> list[float]:
         """time_B(k) for k = 0 … ``widest`` drafts: a round whose widest row got k drafts
         (k + 1 tokens; 0: none got one) over a plain round, at ``rows`` rows."""
-        return [self.round_time(rows, k + 1 if k else 0) for k in range(widest + 1)]
+        return [self.round_time(rows, k + 1 if k else 0, clocked) for k in range(widest + 1)]
 
-    def round_time(self, rows: int, width: int) -> float:
+    def round_time(self, rows: int, width: int, clocked: bool = True) -> float:
         """A round of ``width`` tokens in each of ``rows`` rows over a plain round (W = 1) at
         the same rows: (t(B, W) + (W − 1)·t_draft·t(B, 1)) / t(B, 1) from the round cost, or
-        what such rounds took here (:class:`RoundClock`), never below the round cost's ratio
-        (module docstring). Width 0: a round asked for drafts that got none (1, a plain
-        round, until such rounds were timed; never below 1)."""
+        what such rounds took here (:class:`RoundClock`; not ``clocked``: the round cost's
+        ratio alone), never below the round cost's ratio (module docstring). Width 0: a round
+        asked for drafts that got none (1, a plain round, until such rounds were timed; never
+        below 1)."""
         assert self.round_cost is not None
         cost = self.round_cost
+        clock = self.clock if clocked else None
         if width == 0:  # plain plus lookups: never cheaper than plain (the clock's floor)
-            return 1.0 if self.clock is None else self.clock.relative(rows, 0, lambda b, w: 1.0)
+            return 1.0 if clock is None else clock.relative(rows, 0, lambda b, w: 1.0)
 
         def model(b: int, w: int) -> float:
             step = cost.time(b, 1)
             return (cost.time(b, w) + (w - 1) * self.draft_cost * step) / step
 
-        return model(rows, width) if self.clock is None else \
-            self.clock.relative(rows, width, model)
+        return model(rows, width) if clock is None else clock.relative(rows, width, model)
 
     def observe_round(self, rows: int, width: int, seconds: float) -> None:
         """The executor's word that a round of ``width`` tokens a row (the widest row's
@@ -457,12 +460,18 @@ class AdaptiveDraft:
         the rows the round scores). Batch-aware with a round cost, else each request alone."""
         if self.round_cost is None:
             return [self.choose(s, c) if c > 0 else 0 for s, c in zip(states, caps, strict=True)]
-        rates = self.round_rates(states, caps, rows) if states else [1.0]
-        if self.clock is not None and self.clock.stale(rows):  # the baseline is due a
-            self.tempted = len(rates) > 1 and (  # timing: plain, unless it would not matter
-                max(rates[1:]) >= self.min_gain or self._probe_due(states, caps, rows))
+        if self.clock is not None and self.clock.stale(rows):  # the baseline is due a timing:
+            # plain. Could the timing change that? Only where the round cost's prices, which
+            # the clock never goes below, say draft, or say a probe is due (wants_timing)
+            table = self.round_rates(states, caps, rows, clocked=False) if states else [1.0]
+            self.would_draft = len(table) > 1 and (
+                max(table[1:]) >= self.min_gain or self._probe_due(states, caps, rows, False))
+            if len(table) > 1 and not self.would_draft:
+                self.idle += 1  # a plain round waited all the same: a probe comes due (then
+                # a timing is wanted), however long chunks keep the clock stale
             return [0] * len(caps)
-        self.tempted = False
+        self.would_draft = False
+        rates = self.round_rates(states, caps, rows) if states else [1.0]
         if len(rates) == 1:
             return [0] * len(caps)  # nothing to draft
         best = max(range(1, len(rates)), key=rates.__getitem__)  # the best-looking W > 0
@@ -476,25 +485,28 @@ class AdaptiveDraft:
                 return [0] * len(caps)
             self.idle, self.probed, self.probe_saw = 0, True, False
             best = 1  # a probe asks the least that tells: one draft a row
-        self.tempted = True
+        self.would_draft = True
         return [max(0, min(best, c)) for c in caps]
 
-    def _probe_due(self, states: Sequence[AdaptiveState], caps: Sequence[int], rows: int
-                   ) -> bool:
+    def _probe_due(self, states: Sequence[AdaptiveState], caps: Sequence[int], rows: int,
+                   clocked: bool = True) -> bool:
         """Whether a probe's turn has come (batch-aware): ``wait`` plain rounds, and as many
         as make its expected extra cost over a plain round ≤ ``probe_budget`` of them (a
         probe of many rows costs more)."""
-        extra = self.expected_time(states, [min(1, c) for c in caps], rows) - 1
+        extra = self.expected_time(states, [min(1, c) for c in caps], rows, clocked) - 1
         return self.idle >= max(self.wait, extra / self.probe_budget)
 
     def wants_timing(self, rows: int) -> bool:
         """Whether a plain round at ``rows`` rows is due a timing that could change a choice:
         the clock's baseline there is stale (:meth:`RoundClock.stale`) and the last round
-        chosen would have drafted (or probed) but for the clock. The scheduler then gives
-        the next round a call of its own (a round with a prompt's chunk in its call is not
-        timed). A chooser that drafts nothing needs no baseline: the clock only ever prices
-        a width above the build's table, and the table already says plain."""
-        return self.clock is not None and self.tempted and self.clock.stale(rows)
+        chosen drafted or probed, or, where that round was stale, would have at the round
+        cost's prices (the last round's rows and states stand for the next's, which may
+        differ by a request). The scheduler then gives the next round a call of its own (a
+        round with a prompt's chunk in its call is not timed). Where the round cost says
+        plain and no probe is due, no timing can change that: the clock never prices a width
+        below the round cost's ratio. Stale rounds that want no timing count toward the
+        next probe, whose turn then wants one."""
+        return self.clock is not None and self.would_draft and self.clock.stale(rows)
 
     def choose(self, state: AdaptiveState, cap: int) -> int:
         """D for this request's next round, at most ``cap`` (and max_draft_len)."""
