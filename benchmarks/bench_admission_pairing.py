@@ -1,5 +1,8 @@
 """The admission gap with a prompt's chunk in the round's own call (the compiled runner's
-``score_pair``) against the chunk in a call of its own, side by side in one run.
+``score_pair``) against the chunk in a call of its own, side by side in one run; with
+``--compare pricing``, chunks priced by their position (the scheduler's default on a runner
+with an attention_context: its module docstring, "chunk") against ``--chunks`` tokens
+wherever they are, both riding in the round's call.
 
 SmolLM2-135M-Instruct on the compiled runner, 8 slots, plain greedy decoding: three streams
 decode, then a 2,000-token prompt arrives and is admitted ``--chunks`` tokens a step
@@ -29,6 +32,8 @@ from trtspec.eval.workloads import builtin
 from trtspec.runtime.models import encode
 
 TITLE = "## Admission: the chunk in the round's call"
+PRICING = "## Admission: a chunk priced by its context"
+ARMS = {"pairing": ("paired", "two calls"), "pricing": ("priced", "fixed")}
 
 
 def paired(runner, on: bool) -> None:
@@ -47,23 +52,32 @@ def main() -> None:
     parser.add_argument("--stall", type=float, default=None,
                         help="pace the chunks (the scheduler's prefill_stall), at most --chunks;"
                              " a paced scheduler does not pair: both arms run two calls")
+    parser.add_argument("--compare", choices=sorted(ARMS), default="pairing",
+                        help="the two arms: paired against two calls, or priced chunks "
+                             "against fixed ones (both paired)")
     parser.add_argument("--out", type=Path, default=Path("reports/bench-serve.md"))
     args = parser.parse_args()
+    pricing = args.compare == "pricing"
+    names = ARMS[args.compare]
+
+    def gaps(c: int, on: bool, **kw) -> dict:
+        """One admission, arm ``on`` (the first of ``names``) or the other."""
+        paired(runner, on or pricing)
+        return admission_gaps(runner, prompt, c, args.stall, priced=on or not pricing, **kw)
+
     lm, kind, runner = smollm2_runner(False)
     ids = [t for r in builtin() for t in encode(lm.tokenizer, r.chat())]
     prompt = (ids * (1 + 2000 // len(ids)))[:2000]
     for c in args.chunks:  # warm: every graph, span and cache size a measured run needs
         for on in (True, False):
-            paired(runner, on)
-            admission_gaps(runner, prompt, c, args.stall)
+            gaps(c, on)
     runs: dict[tuple[int, bool], list[dict]] = {}
     for _ in range(args.repeats):
         for c in args.chunks:
             for on in (True, False):
-                paired(runner, on)
-                g = admission_gaps(runner, prompt, c, args.stall)
+                g = gaps(c, on)
                 runs.setdefault((c, on), []).append(g)
-                print(f"chunk {c} {'paired' if on else 'two calls'}: "
+                print(f"chunk {c} {names[0] if on else names[1]}: "
                       f"{g['max'] / g['median']:.2f}× (p95 {g['p95'] / g['median']:.2f}×), "
                       f"TTFT {g['ttft']:.1f} s", flush=True)
     paired(runner, True)
@@ -73,22 +87,29 @@ def main() -> None:
     def floor(n: int) -> float:
         return max(g for _, g in control["gaps"][:n]) / control["median"]
 
-    title = TITLE + ("" if args.stall is None else f", paced to {args.stall:g}× a round")
+    title = (PRICING if pricing else TITLE) + \
+        ("" if args.stall is None else f", paced to {args.stall:g}× a round")
+    arms = (f"*priced*: a chunk's tokens priced by their position (the scheduler's default "
+            f"here: a token at position p counts 1 + p/{runner.attention_context:.0f} of the "
+            "tokens a step, the runner's attention_context; at least a quarter of them), "
+            "*fixed*: that many tokens a step wherever they are; both ride in the round's "
+            "call" if pricing else
+            "*paired*: its chunk scored in the round's own call (`score_pair`, the "
+            "scheduler's default where the runner has it), *two calls*: the chunk's call, "
+            "then the round's")
     lines = [title, "",
              f"SmolLM2-135M-Instruct on the {kind} runner, 8 slots, plain greedy; "
              f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} "
-             "threads. Three streams decode, a 2,000-token prompt arrives; *paired*: its "
-             "chunk scored in the round's own call (`score_pair`, the scheduler's default "
-             "where the runner has it), *two calls*: the chunk's call, then the round's. "
-             f"Each cell: {args.repeats} runs, alternating paired and two calls; *gap ×* "
+             f"threads. Three streams decode, a 2,000-token prompt arrives; {arms}. "
+             f"Each cell: {args.repeats} runs, alternating {names[0]} and {names[1]}; *gap ×* "
              "the streams' largest gap during the admission over their median before it, "
              "per run; *p95 ×* the 95th percentile; *floor* the control's largest of as "
              "many gaps with no prompt (noise alone)." +
              ("" if args.stall is None else f" Paced (`--prefill-stall {args.stall:g}`): the "
               "chunk learnt so that what it adds to a step aims at that many rounds, at most "
               "the tokens a step named."), "",
-             "| tokens a step | paired gap × | two calls gap × | paired p95 × | two calls "
-             "p95 × | paired TTFT | two calls TTFT | floor |",
+             f"| tokens a step | {names[0]} gap × | {names[1]} gap × | {names[0]} p95 × | "
+             f"{names[1]} p95 × | {names[0]} TTFT | {names[1]} TTFT | floor |",
              "|---:|---|---|---|---|---:|---:|---:|"]
 
     def cell(gs: list[dict], key: str) -> str:

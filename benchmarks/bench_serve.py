@@ -229,11 +229,13 @@ WHOLE = 8192  # a prefill chunk as big as the step budget: each prompt in one ca
 
 
 def admission_gaps(runner, long_prompt: list[int] | None, chunk: int,
-                   stall: float | None = None, streams: int = 3, window: float = 0.0
-                   ) -> dict:
+                   stall: float | None = None, streams: int = 3, window: float = 0.0,
+                   priced: bool = True) -> dict:
     """``streams`` plain-decoding requests run 24 steps, then ``long_prompt`` arrives and is
     admitted in chunks of ``chunk`` tokens a step (paced to ``stall``, the scheduler's
-    prefill_stall); after its first token, 8 more steps. With no ``long_prompt`` (the
+    prefill_stall; not ``priced``: ``chunk`` tokens wherever they are, not priced by their
+    position, the scheduler's prefill_context); after its first token, 8 more steps. With no
+    ``long_prompt`` (the
     control: the noise floor), the streams just go on for ``window`` seconds.
     Returns the running streams' median inter-token gap before it arrived, their largest gap
     from its arrival to its first token (its 95th percentile, the largest leaving out the
@@ -243,6 +245,8 @@ def admission_gaps(runner, long_prompt: list[int] | None, chunk: int,
     and grow it whole; an admission reserves its room)."""
     scheduler = Scheduler(SpecExecutor(runner, None, 0), SLOTS, prefill_chunk=chunk,
                           prefill_stall=stall)
+    if not priced:
+        scheduler.prefill_context = None
     arrivals: list[list[float]] = [[] for _ in range(streams)]
 
     def clock(i: int):

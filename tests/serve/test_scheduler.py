@@ -606,6 +606,7 @@ def test_a_prompt_s_chunks_ride_in_the_rounds_own_calls(method: str, failing: in
             runner.score_pair = None
         proposer = NgramProposer(1, 3) if method == "ngram" else None
         scheduler = Scheduler(SpecExecutor(runner, proposer, 3), 4, prefill_chunk=4)
+        scheduler.prefill_context = None  # chunks of 4 wherever they are (the counts below)
         params = SamplingParams(temperature=0.9, max_tokens=40, ignore_eos=True)
         streams = [scheduler.submit([1, 2, 3, 1, 2], params.model_copy(update={"seed": 1})),
                    scheduler.submit([4, 5], params.model_copy(update={"seed": 2}))]
@@ -692,6 +693,54 @@ def test_a_tail_waits_when_the_chunk_before_it_went_to_another_prompt() -> None:
     assert steps == [[4], [1]] and first.token_ids
     for t in (running, first, second):
         scheduler.cancel(t)
+    scheduler.run_until_idle()
+
+
+def test_a_chunk_s_tokens_are_priced_by_the_context_they_attend() -> None:
+    """Chunks of 8 beside a decoding stream, on a target whose attention_context is 20: a
+    token at position p counts 1 + p/20 of the chunk, so a step feeds int(8 / (1 + p/20))
+    (8 at 0, 5 at 8, 4 at 13 and 17, 3 from 21 to 33), never under a quarter of the chunk
+    (2, from 36 on); the output is the one the request gets alone."""
+    scheduler, running, steps = beside_a_stream(2, 8)
+    scheduler.prefill_context = 20.0  # read from the target's attention_context
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)
+    prompt = [(3 * i) % 20 + 1 for i in range(60)]
+    ticket = scheduler.submit(prompt, params)
+    while not ticket.done.is_set():
+        steps.append([])
+        scheduler.step()
+    assert [n for step in steps for n in step] == [8, 5, 4, 4, 3, 3, 3, 3, 3] + [2] * 12
+    assert ticket.token_ids == toy_executor("none").generate([prompt], params)[0].token_ids
+    scheduler.cancel(running)
+    scheduler.run_until_idle()
+
+
+def test_a_riding_chunk_is_priced_too(monkeypatch) -> None:
+    """The compiled runner's own attention_context (tiny_llama at a rate of 0.5: 72, see
+    tests/runtime/test_compiled.py): a 30-token prompt rides beside a stream in chunks of
+    8, 7 (at 8: 8 / 1.11), 6 (at 15), 6 (at 21) and its last 3."""
+    from trtspec.runtime import compiled
+    from trtspec.runtime.compiled import CompiledRunner
+
+    monkeypatch.setattr(compiled, "ATTENTION_RATE", {"cpu": 0.5})
+    runner = CompiledRunner(tiny_llama(vocab=64, seed=6), compile=False)
+    rode, pair = [], runner.score_pair
+
+    def counted(tokens, row, chunk):
+        rode.append(len(chunk))
+        return pair(tokens, row, chunk)
+
+    runner.score_pair = counted
+    scheduler = Scheduler(SpecExecutor(runner, None, 0), 2, prefill_chunk=8)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    running = scheduler.submit([1, 2], params)
+    scheduler.step()
+    ticket = scheduler.submit([(5 * i) % 60 + 1 for i in range(30)],
+                              params.model_copy(update={"max_tokens": 1}))
+    while not ticket.done.is_set():
+        scheduler.step()
+    assert rode == [8, 7, 6, 6, 3]
+    scheduler.cancel(running)
     scheduler.run_until_idle()
 
 
@@ -896,6 +945,7 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
         chooser.observe_round = timed
         scheduler = Scheduler(SpecExecutor(runner, NgramProposer(1, 3), 3, adaptive=chooser),
                               2, policy, prefill_chunk=8)
+        scheduler.prefill_context = None  # chunks of 8 wherever they are (the counts below)
         params = SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
         running = scheduler.submit([1, 2], params)
         for _ in range(3):
@@ -1033,8 +1083,9 @@ def test_a_draft_chunk_that_fails_ends_its_request_alone() -> None:
 def test_sampling_stays_exact_with_chunked_admissions_in_flight() -> None:
     """Chi-square against the exact continuation probabilities: 2,000 seeded requests of a
     7-token prompt (order-3 target, a sampling draft model, D = 3, T = 0.9), one a step,
-    through 4 slots that admit prompts 2 tokens a step while the other slots verify (a
-    60-token request, not counted, keeps a stream decoding). Power: a prefill whose
+    through 4 slots that admit prompts in chunks priced by their position while the other
+    slots verify (4 tokens a step at a context of 4: chunks of 4, 2 and 1; a 60-token
+    request, not counted, keeps a stream decoding). Power: a prefill whose
     chunks forget the ones before (zeros in their place) fails the same test."""
     from conftest import continuation_probs
 
@@ -1055,8 +1106,9 @@ def test_sampling_stays_exact_with_chunked_admissions_in_flight() -> None:
 
     def pvalue(runner: ToyRunner) -> float:
         draft = DraftModelProposer(ToyRunner(target.diverged(0.5, seed=12)))
-        scheduler = Scheduler(SpecExecutor(runner, draft, 3), slots=4, prefill_chunk=2,
+        scheduler = Scheduler(SpecExecutor(runner, draft, 3), slots=4, prefill_chunk=4,
                               max_waiting=2000)
+        scheduler.prefill_context = 4.0  # (a target's attention_context)
         chunked_beside_rounds[0] = 0
         prefill = scheduler._prefill
 
@@ -1067,7 +1119,7 @@ def test_sampling_stays_exact_with_chunked_admissions_in_flight() -> None:
         scheduler._prefill = counted
         tickets, long = [], params.model_copy(update={"max_tokens": 60})
         for i in range(2000):  # one arrival a step, and a long request always decoding
-            if i % 40 == 0:  # (its output is not counted): prompts come in 2 tokens a step
+            if i % 40 == 0:  # (its output is not counted): prompts come in chunks
                 scheduler.submit([5, 5], long.model_copy(update={"seed": -i}))
             tickets.append(scheduler.submit(prompt, params.model_copy(update={"seed": i})))
             scheduler.step()

@@ -64,7 +64,9 @@ class DraftLen(click.ParamType):
               help="queued requests beyond the slots; more are refused (429)")
 @click.option("--prefill-chunk", type=click.IntRange(1), default=None,
               help="most prompt tokens a step prefills, over all admissions, so running "
-                   "streams keep decoding while a long prompt comes in [default: 16 on a "
+                   "streams keep decoding while a long prompt comes in; on the compiled "
+                   "runner on a CPU, counted at a prompt's start: further in, a token counts "
+                   "more, by the context it attends (docs/serve.md) [default: 16 on a "
                    "CPU, 512 on a GPU; a step's whole budget is limits.max_num_tokens]")
 @click.option("--prefill-stall", type=click.FloatRange(0, min_open=True), default=None,
               help="while requests decode, a step's prompt chunk aims at this many times "
@@ -182,8 +184,12 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
     chunking = getattr(scheduler, "prefill_chunk", None)
     if chunking is not None:
         paced = getattr(scheduler, "prefill_stall", None)
+        context = None if paced else getattr(scheduler, "prefill_context", None)
         notes.append(f"prompts are prefilled {'≤ ' if paced else ''}{chunking} tokens a step"
                      + (f", paced to {paced:g}× a round while others decode" if paced else "")
+                     + (f" at a prompt's start, fewer further in (a token at position p "
+                        f"counts 1 + p/{context:.0f}; at least {max(2, chunking // 4)})"
+                        if context else "")
                      + f" (at most {scheduler.max_num_tokens} tokens a step in all)")
     if schedule is not None and scheduler.speculates:
         scheduler.policy = schedule

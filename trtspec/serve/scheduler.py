@@ -20,13 +20,28 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 every row at least one token, and with heads one whole prompt may pass it
 * chunk         ``prefill_chunk``: the prompt tokens one step prefills while requests are
                 decoding, over all the requests being admitted, first come first served (at
-                most a chunk, and a tail below: under 1.5 chunks)
+                most a chunk, and a tail below: under 1.5 chunks), counted at the prompt's
+                start: further in, each token also attends over the prompt before it, so a
+                token at position p counts 1 + p / ``prefill_context`` of the chunk (the
+                target's ``attention_context``, where its attention costs what its
+                projections do: about 920 for SmolLM2-135M on the CPU; a target that names
+                none, as the transformers and TensorRT-LLM runners, is not priced, nor is
+                a paced chunk, learnt from time: "stall"), and a
+                step feeds the chunk over that price, never under a quarter of it (and 2):
+                an admission takes at most about 4× the steps. Why: on the 2-core CPU a
+                16-token chunk in the round's call added 24–32 ms to a 38-ms round at
+                position 64 and 58–90 ms at 1,900 (timed directly, two runs), so a fixed
+                chunk's gap grew as the prompt came in; over a 2,000-token admission beside
+                three streams, 16 tokens a step priced gave a largest gap of 2.1–2.8× their
+                median (three runs, TTFT 23 s) against 3.1–4.0× unpriced (12 s;
+                reports/bench-serve.md, "Admission: a chunk priced by its context")
                 [default: 16 on a CPU: on a quiet 2-core CPU (the compiled runner, weights
                 prepacked), three streams decoding while a 2,000-token prompt came in, its
-                chunk riding in the round's call, their largest gap was 2.9× their median
-                in each of 3 runs at 16 tokens a step (3.7× in a fourth, a one-run table),
-                2.7–3.2× at 8 and 4.6× at 32 (one run): at the ≤ 3× target, not under it;
-                the prompt's TTFT 5.8, 9.6 and 3.9 s. A step with a 32-token chunk at the
+                chunk riding in the round's call, before chunks were priced, their largest
+                gap was 2.9× their median in each of 3 runs at 16 tokens a step (3.7× in a
+                fourth, a one-run table), 2.7–3.2× at 8 and 4.6× at 32 (one run): at the
+                ≤ 3× target, not under it; the prompt's TTFT 5.8, 9.6 and 3.9 s (priced:
+                above). A step with a 32-token chunk at the
                 prompt's end took about 80 ms beside an 18-ms round (timed directly), so the
                 chunk trades the streams' gap for the prompt's TTFT (reports/bench-serve.md,
                 "Admission with prepacked weights"; "stall" below paces it by time); 512 on
@@ -194,6 +209,10 @@ class Scheduler(Slots):
         self._heads = bool(getattr(executor.proposer, "hidden_layers", None))
         self.prefill_chunk = None if self._heads else \
             prefill_chunk or default_prefill_chunk(getattr(executor.target, "device", None))
+        # module docstring, "chunk": what prices a prompt token by its position (None: 1 each)
+        context = getattr(executor.target, "attention_context", None)
+        self.prefill_context = float(context) \
+            if isinstance(context, int | float) and context > 0 else None
         self._strikes = 0  # requests failed in a row (module docstring, "failure")
         self._split = 0  # rounds in a row that failed batched, then ran row by row
         self._timing_rides = 0  # steps in a row a chunk rode while the chooser wanted a timing
@@ -266,7 +285,7 @@ class Scheduler(Slots):
         if deltas is None:  # nothing rode (or the round it rode in failed): STALE_RIDES
             self._timing_rides = 0  # counts steps in a row that rode
             began = self._now(paced)
-            used, later = self._prefill(budget, chunk, not paced)
+            used, later = self._prefill(budget, chunk, paced)
             chunk_s = self._now(paced) - began
             # with those whose prompt just completed, but beside running streams a prompt
             # that came in over several calls joins the rounds at the next step (docstring,
@@ -337,6 +356,7 @@ class Scheduler(Slots):
         ticket = self._tickets[waiting[0]]
         assert ticket is not None
         todo = len(ticket.prompt) - ticket.prefilled
+        chunk = self._chunk_at(chunk, ticket.prefilled)
         n = self._take(todo, min(budget, chunk), chunk, budget, 0, True)
         if n == todo and ticket.prefilled == ticket.kept:
             return None
@@ -374,6 +394,18 @@ class Scheduler(Slots):
         else:
             log.warning("a round with a prompt's chunk riding in it failed (%s) and ran "
                         "without it", reason)
+
+    def _price(self, position: int) -> float:
+        """What one prompt token at ``position`` counts against a step's chunk (module
+        docstring, "chunk"): 1 + position / the target's ``attention_context``, or 1."""
+        return 1.0 if self.prefill_context is None else 1.0 + position / self.prefill_context
+
+    def _chunk_at(self, chunk: int, position: int) -> int:
+        """The prompt tokens a whole ``chunk`` feeds from ``position`` on (module docstring,
+        "chunk"): ``chunk`` over the price there, at least a quarter of it (and 2, the least
+        that rides in a round's call), so an admission takes at most about 4× the steps."""
+        least = min(chunk, max(2, chunk // 4))
+        return max(least, int(chunk / self._price(position) + 1e-9))
 
     def _take(self, todo: int, left: int, chunk: int | None, budget: int, used: int,
               join_tail: bool) -> int:
@@ -543,11 +575,12 @@ class Scheduler(Slots):
         lengths[slot] = kept
         self.executor.target.rollback(lengths)
 
-    def _prefill(self, budget: int, chunk: int | None, join_tail: bool = True
+    def _prefill(self, budget: int, chunk: int | None, paced: bool = False
                  ) -> tuple[int, set[int]]:
-        """Feed prompt chunks, first admitted first, at most ``chunk`` tokens in all (and a
-        tail under half a chunk with ``join_tail``: not when paced, whose chunk is what a
-        step's time allows; module docstring) and ``budget``, one row a call (a call pads
+        """Feed prompt chunks, first admitted first, at most ``chunk`` in all (its tokens
+        priced by their position, unless ``paced``; and a tail under half a chunk unless
+        ``paced``, whose chunk is what a step's time allows; module docstring) and
+        ``budget`` tokens, one row a call (a call pads
         its rows to the longest); after the first prompt's call, a leftover under half a
         chunk that does not hold the next prompt's whole rest ends the step's prefill
         (first come first served: no later prompt goes first); a prompt whose last chunk
@@ -556,17 +589,23 @@ class Scheduler(Slots):
         here after earlier calls' chunks (beside running streams, they join the rounds at the
         next step)."""
         whole = self._heads
-        left, used = min(budget, self.max_num_tokens if chunk is None else chunk), 0
+        left: float = min(budget, self.max_num_tokens if chunk is None else chunk)  # priced
+        used = 0  # prompt tokens fed
         later: set[int] = set()
         take = getattr(self.executor.proposer, "admit_chunk", None)  # a draft model
         for slot in self._prefilling():
             ticket = self._tickets[slot]
             assert ticket is not None and ticket.request is not None
             todo = len(ticket.prompt) - ticket.prefilled
-            n = todo if whole else self._take(todo, left, chunk, budget, used, join_tail)
+            price, at = 1.0, chunk  # at: the tokens a whole chunk feeds here
+            if chunk is not None and not paced:
+                price, at = self._price(ticket.prefilled), self._chunk_at(chunk, ticket.prefilled)
+            room = min(budget, at) if not used and at is not None else \
+                min(budget - used, int(left / price + 1e-9))  # the first prompt: its chunk
+            n = todo if whole else self._take(todo, room, at, budget, used, not paced)
             if n <= 0 or (whole and used and n > left):  # heads: one whole prompt past it
                 break
-            if chunk is not None and used and n < min(todo, chunk / 2):  # a call's fixed
+            if at is not None and used and n < min(todo, at / 2):  # a call's fixed
                 break  # cost for a sliver of a prompt the next step would feed in one call
             feed: list[list[int]] = [[] for _ in range(self.slots)]
             feed[slot] = ticket.prompt[ticket.prefilled: ticket.prefilled + n]
@@ -578,7 +617,7 @@ class Scheduler(Slots):
                 self._row_failed(slot, e)  # row is emptied as the slot is freed)
                 continue
             several = ticket.prefilled > ticket.kept  # earlier calls fed its first chunks
-            left, used = left - n, used + n
+            left, used = left - n * price, used + n
             if self._chunk_in(slot, n, logits) and several:
                 later.add(slot)
         return used, later
