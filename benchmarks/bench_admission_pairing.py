@@ -55,14 +55,21 @@ def main() -> None:
     parser.add_argument("--compare", choices=sorted(ARMS), default="pairing",
                         help="the two arms: paired against two calls, or priced chunks "
                              "against fixed ones (both paired)")
+    parser.add_argument("--fixed", type=int, default=None,
+                        help="with --compare pricing, the tokens a step of the fixed arm "
+                             "[default: the priced arm's --chunks]")
     parser.add_argument("--out", type=Path, default=Path("reports/bench-serve.md"))
     args = parser.parse_args()
     pricing = args.compare == "pricing"
+    if args.fixed is not None and not pricing:
+        parser.error("--fixed is for --compare pricing")
     names = ARMS[args.compare]
 
     def gaps(c: int, on: bool, **kw) -> dict:
         """One admission, arm ``on`` (the first of ``names``) or the other."""
         paired(runner, on or pricing)
+        if pricing and not on and args.fixed is not None:
+            c = args.fixed
         return admission_gaps(runner, prompt, c, args.stall, priced=on or not pricing, **kw)
 
     lm, kind, runner = smollm2_runner(False)
@@ -79,7 +86,8 @@ def main() -> None:
                 runs.setdefault((c, on), []).append(g)
                 print(f"chunk {c} {names[0] if on else names[1]}: "
                       f"{g['max'] / g['median']:.2f}× (p95 {g['p95'] / g['median']:.2f}×), "
-                      f"TTFT {g['ttft']:.1f} s", flush=True)
+                      f"TTFT {g['ttft']:.1f} s, median gap {g['median'] * 1e3:.0f} ms",
+                      flush=True)
     paired(runner, True)
     control = admission_gaps(runner, None, WHOLE,
                              window=max(g["ttft"] for gs in runs.values() for g in gs))
@@ -88,11 +96,13 @@ def main() -> None:
         return max(g for _, g in control["gaps"][:n]) / control["median"]
 
     title = (PRICING if pricing else TITLE) + \
+        ("" if args.fixed is None else f", against {args.fixed} tokens a step") + \
         ("" if args.stall is None else f", paced to {args.stall:g}× a round")
     arms = (f"*priced*: a chunk's tokens priced by their position (the scheduler's default "
             f"here: a token at position p counts 1 + p/{runner.attention_context:.0f} of the "
             "tokens a step, the runner's attention_context; at least a quarter of them), "
-            "*fixed*: that many tokens a step wherever they are; both ride in the round's "
+            "*fixed*: " + (f"{args.fixed} tokens a step" if args.fixed else "that many "
+                           "tokens a step") + " wherever they are; both ride in the round's "
             "call" if pricing else
             "*paired*: its chunk scored in the round's own call (`score_pair`, the "
             "scheduler's default where the runner has it), *two calls*: the chunk's call, "
@@ -103,14 +113,16 @@ def main() -> None:
              f"threads. Three streams decode, a 2,000-token prompt arrives; {arms}. "
              f"Each cell: {args.repeats} runs, alternating {names[0]} and {names[1]}; *gap ×* "
              "the streams' largest gap during the admission over their median before it, "
-             "per run; *p95 ×* the 95th percentile; *floor* the control's largest of as "
+             "per run; *p95 ×* the 95th percentile; *median gaps* the streams' median gap "
+             f"before the prompt arrived, per run ({names[0]} / {names[1]}); *floor* the "
+             "control's largest of as "
              "many gaps with no prompt (noise alone)." +
              ("" if args.stall is None else f" Paced (`--prefill-stall {args.stall:g}`): the "
               "chunk learnt so that what it adds to a step aims at that many rounds, at most "
               "the tokens a step named."), "",
              f"| tokens a step | {names[0]} gap × | {names[1]} gap × | {names[0]} p95 × | "
-             f"{names[1]} p95 × | {names[0]} TTFT | {names[1]} TTFT | floor |",
-             "|---:|---|---|---|---|---:|---:|---:|"]
+             f"{names[1]} p95 × | {names[0]} TTFT | {names[1]} TTFT | median gaps | floor |",
+             "|---:|---|---|---|---|---:|---:|---|---:|"]
 
     def cell(gs: list[dict], key: str) -> str:
         return ", ".join(f"{g[key] / g['median']:.1f}×" for g in gs)
@@ -119,7 +131,10 @@ def main() -> None:
         a, b = runs[(c, True)], runs[(c, False)]
         lines.append(f"| {c} | {cell(a, 'max')} | {cell(b, 'max')} | {cell(a, 'p95')} | "
                      f"{cell(b, 'p95')} | {sum(g['ttft'] for g in a) / len(a):.1f} s | "
-                     f"{sum(g['ttft'] for g in b) / len(b):.1f} s | {floor(a[0]['n']):.1f}× |")
+                     f"{sum(g['ttft'] for g in b) / len(b):.1f} s | "
+                     + ", ".join(f"{g['median'] * 1e3:.0f}" for g in a) + " / "
+                     + ", ".join(f"{g['median'] * 1e3:.0f}" for g in b) + " ms | "
+                     f"{floor(a[0]['n']):.1f}× |")
     lines += ["", "Command: `.venv/bin/python benchmarks/bench_admission_pairing.py " +
               shlex.join(sys.argv[1:]) + "`", ""]
     replace_section(args.out, title, "\n".join(lines))

@@ -366,7 +366,12 @@ def admission_report(args) -> None:
         "## Admission", "",
         f"SmolLM2-135M-Instruct on the {kind} runner, {SLOTS} slots, plain decoding, greedy; "
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads. "
-        f"Three streams decode, then a {len(long_prompt)}-token prompt arrives. *gap ×*: "
+        f"Three streams decode, then a {len(long_prompt)}-token prompt arrives; *N tokens "
+        "a step*: the chunk at the prompt's start, "
+        + ("priced by position further in (the scheduler's default on this runner: a "
+           f"token at p counts 1 + p/{runner.attention_context:.0f}, at least a quarter of "
+           "the chunk)" if getattr(runner, "attention_context", None) else "wherever it is")
+        + ". *gap ×*: "
         "the streams' largest inter-token gap from its arrival to its first token, over "
         "their median gap before it arrived (target ≤ 3×); *without growth*: the same, "
         "leaving out the steps in which the KV cache's capacity changed (its growth to the "

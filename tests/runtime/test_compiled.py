@@ -631,12 +631,14 @@ def test_attention_context_is_where_a_token_s_attention_costs_its_projections(mo
                                                                             ) -> None:
     """tiny_llama's layer: q|k|v 32·64 + o 32·32 + gate|up 32·128 + down 64·32 = 9,216
     weights, 2 FLOPs each a token (18,432); a key attended costs 4·Hq·d = 4·4·8 = 128, so
-    FLOP parity is at 144 keys, scaled by the device's ATTENTION_RATE; a device with none is
-    not priced (None)."""
+    FLOP parity is at 144 keys, scaled by the device's ATTENTION_RATE; a device with none,
+    or weights not prepacked (the rate was measured prepacked), is not priced (None)."""
     from trtspec.runtime import compiled
 
     runner = CompiledRunner(tiny_llama(), compile=False)
     monkeypatch.setattr(compiled, "ATTENTION_RATE", {"cpu": 0.5})
-    assert runner.attention_context == pytest.approx(72.0)
+    assert runner.prepacked and runner.attention_context == pytest.approx(72.0)
+    assert CompiledRunner(tiny_llama(), compile=False, prepacked=False).attention_context \
+        is None
     monkeypatch.setattr(compiled, "ATTENTION_RATE", {"cuda": 1.0})
     assert runner.attention_context is None

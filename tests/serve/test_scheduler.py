@@ -4,6 +4,7 @@ the draft length policy."""
 
 from __future__ import annotations
 
+import collections
 import threading
 
 import pytest
@@ -715,6 +716,83 @@ def test_a_chunk_s_tokens_are_priced_by_the_context_they_attend() -> None:
     scheduler.run_until_idle()
 
 
+def test_two_prompts_share_a_step_s_priced_chunk() -> None:
+    """Chunks of 16 at a context of 20, two prompts waiting: the 24-token one takes the
+    first step's 16; at position 16 (a price of 1.8) its last 8 cost 14.4 of the chunk, so
+    the 12-token one gets 1.6 → 1 token, a sliver it does not start on (its tail of 11 is
+    not under half a chunk, which would join); it comes in whole at the next step. (Charged
+    1 a token, the 8 would have left it 8, and its tail of 4 would have joined them.)"""
+    scheduler, running, steps = beside_a_stream(3, 16)
+    scheduler.prefill_context = 20.0
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)
+    first = scheduler.submit([(3 * i) % 20 + 1 for i in range(24)], params)
+    second = scheduler.submit([(5 * i) % 20 + 1 for i in range(12)], params)
+    while not second.token_ids:
+        steps.append([])
+        scheduler.step()
+    assert steps == [[16], [8], [12]] and first.token_ids
+    for t in (running, first, second):
+        scheduler.cancel(t)
+    scheduler.run_until_idle()
+
+
+def test_a_priced_chunk_within_a_smaller_token_budget() -> None:
+    """max_num_tokens 12, chunks of 16 at a context of 20, one plain stream (D = 0): a step
+    leaves prompts 11 tokens (the round takes 1). The 23-token prompt: 11 (the budget binds),
+    then 10 at position 11 (16 / 1.55), then its last 2 at 21 (4.1 of the chunk); the
+    10-token one then gets min(the 9 tokens left of the budget, the 11.9 left of the chunk):
+    9, and its last 1 at the next step. (Seeded with the budget, 11, the chunk would have
+    left it 6.9: a sliver it does not start on.)"""
+    executor = SpecExecutor(ToyRunner(TARGET), None, 0)
+    score, steps = executor.target.score, [[]]
+
+    def counted(tokens, last_only=False):
+        if last_only:
+            steps[-1].append(sum(len(t) for t in tokens))
+        return score(tokens, last_only)
+
+    executor.target.score = counted
+    scheduler = Scheduler(executor, slots=3, max_num_tokens=12, prefill_chunk=16)
+    scheduler.prefill_context = 20.0
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=40, ignore_eos=True)
+    running = scheduler.submit([1, 2], params)
+    while not running.token_ids:
+        scheduler.step()
+    steps.clear()
+    first = scheduler.submit([(3 * i) % 20 + 1 for i in range(23)], params)
+    second = scheduler.submit([(5 * i) % 20 + 1 for i in range(10)], params)
+    while not second.token_ids:
+        steps.append([])
+        scheduler.step()
+    assert steps == [[11], [10], [2, 9], [1]]
+    for t in (running, first, second):
+        scheduler.cancel(t)
+    scheduler.run_until_idle()
+
+
+def test_a_paced_chunk_is_not_priced() -> None:
+    """With a stall the chunk is learnt from time (module docstring, "stall"), so a target's
+    attention_context changes nothing: the same chunks with and without it (a clock that
+    ticks 1 a reading: each step's chunk call takes as long as its round, so a stall of 2
+    doubles the chunk each step, 4, 8, 8, …)."""
+    def chunks(context: float | None) -> list[int]:
+        scheduler, running, steps = beside_a_stream(2, 8)
+        scheduler.prefill_stall, scheduler.prefill_context = 2.0, context
+        ticks = iter(range(10 ** 6))
+        scheduler.clock = lambda: float(next(ticks))
+        ticket = scheduler.submit([(3 * i) % 20 + 1 for i in range(40)],
+                                  SamplingParams(temperature=0.8, seed=3, max_tokens=3,
+                                                 ignore_eos=True))
+        while not ticket.done.is_set():
+            steps.append([])
+            scheduler.step()
+        scheduler.cancel(running)
+        scheduler.run_until_idle()
+        return [n for step in steps for n in step]
+
+    assert chunks(20.0) == chunks(None) == [4, 8, 8, 8, 8, 4]
+
+
 def test_a_riding_chunk_is_priced_too(monkeypatch) -> None:
     """The compiled runner's own attention_context (tiny_llama at a rate of 0.5: 72, see
     tests/runtime/test_compiled.py): a 30-token prompt rides beside a stream in chunks of
@@ -1105,6 +1183,14 @@ def test_sampling_stays_exact_with_chunked_admissions_in_flight() -> None:
     chunked_beside_rounds = [0]
 
     def pvalue(runner: ToyRunner) -> float:
+        fed, score = collections.Counter(), runner.score
+
+        def sized(tokens, last_only=False):  # the prompt calls' sizes
+            if last_only:
+                fed.update(len(t) for t in tokens if t)
+            return score(tokens, last_only)
+
+        runner.score = sized
         draft = DraftModelProposer(ToyRunner(target.diverged(0.5, seed=12)))
         scheduler = Scheduler(SpecExecutor(runner, draft, 3), slots=4, prefill_chunk=4,
                               max_waiting=2000)
@@ -1125,6 +1211,7 @@ def test_sampling_stays_exact_with_chunked_admissions_in_flight() -> None:
             scheduler.step()
         scheduler.run_until_idle()
         assert chunked_beside_rounds[0] > 1500
+        assert fed[1] > 300  # priced tails: unpriced, a 7-token prompt is 4 + 3, never 1
         return continuation_pvalue(tickets, exact)
 
     assert pvalue(ToyRunner(target)) > 1e-3

@@ -188,7 +188,8 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
         notes.append(f"prompts are prefilled {'≤ ' if paced else ''}{chunking} tokens a step"
                      + (f", paced to {paced:g}× a round while others decode" if paced else "")
                      + (f" at a prompt's start, fewer further in (a token at position p "
-                        f"counts 1 + p/{context:.0f}; at least {max(2, chunking // 4)})"
+                        f"counts 1 + p/{context:.0f}; at least "
+                        f"{scheduler.least_chunk(chunking)})"
                         if context else "")
                      + f" (at most {scheduler.max_num_tokens} tokens a step in all)")
     if schedule is not None and scheduler.speculates:

@@ -67,8 +67,9 @@ from trtspec.runtime.decoder_layer import (
 SPAN_STEP = 32
 MIN_CAPACITY = 512
 # how fast a prompt's chunk attends, per FLOP, against its projections, by device: fitted on the
-# 2-core CPU (a 16-token chunk in the round's call timed at positions 64-1,900, weights
-# prepacked: 0.23 and 0.38 in two runs); other devices not measured (attention_context None)
+# 2-core CPU (a 16-token chunk in the round's call timed at positions 64-1,900, float32,
+# weights prepacked: 0.23 and 0.38 in two runs, benchmarks/bench_chunk_cost.py); other devices
+# not measured (attention_context None)
 ATTENTION_RATE = {"cpu": 0.3}
 FREE_USABLE = 0.8  # of the free memory, what a growing KV cache may take (the rest: the
 # activations and logits of the calls that follow)
@@ -191,10 +192,12 @@ class CompiledRunner:
         """The context at which a prompt token's attention costs about what its projections
         do: per layer 2 FLOPs a GEMM weight against 4·Hq·d a key attended (SmolLM2-135M:
         3,072 keys), times ATTENTION_RATE (about 920 on the CPU); None on a device not
-        measured. Why: a step's chunk at a prompt's end attends over all of it, so at 1,900
-        tokens a 16-token chunk cost about 2.4× what it did at the start (the scheduler
-        prices a chunk's tokens by it: its module docstring, "chunk")."""
-        rate = ATTENTION_RATE.get(self.device.type)
+        measured, and with the weights not prepacked (measured prepacked only: unprepacked
+        GEMMs run about 2× slower, so attention weighs less). Why: a step's chunk at a
+        prompt's end attends over all of it, so at 1,900 tokens a 16-token chunk cost
+        2.4–2.8× what it did at the start (two runs, benchmarks/bench_chunk_cost.py; the
+        scheduler prices a chunk's tokens by it: its module docstring, "chunk")."""
+        rate = ATTENTION_RATE.get(self.device.type) if self.prepacked else None
         flops = 2 * self._layer_params, 4 * self._hq * self._d  # a token's; a key's
         return None if rate is None else rate * flops[0] / flops[1]
 

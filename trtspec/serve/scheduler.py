@@ -22,19 +22,21 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 decoding, over all the requests being admitted, first come first served (at
                 most a chunk, and a tail below: under 1.5 chunks), counted at the prompt's
                 start: further in, each token also attends over the prompt before it, so a
-                token at position p counts 1 + p / ``prefill_context`` of the chunk (the
+                chunk starting at position p counts 1 + p / ``prefill_context`` a token (the
                 target's ``attention_context``, where its attention costs what its
                 projections do: about 920 for SmolLM2-135M on the CPU; a target that names
                 none, as the transformers and TensorRT-LLM runners, is not priced, nor is
                 a paced chunk, learnt from time: "stall"), and a
-                step feeds the chunk over that price, never under a quarter of it (and 2):
-                an admission takes at most about 4× the steps. Why: on the 2-core CPU a
+                step feeds the chunk over that price (rounded down), never under a quarter
+                of it (rounded up, and 2): an admission takes at most about 4× the steps,
+                and past about 3 × ``prefill_context`` a step's cost grows with the position
+                again. Why: on the 2-core CPU a
                 16-token chunk in the round's call added 24–32 ms to a 38-ms round at
                 position 64 and 58–90 ms at 1,900 (timed directly, two runs), so a fixed
                 chunk's gap grew as the prompt came in; over a 2,000-token admission beside
                 three streams, 16 tokens a step priced gave a largest gap of 2.1–2.8× their
-                median (three runs, TTFT 23 s) against 3.1–4.0× unpriced (12 s;
-                reports/bench-serve.md, "Admission: a chunk priced by its context")
+                median (three runs, one session; TTFT 23 s) against 3.1–4.0× unpriced
+                (12 s; reports/bench-serve.md, "Admission: a chunk priced by its context")
                 [default: 16 on a CPU: on a quiet 2-core CPU (the compiled runner, weights
                 prepacked), three streams decoding while a 2,000-token prompt came in, its
                 chunk riding in the round's call, before chunks were priced, their largest
@@ -263,9 +265,14 @@ class Scheduler(Slots):
         if paced:  # what the stall allows, from PACED_MIN at first (docstring, "stall")
             chunk = min(chunk, max(PACED_MIN, int((self._paced or PACED_MIN) + 1e-6)))
             one_offs = getattr(self.executor.target, "one_offs", 0)
-        # rounds go first, but leave prompts their chunk (D is cut to fit), at most half
-        floor = max(1, min(chunk, self.max_num_tokens // 2)) \
-            if chunk and self._prefilling() else 0
+        # rounds go first, but leave prompts their chunk (D is cut to fit), at most half:
+        # priced at the first waiting prompt's position, as _prefill and _riding feed it
+        waiting = self._prefilling()
+        if chunk and waiting and not paced:
+            chunk_now = self._chunk_at(chunk, self._tickets[waiting[0]].prefilled)
+        else:
+            chunk_now = chunk
+        floor = max(1, min(chunk_now, self.max_num_tokens // 2)) if chunk and waiting else 0
         reserved = min(self.max_num_tokens - floor, len(decoding) * (want + 1))
         budget = self.max_num_tokens - reserved
         riding = None if paced else self._riding(decoding, budget, chunk, want,
@@ -400,12 +407,17 @@ class Scheduler(Slots):
         docstring, "chunk"): 1 + position / the target's ``attention_context``, or 1."""
         return 1.0 if self.prefill_context is None else 1.0 + position / self.prefill_context
 
+    @staticmethod
+    def least_chunk(chunk: int) -> int:
+        """The fewest prompt tokens a priced ``chunk`` feeds a step: a quarter of it, rounded
+        up (and 2, the least that rides in a round's call; at most the chunk itself)."""
+        return min(chunk, max(2, -(-chunk // 4)))
+
     def _chunk_at(self, chunk: int, position: int) -> int:
         """The prompt tokens a whole ``chunk`` feeds from ``position`` on (module docstring,
-        "chunk"): ``chunk`` over the price there, at least a quarter of it (and 2, the least
-        that rides in a round's call), so an admission takes at most about 4× the steps."""
-        least = min(chunk, max(2, chunk // 4))
-        return max(least, int(chunk / self._price(position) + 1e-9))
+        "chunk"): ``chunk`` over the price of the chunk's first token, rounded down, at least
+        ``least_chunk``, so an admission takes at most about 4× the steps."""
+        return max(self.least_chunk(chunk), int(chunk / self._price(position) + 1e-9))
 
     def _take(self, todo: int, left: int, chunk: int | None, budget: int, used: int,
               join_tail: bool) -> int:
@@ -589,7 +601,8 @@ class Scheduler(Slots):
         here after earlier calls' chunks (beside running streams, they join the rounds at the
         next step)."""
         whole = self._heads
-        left: float = min(budget, self.max_num_tokens if chunk is None else chunk)  # priced
+        # what is left of the chunk, priced (budget - used caps the tokens themselves)
+        left: float = min(budget, self.max_num_tokens) if chunk is None else chunk
         used = 0  # prompt tokens fed
         later: set[int] = set()
         take = getattr(self.executor.proposer, "admit_chunk", None)  # a draft model
