@@ -34,9 +34,12 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 16-token chunk in the round's call added 24–32 ms to a 38-ms round at
                 position 64 and 58–90 ms at 1,900 (timed directly, two runs), so a fixed
                 chunk's gap grew as the prompt came in; over a 2,000-token admission beside
-                three streams, 16 tokens a step priced gave a largest gap of 2.1–2.8× their
-                median (three runs, one session; TTFT 23 s) against 3.1–4.0× unpriced
-                (12 s; reports/bench-serve.md, "Admission: a chunk priced by its context")
+                three streams, 16 tokens a step priced gave a largest gap of 2.1–3.3× their
+                median (six runs, one session; TTFT 22 s) against 3.1–4.0× unpriced (12 s)
+                and 2.6–3.5× for 7 tokens a step (as many steps, 22 s): for a long prompt no
+                better than a fixed chunk of as many steps, but a short prompt keeps nearly
+                the whole chunk (reports/bench-serve.md, "Admission: a chunk priced by its
+                context")
                 [default: 16 on a CPU: on a quiet 2-core CPU (the compiled runner, weights
                 prepacked), three streams decoding while a 2,000-token prompt came in, its
                 chunk riding in the round's call, before chunks were priced, their largest
