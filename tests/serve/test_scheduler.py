@@ -642,10 +642,12 @@ def test_a_prompt_s_chunks_ride_in_the_rounds_own_calls(method: str, failing: in
         assert not any("own" in w for w in warned[:2]) and "own from now on" in warned[-1]
 
 
-def beside_a_stream(slots: int, chunk: int) -> tuple[Scheduler, Ticket, list[list[int]]]:
+def beside_a_stream(slots: int, chunk: int, executor: SpecExecutor | None = None, **kw
+                    ) -> tuple[Scheduler, Ticket, list[list[int]]]:
     """A toy-target scheduler admitting prompts ``chunk`` tokens a step, one stream decoding,
-    and the prefill calls' token counts: a list per step, the caller starting each one."""
-    executor = toy_executor("none")
+    and the prefill calls' token counts: a list per step, the caller starting each one
+    (``executor``: toy_executor("none")'s; ``kw``: the Scheduler's)."""
+    executor = executor or toy_executor("none")
     score, steps = executor.target.score, [[]]
 
     def counted(tokens, last_only=False):
@@ -654,7 +656,7 @@ def beside_a_stream(slots: int, chunk: int) -> tuple[Scheduler, Ticket, list[lis
         return score(tokens, last_only)
 
     executor.target.score = counted
-    scheduler = Scheduler(executor, slots=slots, prefill_chunk=chunk)
+    scheduler = Scheduler(executor, slots=slots, prefill_chunk=chunk, **kw)
     running = scheduler.submit([1, 2], SamplingParams(temperature=0.8, seed=3, max_tokens=50,
                                                       ignore_eos=True))
     while not running.token_ids:
@@ -743,22 +745,10 @@ def test_a_priced_chunk_within_a_smaller_token_budget() -> None:
     10-token one then gets min(the 9 tokens left of the budget, the 11.9 left of the chunk):
     9, and its last 1 at the next step. (Seeded with the budget, 11, the chunk would have
     left it 6.9: a sliver it does not start on.)"""
-    executor = SpecExecutor(ToyRunner(TARGET), None, 0)
-    score, steps = executor.target.score, [[]]
-
-    def counted(tokens, last_only=False):
-        if last_only:
-            steps[-1].append(sum(len(t) for t in tokens))
-        return score(tokens, last_only)
-
-    executor.target.score = counted
-    scheduler = Scheduler(executor, slots=3, max_num_tokens=12, prefill_chunk=16)
+    scheduler, running, steps = beside_a_stream(3, 16, SpecExecutor(ToyRunner(TARGET), None, 0),
+                                                max_num_tokens=12)
     scheduler.prefill_context = 20.0
     params = SamplingParams(temperature=0.8, seed=3, max_tokens=40, ignore_eos=True)
-    running = scheduler.submit([1, 2], params)
-    while not running.token_ids:
-        scheduler.step()
-    steps.clear()
     first = scheduler.submit([(3 * i) % 20 + 1 for i in range(23)], params)
     second = scheduler.submit([(5 * i) % 20 + 1 for i in range(10)], params)
     while not second.token_ids:
