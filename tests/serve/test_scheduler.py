@@ -718,43 +718,35 @@ def test_a_chunk_s_tokens_are_priced_by_the_context_they_attend() -> None:
     scheduler.run_until_idle()
 
 
-def test_two_prompts_share_a_step_s_priced_chunk() -> None:
-    """Chunks of 16 at a context of 20, two prompts waiting: the 24-token one takes the
-    first step's 16; at position 16 (a price of 1.8) its last 8 cost 14.4 of the chunk, so
-    the 12-token one gets 1.6 → 1 token, a sliver it does not start on (its tail of 11 is
-    not under half a chunk, which would join); it comes in whole at the next step. (Charged
-    1 a token, the 8 would have left it 8, and its tail of 4 would have joined them.)"""
-    scheduler, running, steps = beside_a_stream(3, 16)
+@pytest.mark.parametrize(("budget", "lengths", "steps_fed"), [
+    (None, (24, 12), [[16], [8], [12]]), (12, (23, 10), [[11], [10], [2, 9], [1]])])
+def test_two_prompts_share_a_step_s_priced_chunk(budget: int | None, lengths: tuple[int, int],
+                                                 steps_fed: list[list[int]]) -> None:
+    """Chunks of 16 at a context of 20, two prompts waiting beside one stream.
+
+    With the default budget: the 24-token prompt takes the first step's 16; at position 16
+    (a price of 1.8) its last 8 cost 14.4 of the chunk, so the 12-token one gets 1.6 → 1
+    token, a sliver it does not start on (its tail of 11 is not under half a chunk, which
+    would join); it comes in whole at the next step. (Charged 1 a token, the 8 would have
+    left it 8, and its tail of 4 would have joined them.)
+
+    With max_num_tokens 12 and a plain stream (D = 0), a step leaves prompts 11 tokens (the
+    round takes 1). The 23-token prompt: 11 (the budget binds), then 10 at position 11
+    (16 / 1.55), then its last 2 at 21 (4.1 of the chunk); the 10-token one then gets
+    min(the 9 tokens left of the budget, the 11.9 left of the chunk): 9, and its last 1 at
+    the next step. (Seeded with the budget, 11, the chunk would have left it 6.9: a sliver
+    it does not start on.)"""
+    scheduler, running, steps = beside_a_stream(
+        3, 16, *([] if budget is None else [SpecExecutor(ToyRunner(TARGET), None, 0)]),
+        **({} if budget is None else {"max_num_tokens": budget}))
     scheduler.prefill_context = 20.0
     params = SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)
-    first = scheduler.submit([(3 * i) % 20 + 1 for i in range(24)], params)
-    second = scheduler.submit([(5 * i) % 20 + 1 for i in range(12)], params)
+    first = scheduler.submit([(3 * i) % 20 + 1 for i in range(lengths[0])], params)
+    second = scheduler.submit([(5 * i) % 20 + 1 for i in range(lengths[1])], params)
     while not second.token_ids:
         steps.append([])
         scheduler.step()
-    assert steps == [[16], [8], [12]] and first.token_ids
-    for t in (running, first, second):
-        scheduler.cancel(t)
-    scheduler.run_until_idle()
-
-
-def test_a_priced_chunk_within_a_smaller_token_budget() -> None:
-    """max_num_tokens 12, chunks of 16 at a context of 20, one plain stream (D = 0): a step
-    leaves prompts 11 tokens (the round takes 1). The 23-token prompt: 11 (the budget binds),
-    then 10 at position 11 (16 / 1.55), then its last 2 at 21 (4.1 of the chunk); the
-    10-token one then gets min(the 9 tokens left of the budget, the 11.9 left of the chunk):
-    9, and its last 1 at the next step. (Seeded with the budget, 11, the chunk would have
-    left it 6.9: a sliver it does not start on.)"""
-    scheduler, running, steps = beside_a_stream(3, 16, SpecExecutor(ToyRunner(TARGET), None, 0),
-                                                max_num_tokens=12)
-    scheduler.prefill_context = 20.0
-    params = SamplingParams(temperature=0.8, seed=3, max_tokens=40, ignore_eos=True)
-    first = scheduler.submit([(3 * i) % 20 + 1 for i in range(23)], params)
-    second = scheduler.submit([(5 * i) % 20 + 1 for i in range(10)], params)
-    while not second.token_ids:
-        steps.append([])
-        scheduler.step()
-    assert steps == [[11], [10], [2, 9], [1]]
+    assert steps == steps_fed and first.token_ids
     for t in (running, first, second):
         scheduler.cancel(t)
     scheduler.run_until_idle()
