@@ -273,9 +273,10 @@ def test_make_runner_falls_back_for_other_architectures_and_obeys_trtspec_compil
 
 
 def test_warm_up_compiles_every_graph_a_batch_can_need(cache_dir) -> None:
-    """After warm_up(8), any rows × width of a batch of 8 (ragged, whole or part), and any
+    """After warm_up(8), any rows × width of a batch of 8 (ragged, whole or part), any
     round with a prompt's chunk beside it in one call (score_pair), also after the cache grew
-    inside a call, runs on graphs already compiled: no request waits for the compiler."""
+    inside a call, and rounds whose longest row attends in a group of its own, runs on graphs
+    already compiled: no request waits for the compiler."""
     from torch._dynamo.utils import counters
 
     model = tiny_llama(vocab=64, layers=2, seed=9)
@@ -294,6 +295,13 @@ def test_warm_up_compiles_every_graph_a_batch_can_need(cache_dir) -> None:
     runner.score([[1] * 600] + [[]] * 7)  # grows the cache inside the call: its tensors
     runner.score([[4]] * 8)  # stay what the graphs were compiled for
     runner.score_pair([[4]] * 3 + [[]] * 5, 3, [1] * 6)
+    runner.split_keys = 64  # row 0 holds 600 tokens more: rounds beside it split
+    calls = groups_of(runner)
+    for feed in ([[4]] * 8, [[4, 5]] * 8, [[4]] * 2 + [[]] * 6, [[4, 5, 6]] * 3 + [[]] * 5,
+                 [[4]] * 3 + [[]] * 5, [[4]] + [[5, 6]] * 7):
+        runner.score(feed)  # the set fed once (swapped next time where it must be)
+        runner.score(feed)
+    assert sum(len(c) == 2 for c in calls) >= 6
     runner.prefill([[1] * 40, [2] * 7] * 4)
     assert counters["stats"]["unique_graphs"] == compiled
     assert runner.compiled
@@ -307,7 +315,8 @@ def test_a_chunk_beside_a_round_scores_in_one_call_as_in_two(kind: str, cache_di
     the logits of the chunk's call and then the round's, the chunk's as one prefill of the
     whole prompt; the cache is left as the two calls leave it (the next call scores alike).
     A chunk whose row is apart from the round's is swapped next to it first; a one-token
-    chunk is scored in two calls; a chunk in a row the round feeds is refused."""
+    chunk is scored in two calls; a chunk in a row the round feeds is refused; a chunk
+    before its prompt's last (``last=False``) gives no logits after it, the round's alike."""
     model = tiny_llama(vocab=64, seed=4)
     prompt = [(7 * i) % 60 + 1 for i in range(29)]
 
@@ -332,6 +341,11 @@ def test_a_chunk_beside_a_round_scores_in_one_call_as_in_two(kind: str, cache_di
         assert all(close(got[b, : len(t)], logits[b, : len(t)]) for b, t in enumerate(rnd) if t)
         assert close(got_last, last) and close(got_last, full_logits(model, prompt)[-1])
         assert close(one.score([[5]] * 6), two.score([[5]] * 6))
+    one, two = fresh(3), fresh(3)  # a chunk before its prompt's last: no logits after it
+    feed = [[10], [11, 12, 13], [14], [], [], []]
+    got, none = one.score_pair(feed, 3, prompt[20:25], last=False)
+    assert none is None and close(got, two.score_pair(feed, 3, prompt[20:25])[0])
+    assert close(one.score_pair(feed, 3, prompt[25:])[1], full_logits(model, prompt)[-1])
     one = fresh(3)
     calls = count_rows(one)
     one.score_pair([[10], [], [], [], [], []], 3, [7])
@@ -642,3 +656,55 @@ def test_attention_context_is_where_a_token_s_attention_costs_its_projections(mo
         is None
     monkeypatch.setattr(compiled, "ATTENTION_RATE", {"cuda": 1.0})
     assert runner.attention_context is None
+
+
+def groups_of(runner: CompiledRunner) -> list[tuple[int, ...]]:
+    """The rows of each group of each of ``runner``'s calls from now on (one group, or two)."""
+    calls: list[tuple[int, ...]] = []
+    layers = runner._layers
+
+    def spy(compiled, first, second):
+        calls.append((len(first.rows),) + (() if second is None else (len(second.rows),)))
+        return layers(compiled, first, second)
+
+    runner._layers = spy
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["eager", "compiled"])
+def test_the_longest_row_attends_in_a_group_of_its_own(kind: str, cache_dir) -> None:
+    """Three short rows beside a 150-token one: a round over the four scores the longest row
+    in a group of its own (one call), where that spares split_keys keys or more, and every
+    row keeps the logits of one forward of its sequence (as a runner that never splits gives
+    them). A longest row that is not on top of the rows is swapped there once the same rows
+    recur (a set fed once is scored as one group); rows of even length are not split."""
+    model = tiny_llama(vocab=64, seed=5, positions=256)
+    long = [(5 * i) % 60 + 1 for i in range(150)]
+    for row in (3, 1):  # the long prompt on top of the rows, or not
+        prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11]]  # row 4: not in the rounds
+        prompts[row] = long
+        split, whole = (make_runner(model, kind, cache_dir=cache_dir) for _ in range(2))
+        split.split_keys, whole.split_keys = 64, 10**9
+        seqs = [list(p) for p in prompts]
+        for runner in (split, whole):
+            runner.prefill(prompts)
+        calls = groups_of(split)
+        for step in range(3):
+            feed = [[20 + step], [21, 22], [23], [24, 25, 26], []]
+            got, want = split.score(feed), whole.score(feed)
+            for b, tokens in enumerate(feed[:4]):
+                n = len(tokens)
+                seqs[b] += tokens
+                assert (got[b, :n] - want[b, :n]).abs().max().item() <= 1e-5
+                assert close(got[b, :n], full_logits(model, seqs[b])[-n:])
+        # on top: split from the first call; else the rows recur at the second call: a swap
+        assert calls == ([(3, 1)] * 3 if row == 3 else [(4,), (3, 1), (3, 1)])
+        assert split.swaps == (row != 3) and split._phys[row] == 3
+        assert split.lengths() == whole.lengths() == [len(s) for s in seqs]
+        assert close(split.score([[]] * 4 + [[12]])[4, 0], full_logits(model, [11, 12])[-1])
+    even = make_runner(model, kind, cache_dir=cache_dir)
+    even.split_keys = 64
+    even.prefill([long[:100], long[:90], long[:110]])
+    calls = groups_of(even)
+    even.score([[1], [2], [3]])  # spans 128 and 128: nothing spared
+    assert calls == [(3,)]

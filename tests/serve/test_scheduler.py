@@ -595,8 +595,8 @@ def test_a_prompt_s_chunks_ride_in_the_rounds_own_calls(method: str, failing: in
             if failing:
                 score_pair = runner.score_pair
 
-                def flaky(tokens, row, chunk):
-                    out = score_pair(tokens, row, chunk)  # the cache written, then
+                def flaky(tokens, row, chunk, last=True):
+                    out = score_pair(tokens, row, chunk, last)  # the cache written, then
                     if paired[0] % failing == 0:  # a failure: both groups rolled back
                         failed[0] += 1
                         raise (MemoryError if memory else RuntimeError)("paired call failed")
@@ -778,17 +778,19 @@ def test_a_paced_chunk_is_not_priced() -> None:
 def test_a_riding_chunk_is_priced_too(monkeypatch) -> None:
     """The compiled runner's own attention_context (tiny_llama at a rate of 0.5: 72, see
     tests/runtime/test_compiled.py): a 30-token prompt rides beside a stream in chunks of
-    8, 7 (at 8: 8 / 1.11), 6 (at 15), 6 (at 21) and its last 3."""
+    8, 7 (at 8: 8 / 1.11), 6 (at 15), 6 (at 21) and its last 3, only the last asking for
+    the logits after it."""
     from trtspec.runtime import compiled
     from trtspec.runtime.compiled import CompiledRunner
 
     monkeypatch.setattr(compiled, "ATTENTION_RATE", {"cpu": 0.5})
     runner = CompiledRunner(tiny_llama(vocab=64, seed=6), compile=False)
-    rode, pair = [], runner.score_pair
+    rode, lasts, pair = [], [], runner.score_pair
 
-    def counted(tokens, row, chunk):
+    def counted(tokens, row, chunk, last=True):
         rode.append(len(chunk))
-        return pair(tokens, row, chunk)
+        lasts.append(last)
+        return pair(tokens, row, chunk, last)
 
     runner.score_pair = counted
     scheduler = Scheduler(SpecExecutor(runner, None, 0), 2, prefill_chunk=8)
@@ -800,6 +802,7 @@ def test_a_riding_chunk_is_priced_too(monkeypatch) -> None:
     while not ticket.done.is_set():
         scheduler.step()
     assert rode == [8, 7, 6, 6, 3]
+    assert lasts == [False] * 4 + [True]  # the head runs for the prompt's last chunk only
     scheduler.cancel(running)
     scheduler.run_until_idle()
 
@@ -936,9 +939,9 @@ def test_a_stall_keeps_the_chunk_s_own_call_and_no_stall_rides() -> None:
         rides = [0]
         pair = runner.score_pair
 
-        def counted(tokens, row, chunk):
+        def counted(tokens, row, chunk, last=True):
             rides[0] += 1
-            return pair(tokens, row, chunk)
+            return pair(tokens, row, chunk, last)
 
         runner.score_pair = counted
         scheduler = Scheduler(SpecExecutor(runner, None, 0), 2, prefill_chunk=8,
@@ -983,9 +986,9 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
         runner = CompiledRunner(model, compile=False)
         count, pair = [0, 0], runner.score_pair
 
-        def counted(tokens, row, chunk):
+        def counted(tokens, row, chunk, last=True):
             count[0] += 1
-            out = pair(tokens, row, chunk)
+            out = pair(tokens, row, chunk, last)
             if fail:
                 raise RuntimeError("paired call failed")
             return out

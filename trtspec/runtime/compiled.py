@@ -71,6 +71,10 @@ MIN_CAPACITY = 512
 # weights prepacked: 0.23 and 0.38 in two runs, benchmarks/bench_chunk_cost.py); other devices
 # not measured (attention_context None)
 ATTENTION_RATE = {"cpu": 0.3}
+# a round's longest row attends in a group of its own (CompiledRunner._split) where that
+# spares this many keys (rows × slots) or more: a second attention call and its mask a layer
+# cost about what reading 250 keys a layer does (2-core CPU, SmolLM2-135M, compiled)
+SPLIT_KEYS = 1024
 FREE_USABLE = 0.8  # of the free memory, what a growing KV cache may take (the rest: the
 # activations and logits of the calls that follow)
 
@@ -156,6 +160,7 @@ class CompiledRunner:
         self._lengths: list[int] = []
         self._phys: list[int] = []  # batch row → physical cache row (the owner's: see packing)
         self.pack_rows = True  # score only the rows a call feeds (module docstring)
+        self.split_keys = SPLIT_KEYS  # the longest row in a group of its own (see _split)
         self.swaps = self.grows = 0  # row swaps packing made, cache tensors grown or shrunk
         self.last_scored = 0  # rows the last call scored (packed, or the range it spanned)
         self._recent: deque[tuple[int, ...]] = deque(maxlen=4)  # rows fed by the last calls
@@ -266,8 +271,13 @@ class CompiledRunner:
         self._allocate(len(prompts), max(len(p) for p in prompts) + 16)
         return self.score(prompts, last_only=True)[:, 0]
 
-    @torch.inference_mode()
     def score(self, tokens: Sequence[Sequence[int]], last_only: bool = False) -> torch.Tensor:
+        return self._score(tokens, last_only)
+
+    @torch.inference_mode()
+    def _score(self, tokens: Sequence[Sequence[int]], last_only: bool,
+               split: int | None = None) -> torch.Tensor:
+        """score(); ``split`` (warm_up) the rows of the first group, forced (else _split's)."""
         self._require(len(tokens))
         counts = [len(t) for t in tokens]
         width = max(counts, default=0)
@@ -282,21 +292,71 @@ class CompiledRunner:
         if not live:
             return logits
         self._place(live)
-        group = self._group(tokens, live)
-        self.last_scored = len(group.rows)
-        self._room(group.span, group.top, group.width)
-        x, kept = self._run(group, None)
+        cut = self._split(live, counts) if split is None else \
+            sorted(self._owner._phys[b] for b in live)[split]
+        groups = [self._group(tokens, live)] if cut is None else \
+            [self._group(tokens, [b for b in live if (self._owner._phys[b] < cut) == first],
+                         width) for first in (True, False)]  # one width: the graphs warmed
+        self.last_scored = sum(len(g.rows) for g in groups)
+        self._room(max(g.span for g in groups), max(g.top for g in groups), width)
+        try:
+            xs, kept = self._run(*groups) if cut is not None else self._run(groups[0], None)
+        except _PairFailed:  # the pair graph failed to compile: one group from now on
+            return self._score(tokens, last_only)
         if self._capture:
             self.hidden = torch.cat(kept, dim=-1)  # [Bb, Tb, k·H]: the rows scored only
-            self.hidden_first = group.rows.start
-        self._logits(group, x[0], logits, last_only)
+            self.hidden_first = groups[0].rows.start
+        self._logits([(g, x, logits, last_only) for g, x in zip(groups, xs, strict=True)])
         for b in live:
             self._lengths[b] += counts[b]
         return logits
 
+    def _split(self, live: list[int], counts: list[int]) -> int | None:
+        """Where a call's rows split in two groups, each attending over its own span (one
+        call: ``decoder_layer.pair_fn``): the longest row alone, the rest together; None to
+        score them as one. Returns the physical row where the longest row's group starts.
+
+        Why: one group attends every row over the longest row's span, its masked keys read all
+        the same, so beside a 2,000-token request a round of three short rows paid 1.6 ms a
+        layer for attention against 0.5 ms split (SmolLM2-135M, 2-core CPU, compiled): the
+        round cost about 2.5× what it did before that request came. Why the longest alone:
+        one long request among short ones is the case that costs most, and a second group of
+        one row needs three graphs more a batch size (warm_up), where one of any size would
+        need about twelve.
+
+        The rows must be packed (contiguous), pairing on, no hidden states kept, and (weights
+        not prepacked) the tokens within PROJECT_ROWS, where the pair's graphs are warm. It
+        splits where that spares ``split_keys`` keys or more (the other rows × the span they
+        no longer attend). The longest row is swapped to the top of the rows first where it
+        is not there, once the same rows recur (as for packing): a copy of two rows' keys,
+        once, the order then holding while the rows grow."""
+        owner = self._owner
+        if not (self._pairing and owner.pack_rows and len(live) > 1 and not self._capture):
+            return None
+        width = max(counts[b] for b in live)
+        if not self.prepacked and len(live) * width > PROJECT_ROWS:
+            return None
+        phys = owner._phys
+        at = sorted(phys[b] for b in live)
+        if at[-1] - at[0] + 1 != len(at):
+            return None
+
+        def span(b: int) -> int:  # the slots row b attends in this call, as _group pads them
+            return -(-(self._lengths[b] + width) // SPAN_STEP) * SPAN_STEP
+
+        longest = max(live, key=lambda b: (span(b), phys[b]))
+        rest = max(span(b) for b in live if b != longest)
+        if (len(live) - 1) * (span(longest) - rest) < self.split_keys:
+            return None
+        if phys[longest] != at[-1]:
+            if self._recent.count(tuple(live)) < 2:  # a set fed once: not worth a swap
+                return None
+            self._swap(phys[longest], at[-1])
+        return at[-1]
+
     @torch.inference_mode()
-    def score_pair(self, tokens: Sequence[Sequence[int]], row: int, chunk: Sequence[int]
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    def score_pair(self, tokens: Sequence[Sequence[int]], row: int, chunk: Sequence[int],
+                   last: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``score(tokens)`` and, in the same call, ``chunk`` appended to ``row`` (a prompt
         being admitted, fed nothing in ``tokens``): returns (``score(tokens)``'s logits
         [B, T, V], the logits [V] after the chunk's last token). One call runs both groups
@@ -306,7 +366,9 @@ class CompiledRunner:
         tokens and the tokens fit PROJECT_ROWS (``pairs``); else, and for a runner that
         keeps hidden states, two calls (the chunk's, then the round's), as a scheduler
         without it would make. Logits are those of the two calls up to float rounding (other
-        GEMM shapes)."""
+        GEMM shapes). Not ``last`` (a chunk that does not complete its prompt, whose logits
+        no one reads): None in their place, and the head (the largest matrix: about 5 ms of a
+        60-ms step for SmolLM2 on the CPU) runs over the round's rows only."""
         self._require(len(tokens))
         live = [b for b, t in enumerate(tokens) if t]
         if tokens[row] or not chunk:
@@ -328,9 +390,10 @@ class CompiledRunner:
         if not pair:
             feed: list[Sequence[int]] = [[] for _ in tokens]
             feed[row] = chunk
-            last = self.score(feed, last_only=True)[row, 0]
+            after = self.score(feed, last_only=True)[row, 0]
             return (self.score(tokens) if live else
-                    torch.zeros((len(tokens), 0, self._vocab), device=self.device)), last
+                    torch.zeros((len(tokens), 0, self._vocab), device=self.device)), \
+                after if last else None
         feed = list(tokens)
         feed[row] = chunk
         ga, gb = self._group(feed, live), self._group(feed, [row])
@@ -339,16 +402,15 @@ class CompiledRunner:
         try:
             (xa, xb), _ = self._run(ga, gb)
         except _PairFailed:
-            return self.score_pair(tokens, row, chunk)  # two calls now: pairing is off
+            return self.score_pair(tokens, row, chunk, last)  # two calls now: pairing is off
         logits = torch.zeros((len(tokens), ga.width, self._vocab), dtype=torch.float32,
                              device=self.device)
-        self._logits(ga, xa, logits, False)
-        last = torch.zeros((len(tokens), 1, self._vocab), dtype=torch.float32,
-                           device=self.device)
-        self._logits(gb, xb, last, True)
+        after = torch.zeros((len(tokens), 1, self._vocab), dtype=torch.float32,
+                            device=self.device)
+        self._logits([(ga, xa, logits, False)] + ([(gb, xb, after, True)] if last else []))
         for b in (*live, row):
             self._lengths[b] += len(feed[b])
-        return logits, last[row, 0]
+        return logits, after[row, 0] if last else None
 
     def pairs(self, live: Sequence[int], row: int, width: int, chunk: int) -> bool:
         """Whether ``score_pair`` would score a round feeding the batch rows ``live`` (at most
@@ -369,13 +431,15 @@ class CompiledRunner:
             return False
         return owner.pack_rows or phys[row] == at[-1] + 1
 
-    def _group(self, tokens: Sequence[Sequence[int]], live: list[int]) -> _Group:
+    def _group(self, tokens: Sequence[Sequence[int]], live: list[int],
+               width: int | None = None) -> _Group:
         """The inputs of one call's group of rows: the contiguous range of physical rows the
         batch rows ``live`` span (views of the cache, no copies), their tokens padded to the
-        widest, positions, slots and the causal mask over the slots attended."""
+        widest (or to ``width``), positions, slots and the causal mask over the slots
+        attended."""
         phys = self._owner._phys
         counts = [len(tokens[b]) for b in range(len(tokens))]
-        tb = max(counts[b] for b in live)
+        tb = width or max(counts[b] for b in live)
         rows = range(min(phys[b] for b in live), max(phys[b] for b in live) + 1)  # physical
         batch_row = [0] * len(phys)  # physical → batch row
         for b, at in enumerate(phys):
@@ -438,22 +502,31 @@ class CompiledRunner:
                   "now on")
         self._pairing = False
 
-    def _logits(self, group: _Group, x: torch.Tensor, logits: torch.Tensor,
-                last_only: bool) -> None:
-        """The head over a group's last-layer output x [Bb, Tb, H], into ``logits`` by batch
-        row: each row's last fed position only, or every position."""
-        nb = len(group.rows)
-        if last_only:
-            x = x[torch.arange(nb, device=self.device), (group.counts - 1).clamp(min=0)][:, None]
-        else:
-            x = x[:, : logits.shape[1]]
-        scored = project(self._norm(x), self._head_w, prepacked=self.prepacked)
-        scored = scored.float()[..., : self._vocab]
-        order = group.order
-        if order == list(range(order[0], order[0] + nb)):  # in batch order: a slice
-            logits[order[0]: order[0] + nb] = scored
-        else:
-            logits[torch.tensor(order, device=self.device)] = scored
+    def _logits(self, parts: Sequence[tuple[_Group, torch.Tensor, torch.Tensor, bool]]
+                ) -> None:
+        """The head over each group's last-layer output x [Bb, Tb, H], into its ``logits``
+        by batch row: each row's last fed position only (its ``last_only``), or every
+        position up to the logits' width; one projection for all the groups (the head is
+        the largest matrix: read once a call)."""
+        picked = []
+        for group, x, logits, last_only in parts:
+            if last_only:
+                x = x[torch.arange(len(group.rows), device=self.device),
+                      (group.counts - 1).clamp(min=0)][:, None]  # [Bb, 1, H]
+            else:
+                x = x[:, : logits.shape[1]]  # [Bb, T, H]
+            picked.append(x)
+        flat = torch.cat([x.reshape(-1, x.shape[-1]) for x in picked])[None]  # [1, N, H]
+        scored = project(self._norm(flat), self._head_w, prepacked=self.prepacked)[0]
+        scored = scored.float()[..., : self._vocab]  # [N, V]
+        for (group, _, logits, _), x in zip(parts, picked, strict=True):
+            nb, t = x.shape[:2]
+            rows, scored = scored[: nb * t].reshape(nb, t, -1), scored[nb * t:]
+            order = group.order
+            if order == list(range(order[0], order[0] + nb)):  # in batch order: a slice
+                logits[order[0]: order[0] + nb, :t] = rows
+            else:
+                logits[torch.tensor(order, device=self.device), :t] = rows
 
     @property
     def one_offs(self) -> int:
@@ -569,10 +642,11 @@ class CompiledRunner:
         two rows and the whole batch cover every row range (part of the batch has strides the
         whole batch lacks, and a one-row view's strides are those of this batch size); and a
         round of one row, two rows or all but one, one token a row or more, with a prompt's
-        chunk in the row after it (score_pair). It runs on scratch rows: a live KV cache is
-        put back as it was. A batch size already warmed up returns at once; a view warms up
-        its owner. With ``watch`` (a server) a graph compiled later is said (once): a request
-        waited for it."""
+        chunk in the row after it (score_pair), and rounds of two rows, three or the whole
+        batch with the longest row in a group of its own (_split). It runs on scratch rows: a
+        live KV cache is put back as it was. A batch size already warmed up returns at once; a
+        view warms up its owner. With ``watch`` (a server) a graph compiled later is said
+        (once): a request waited for it."""
         if self._owner is not self:
             return self._owner.warm_up(batch, widths, watch)
         self._watch |= watch
@@ -597,6 +671,12 @@ class CompiledRunner:
                 # kept): the chunk's row after the round's
                 for t in (1, 2):
                     self.score_pair([[0] * t] * n + [[]] * (batch - n), n, [0, 0])
+                    self.rollback([1] * batch)
+            splits = set() if self._capture else {  # a round's longest row in a group of its
+                1, 2, batch - 1} & set(range(1, batch))  # own (_split): 1, 2 or all rows but it
+            for n in sorted(splits):
+                for t in (1, 2):
+                    self._score([[0] * t] * (n + 1) + [[]] * (batch - n - 1), False, n)
                     self.rollback([1] * batch)
             self._warmed.add(batch)
         finally:

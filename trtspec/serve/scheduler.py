@@ -290,7 +290,7 @@ class Scheduler(Slots):
                 failed = e
             else:
                 self._pair_failures = 0
-                if riding.logits is not None:
+                if riding.scored:
                     self._chunk_in(riding.row, len(riding.tokens), riding.logits)
         if deltas is None:  # nothing rode (or the round it rode in failed): STALE_RIDES
             self._timing_rides = 0  # counts steps in a row that rode
@@ -379,7 +379,7 @@ class Scheduler(Slots):
             # starts the count again, as after any step with nothing riding)
         self._timing_rides = self._timing_rides + 1 if timing_due else 0
         start = ticket.prefilled
-        return PromptChunk(waiting[0], ticket.prompt[start: start + n])
+        return PromptChunk(waiting[0], ticket.prompt[start: start + n], n == todo)
 
     def _ride_failed(self, error: RoundFailed, suspect: bool) -> None:
         """A round failed with a prompt's chunk riding in it (both put back; the step ran
@@ -638,15 +638,16 @@ class Scheduler(Slots):
                 later.add(slot)
         return used, later
 
-    def _chunk_in(self, slot: int, n: int, logits: torch.Tensor) -> bool:
-        """``n`` more of ``slot``'s prompt are in, ``logits`` [V] after the last of them;
-        when that completes the prompt, the request gets its first token (or fails alone).
-        Returns whether it completed."""
+    def _chunk_in(self, slot: int, n: int, logits: torch.Tensor | None) -> bool:
+        """``n`` more of ``slot``'s prompt are in, ``logits`` [V] after the last of them
+        (None: not computed, for a chunk before the last); when that completes the prompt,
+        the request gets its first token (or fails alone). Returns whether it completed."""
         ticket = self._tickets[slot]
         assert ticket is not None and ticket.request is not None
         ticket.prefilled += n
         if ticket.prefilled < len(ticket.prompt):
             return False
+        assert logits is not None, "the prompt's last chunk is scored with its logits"
         self._rows[slot] = ticket.request
         try:  # the proposer's admission (a kept prompt's, a lookup's index) is this
             # request's too

@@ -69,11 +69,16 @@ class Delta:
 class PromptChunk:
     """Tokens of a prompt being admitted in ``row``, scored in a round's own target call (the
     compiled runner's ``score_pair``: one call reads the weights once for both; a chunk
-    emits nothing, so the round's sampling is untouched). ``logits`` [V], after its last
-    token: None until scored (a round that failed rolled it back)."""
+    emits nothing, so the round's sampling is untouched). ``last``: the chunk completes its
+    prompt, so the logits after it are wanted (the first token is sampled from them; the
+    head is not run for a chunk before it). ``scored``: set once the round's call ran it
+    (cleared by a round that failed: rolled back); ``logits`` [V], after its last token,
+    then, where ``last``."""
 
     row: int
     tokens: list[int]
+    last: bool = True
+    scored: bool = False
     logits: torch.Tensor | None = None
 
 
@@ -286,7 +291,7 @@ class SpecExecutor:
             if mark is not None:  # the chooser's probe bookkeeping too (its run again
                 chooser.back_to(mark)  # chooses anew)
             if beside is not None:  # (the chunk too)
-                beside.logits = None
+                beside.logits, beside.scored = None, False
             if self.proposer is not None:
                 self.proposer.undo()  # RuntimeError where it cannot: the batch ends
             raise RoundFailed(f"{type(e).__name__}: {e}") from e
@@ -358,8 +363,9 @@ class SpecExecutor:
         if beside is None:
             logits = self.target.score(feed)[:, : k + 1]  # [B, k + 1, V]
         else:
-            logits, last = self.target.score_pair(feed, beside.row, beside.tokens)  # type: ignore[attr-defined]
-            logits, beside.logits = logits[:, : k + 1], last
+            logits, last = self.target.score_pair(  # type: ignore[attr-defined]
+                feed, beside.row, beside.tokens, beside.last)
+            logits, beside.logits, beside.scored = logits[:, : k + 1], last, True
         rows = torch.tensor(live)
         dev_rows = rows.to(logits.device)
         out = verify(rows_to_probs(logits[dev_rows], [reqs[b].params for b in live]),  # [L,K+1,V]
