@@ -677,7 +677,9 @@ def test_the_longest_row_attends_in_a_group_of_its_own(kind: str, cache_dir) -> 
     in a group of its own (one call), where that spares split_keys keys or more, and every
     row keeps the logits of one forward of its sequence (as a runner that never splits gives
     them). A longest row that is not on top of the rows is swapped there once the same rows
-    recur (a set fed once is scored as one group); rows of even length are not split."""
+    recur (a set fed once is scored as one group); rows of even length are not split, nor
+    rows whose hidden states are kept. A layer-skip draft on the target's cache splits alike
+    (its logits those of one group), and so does a call for the last positions only."""
     model = tiny_llama(vocab=64, seed=5, positions=256)
     long = [(5 * i) % 60 + 1 for i in range(150)]
     for row in (3, 1):  # the long prompt on top of the rows, or not
@@ -702,6 +704,19 @@ def test_the_longest_row_attends_in_a_group_of_its_own(kind: str, cache_dir) -> 
         assert split.swaps == (row != 3) and split._phys[row] == 3
         assert split.lengths() == whole.lengths() == [len(s) for s in seqs]
         assert close(split.score([[]] * 4 + [[12]])[4, 0], full_logits(model, [11, 12])[-1])
+        feed = [[30], [31], [32], [33], []]  # last position only: split alike
+        got, want = split.score(feed, last_only=True), whole.score(feed, last_only=True)
+        assert split.last_split and close(got[:4], want[:4])
+        views = [r.layer_skip(1) for r in (split, whole)]  # a draft on the target's cache
+        for view in views:  # (its split_keys its target's; not the target's spy)
+            view.__dict__.pop("_layers", None)
+            view.follow()
+        got, want = (v.score([[34, 35]] * 4 + [[]]) for v in views)
+        assert views[0].last_split and not views[1].last_split and close(got[:4], want[:4])
+        split.capture_hidden([0])  # hidden states kept (heads): one group, rows in order
+        split.rollback(whole.lengths())
+        split.score([[36]] * 4 + [[]])
+        assert not split.last_split
     even = make_runner(model, kind, cache_dir=cache_dir)
     even.split_keys = 64
     even.prefill([long[:100], long[:90], long[:110]])

@@ -12,7 +12,8 @@ One decoder layer (``decoder_layer.layer_fn``) is compiled, not the whole model:
 same shapes, so its weights are graph *inputs* and one graph serves all layers (and a layer-skip
 draft of the same model). Its dimensions are dynamic — the contiguous range of rows that take part
 (Bb), the new tokens per row (Tb) and the key/value slots attended (W) — so a growing context or
-another draft length never recompiles: about ten graphs per batch size, as size-1 dimensions
+another draft length never recompiles: about twenty graphs per batch size (those of two groups
+in one call included: see below), as size-1 dimensions
 specialise (Bb = 1 or more, Tb = 1 or more), several rows are either the whole batch or part of it
 (the cache view's strides differ; see warm_up) and, weights not prepacked, ``project`` switches
 form past PROJECT_ROWS rows.
@@ -72,9 +73,11 @@ MIN_CAPACITY = 512
 # not measured (attention_context None)
 ATTENTION_RATE = {"cpu": 0.3}
 # a round's longest row attends in a group of its own (CompiledRunner._split) where that
-# spares this many keys (rows × slots) or more: a second attention call and its mask a layer
-# cost about what reading 250 keys a layer does (2-core CPU, SmolLM2-135M, compiled)
-SPLIT_KEYS = 1024
+# spares this many keys (rows × slots) or more, by device: a second attention call and its mask
+# a layer cost about what reading 250 keys a layer does (2-core CPU, SmolLM2-135M, compiled;
+# benchmarks/bench_split.py); other devices not measured (never split: on a GPU each call is
+# kernel launches more a layer, where reading a thousand keys takes microseconds)
+SPLIT_KEYS = {"cpu": 1024}
 FREE_USABLE = 0.8  # of the free memory, what a growing KV cache may take (the rest: the
 # activations and logits of the calls that follow)
 
@@ -160,9 +163,11 @@ class CompiledRunner:
         self._lengths: list[int] = []
         self._phys: list[int] = []  # batch row → physical cache row (the owner's: see packing)
         self.pack_rows = True  # score only the rows a call feeds (module docstring)
-        self.split_keys = SPLIT_KEYS  # the longest row in a group of its own (see _split)
+        self.split_keys: int | None = SPLIT_KEYS.get(self.device.type)  # the longest row in
+        # a group of its own (see _split): where that spares this many keys; None: never
         self.swaps = self.grows = 0  # row swaps packing made, cache tensors grown or shrunk
         self.last_scored = 0  # rows the last call scored (packed, or the range it spanned)
+        self.last_split = False  # whether score's last call split its rows (see _split)
         self._recent: deque[tuple[int, ...]] = deque(maxlen=4)  # rows fed by the last calls
         self._pending = 0  # slots a row a gradual reservation grows toward (reserve)
         self._owner = self  # whose KV cache this runner reads and writes (see view)
@@ -298,10 +303,12 @@ class CompiledRunner:
             [self._group(tokens, [b for b in live if (self._owner._phys[b] < cut) == first],
                          width) for first in (True, False)]  # one width: the graphs warmed
         self.last_scored = sum(len(g.rows) for g in groups)
+        self.last_split = cut is not None
         self._room(max(g.span for g in groups), max(g.top for g in groups), width)
         try:
             xs, kept = self._run(*groups) if cut is not None else self._run(groups[0], None)
-        except _PairFailed:  # the pair graph failed to compile: one group from now on
+        except _PairFailed:  # the pair graph failed to compile: one group from now on (this
+            self._recent.pop()  # call's rows counted once: _place records them again)
             return self._score(tokens, last_only)
         if self._capture:
             self.hidden = torch.cat(kept, dim=-1)  # [Bb, Tb, k·H]: the rows scored only
@@ -321,17 +328,23 @@ class CompiledRunner:
         layer for attention against 0.5 ms split (SmolLM2-135M, 2-core CPU, compiled): the
         round cost about 2.5× what it did before that request came. Why the longest alone:
         one long request among short ones is the case that costs most, and a second group of
-        one row needs three graphs more a batch size (warm_up), where one of any size would
-        need about twelve.
+        one row needs three graphs more a batch size (warm_up: the round's width 1; at 2 or
+        more those of score_pair serve), where one of any size would need about twelve.
 
         The rows must be packed (contiguous), pairing on, no hidden states kept, and (weights
         not prepacked) the tokens within PROJECT_ROWS, where the pair's graphs are warm. It
         splits where that spares ``split_keys`` keys or more (the other rows × the span they
-        no longer attend). The longest row is swapped to the top of the rows first where it
-        is not there, once the same rows recur (as for packing): a copy of two rows' keys,
-        once, the order then holding while the rows grow."""
+        no longer attend; None, on a device not measured: never). The longest row is swapped
+        to the top of the rows first where it is not there, once the same rows recur (as for
+        packing): a copy of two rows' keys up to the longer one's length, as much as about
+        two rounds spare at the least worthwhile split, and done again only when the order
+        changes: a prompt admitted beside the rows takes the row above them (score_pair), so
+        each admission beside a long request costs one such copy when it joins the rounds.
+        Two long rows of about the same length never split (what it would spare is small),
+        so they do not take turns on top."""
         owner = self._owner
-        if not (self._pairing and owner.pack_rows and len(live) > 1 and not self._capture):
+        if self.split_keys is None or not (self._pairing and owner.pack_rows and
+                                           len(live) > 1 and not self._capture):
             return None
         width = max(counts[b] for b in live)
         if not self.prepacked and len(live) * width > PROJECT_ROWS:
@@ -367,8 +380,9 @@ class CompiledRunner:
         keeps hidden states, two calls (the chunk's, then the round's), as a scheduler
         without it would make. Logits are those of the two calls up to float rounding (other
         GEMM shapes). Not ``last`` (a chunk that does not complete its prompt, whose logits
-        no one reads): None in their place, and the head (the largest matrix: about 5 ms of a
-        60-ms step for SmolLM2 on the CPU) runs over the round's rows only."""
+        no one reads): None in their place, and in one call the head (the largest matrix:
+        about 5 ms of a 60-ms step for SmolLM2 on the CPU) runs over the round's rows only
+        (in two calls the chunk's call computes them all the same)."""
         self._require(len(tokens))
         live = [b for b, t in enumerate(tokens) if t]
         if tokens[row] or not chunk:
@@ -489,6 +503,8 @@ class CompiledRunner:
                                   "needed it waited for the compiler")
                 return out
             except Exception as e:  # any compiler failure: the same math, eagerly (its
+                if isinstance(e, MemoryError | torch.OutOfMemoryError):
+                    raise  # not the compiler's: the caller's to handle (a request's, a round's)
                 if second is not None:  # writes went to uncommitted slots only); the pair's
                     self._give_up_pairing(e)  # graph: no more pairs (score_pair makes two
                     raise _PairFailed from e  # compiled calls instead)
@@ -672,8 +688,9 @@ class CompiledRunner:
                 for t in (1, 2):
                     self.score_pair([[0] * t] * n + [[]] * (batch - n), n, [0, 0])
                     self.rollback([1] * batch)
-            splits = set() if self._capture else {  # a round's longest row in a group of its
-                1, 2, batch - 1} & set(range(1, batch))  # own (_split): 1, 2 or all rows but it
+            splits = set() if self._capture or self.split_keys is None or not self._pairing \
+                else {1, 2, batch - 1} & set(range(1, batch))  # a round's longest row in a
+            # group of its own (_split), beside 1, 2 or all the other rows
             for n in sorted(splits):
                 for t in (1, 2):
                     self._score([[0] * t] * (n + 1) + [[]] * (batch - n - 1), False, n)
