@@ -36,6 +36,30 @@ from trtspec.runtime.models import encode
 TITLE = "## Chunk cost by position"
 
 
+def beside_streams(tokens: int):
+    """SmolLM2 on the compiled runner, 8 slots: three rows at 32 tokens and a prompt of
+    ``tokens`` (built-in prompts repeated) in row 3, its first 16 in. Returns (the runner's
+    kind, the runner, the prompt, the rows' lengths now)."""
+    lm, kind, runner = smollm2_runner(False)
+    ids = [t for r in builtin() for t in encode(lm.tokenizer, r.chat())]
+    prompt = (ids * (1 + tokens // len(ids)))[:tokens]
+    streams = [[1 + i, 2, 3, 4, 5, 6, 7, 8] * 4 for i in range(3)]
+    runner.prefill(streams + [prompt[:16]] + [[1]] * 4)
+    return kind, runner, prompt, runner.lengths()
+
+
+def prompt_up_to(runner, prompt: list[int], done: int, upto: int, step: int) -> int:
+    """Row 3 fed the prompt from ``done`` to ``upto``, ``step`` tokens a call; returns where
+    it is now."""
+    while done < upto:
+        n = min(step, upto - done)
+        feed: list[list[int]] = [[] for _ in range(8)]
+        feed[3] = prompt[done: done + n]
+        runner.score(feed, last_only=True)
+        done += n
+    return done
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--positions", type=int, nargs="+", default=[64, 500, 1000, 1500, 1900])
@@ -43,12 +67,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("reports/bench-serve.md"))
     args = parser.parse_args()
-    lm, kind, runner = smollm2_runner(False)
-    ids = [t for r in builtin() for t in encode(lm.tokenizer, r.chat())]
-    prompt = (ids * (1 + (max(args.positions) + 16) // len(ids)))[: max(args.positions) + 16]
-    streams = [[1 + i, 2, 3, 4, 5, 6, 7, 8] * 4 for i in range(3)]
-    runner.prefill(streams + [prompt[:16]] + [[1]] * 4)
-    start = runner.lengths()
+    kind, runner, prompt, start = beside_streams(max(args.positions) + 16)
     rnd = [[5]] * 3 + [[]] * 5
 
     def timed(call, at: list[int]) -> float:
@@ -67,12 +86,7 @@ def main() -> None:
             runner.rollback(start)
             done = 16
             for p in sorted(args.positions):
-                while done < p:  # the prompt in, 16 tokens a call
-                    n = min(16, p - done)
-                    feed = [[] for _ in range(8)]
-                    feed[3] = prompt[done: done + n]
-                    runner.score(feed, last_only=True)
-                    done += n
+                done = prompt_up_to(runner, prompt, done, p, 16)
                 at = runner.lengths()
                 for k in (0, 8, 16):
                     chunk = prompt[p: p + k]

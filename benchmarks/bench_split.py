@@ -25,10 +25,8 @@ import time
 from pathlib import Path
 
 import torch
-from bench_serve import replace_section, smollm2_runner  # same folder
-
-from trtspec.eval.workloads import builtin
-from trtspec.runtime.models import encode
+from bench_chunk_cost import beside_streams, prompt_up_to  # same folder
+from bench_serve import replace_section
 
 TITLE = "## A round beside a long request"
 NEVER = 10**12  # split_keys no round reaches: one group always
@@ -42,13 +40,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("reports/bench-serve.md"))
     args = parser.parse_args()
-    lm, kind, runner = smollm2_runner(False)
-    ids = [t for r in builtin() for t in encode(lm.tokenizer, r.chat())]
-    most = max(args.positions)
-    prompt = (ids * (1 + most // len(ids)))[:most]
-    streams = [[1 + i, 2, 3, 4, 5, 6, 7, 8] * 4 for i in range(3)]
-    runner.prefill(streams + [prompt[:16]] + [[1]] * 4)
-    start = runner.lengths()
+    kind, runner, prompt, start = beside_streams(max(args.positions))
 
     default = runner.split_keys
     did: dict[tuple[int, int], bool] = {}  # whether the split arm's call split
@@ -77,12 +69,7 @@ def main() -> None:
             runner.rollback(start)
             done = 16
             for p in sorted(args.positions):
-                while done < p:  # the prompt in, 256 tokens a call
-                    n = min(256, p - done)
-                    feed = [[] for _ in range(8)]
-                    feed[3] = prompt[done: done + n]
-                    runner.score(feed, last_only=True)
-                    done += n
+                done = prompt_up_to(runner, prompt, done, p, 256)
                 at = runner.lengths()
                 for w in args.widths:
                     short = [[5] * w] * 3 + [[]] * 5
