@@ -340,8 +340,9 @@ class CompiledRunner:
         two rounds spare at the least worthwhile split, and done again only when the order
         changes: a prompt admitted beside the rows takes the row above them (score_pair), so
         each admission beside a long request costs one such copy when it joins the rounds.
-        Two long rows of about the same length never split (what it would spare is small),
-        so they do not take turns on top."""
+        Two long rows within split_keys / (rows − 1) slots of each other are not split (what
+        it would spare is too small), so rows growing side by side do not take turns on
+        top."""
         owner = self._owner
         if self.split_keys is None or not (self._pairing and owner.pack_rows and
                                            len(live) > 1 and not self._capture):

@@ -237,8 +237,9 @@ class SpecExecutor:
         ``max_tokens`` bounds the tokens the round feeds the target (a step's token budget):
         each row's D is cut to ``max_tokens // len(live) − 1`` when the D asked would pass it.
         ``beside``: a prompt chunk the target scores in the round's own call (its
-        ``score_pair``; the caller checks it has one): its logits are filled in once scored,
-        and a failed round rolls it back with the rest.
+        ``score_pair``; the caller checks it has one): marked scored once it is (its logits
+        filled in where it is its prompt's last chunk), and a failed round rolls it back
+        with the rest.
 
         A failure before anything is committed raises :class:`RoundFailed` with the target
         rolled back, the proposer's drafts undone and the chooser's probe bookkeeping put
