@@ -256,6 +256,24 @@ def test_a_compiler_failure_warns_once_and_runs_eagerly(monkeypatch) -> None:
     assert runner.lengths() == [6]
 
 
+@pytest.mark.parametrize("error", [MemoryError, torch.OutOfMemoryError])
+def test_running_out_of_memory_in_a_compiled_call_is_not_a_compiler_failure(
+        monkeypatch, error: type[Exception]) -> None:
+    """Memory that runs out inside a compiled call is raised to the caller (its request's or
+    round's failure, handled there), the call's lengths unchanged; compiling stays on."""
+    def short_of_memory(fn, **kw):
+        def call(*a, **k):
+            raise error("out of memory")
+        return call
+
+    monkeypatch.setattr(torch, "compile", short_of_memory)
+    lines: list[str] = []
+    runner = CompiledRunner(tiny_llama(vocab=64), warn=lines.append)
+    with pytest.raises(error):
+        runner.prefill([[1, 2, 3]])
+    assert runner.compiled and runner.lengths() == [0] and not lines
+
+
 def test_make_runner_falls_back_for_other_architectures_and_obeys_trtspec_compile(
         monkeypatch) -> None:
     model = tiny_llama(vocab=64)
