@@ -75,8 +75,10 @@ ATTENTION_RATE = {"cpu": 0.3}
 # a round's longest row attends in a group of its own (CompiledRunner._split) where that
 # spares this many keys (rows × slots) or more, by device: a second attention call and its mask
 # a layer cost about what reading 250 keys a layer does (2-core CPU, SmolLM2-135M, compiled;
-# benchmarks/bench_split.py); other devices not measured (never split: on a GPU each call is
-# kernel launches more a layer, where reading a thousand keys takes microseconds)
+# a micro-benchmark, not kept: 1,024 is a margin over it, not itself measured; what a split
+# saves at 2,880 keys and more: benchmarks/bench_split.py); other devices not measured (never
+# split: on a GPU each call is kernel launches more a layer, where a thousand keys take
+# microseconds to read)
 SPLIT_KEYS = {"cpu": 1024}
 FREE_USABLE = 0.8  # of the free memory, what a growing KV cache may take (the rest: the
 # activations and logits of the calls that follow)
@@ -326,7 +328,7 @@ class CompiledRunner:
         Why: one group attends every row over the longest row's span, its masked keys read all
         the same, so beside a 2,000-token request a round of three short rows paid 1.6 ms a
         layer for attention against 0.5 ms split (SmolLM2-135M, 2-core CPU, compiled): the
-        round cost about 2.5× what it did before that request came. Why the longest alone:
+        round cost about 2.4× what it did before that request came. Why the longest alone:
         one long request among short ones is the case that costs most, and a second group of
         one row needs three graphs more a batch size (warm_up: the round's width 1; at 2 or
         more those of score_pair serve), where one of any size would need about twelve.
