@@ -422,12 +422,17 @@ class CompiledRunner:
             return self.score_pair(tokens, row, chunk, last)  # two calls now: pairing is off
         logits = torch.zeros((len(tokens), ga.width, self._vocab), dtype=torch.float32,
                              device=self.device)
-        after = torch.zeros((len(tokens), 1, self._vocab), dtype=torch.float32,
-                            device=self.device)
-        self._logits([(ga, xa, logits, False)] + ([(gb, xb, after, True)] if last else []))
+        if not last:
+            self._logits([(ga, xa, logits, False)])
+            after = None
+        else:
+            out = torch.zeros((len(tokens), 1, self._vocab), dtype=torch.float32,
+                              device=self.device)
+            self._logits([(ga, xa, logits, False), (gb, xb, out, True)])
+            after = out[row, 0]
         for b in (*live, row):
             self._lengths[b] += len(feed[b])
-        return logits, after[row, 0] if last else None
+        return logits, after
 
     def pairs(self, live: Sequence[int], row: int, width: int, chunk: int) -> bool:
         """Whether ``score_pair`` would score a round feeding the batch rows ``live`` (at most

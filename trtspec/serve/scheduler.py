@@ -289,9 +289,8 @@ class Scheduler(Slots):
             except RoundFailed as e:  # put back as it was: the step runs as below instead
                 failed = e
             else:
-                self._pair_failures = 0
-                if riding.scored:
-                    self._chunk_in(riding.row, len(riding.tokens), riding.logits)
+                self._pair_failures = 0  # the round returned: its chunk was scored
+                self._chunk_in(riding.row, len(riding.tokens), riding.logits)
         if deltas is None:  # nothing rode (or the round it rode in failed): STALE_RIDES
             self._timing_rides = 0  # counts steps in a row that rode
             began = self._now(paced)

@@ -69,16 +69,15 @@ class Delta:
 class PromptChunk:
     """Tokens of a prompt being admitted in ``row``, scored in a round's own target call (the
     compiled runner's ``score_pair``: one call reads the weights once for both; a chunk
-    emits nothing, so the round's sampling is untouched). ``last``: the chunk completes its
-    prompt, so the logits after it are wanted (the first token is sampled from them; the
-    head is not run for a chunk before it). ``scored``: set once the round's call ran it
-    (cleared by a round that failed: rolled back); ``logits`` [V], after its last token,
-    then, where ``last``."""
+    emits nothing, so the round's sampling is untouched; a round that returns scored it, one
+    that failed rolled it back). ``last``: the chunk completes its prompt, so the logits
+    after it are wanted (the first token is sampled from them; the head is not run for a
+    chunk before it); ``logits`` [V], after its last token, then: None until scored, and
+    for a chunk before the last."""
 
     row: int
     tokens: list[int]
     last: bool = True
-    scored: bool = False
     logits: torch.Tensor | None = None
 
 
@@ -237,9 +236,9 @@ class SpecExecutor:
         ``max_tokens`` bounds the tokens the round feeds the target (a step's token budget):
         each row's D is cut to ``max_tokens // len(live) − 1`` when the D asked would pass it.
         ``beside``: a prompt chunk the target scores in the round's own call (its
-        ``score_pair``; the caller checks it has one): marked scored once it is (its logits
-        filled in where it is its prompt's last chunk), and a failed round rolls it back
-        with the rest.
+        ``score_pair``; the caller checks it has one): scored when the round returns (its
+        logits filled in where it is its prompt's last chunk), and a failed round rolls it
+        back with the rest.
 
         A failure before anything is committed raises :class:`RoundFailed` with the target
         rolled back, the proposer's drafts undone and the chooser's probe bookkeeping put
@@ -292,7 +291,7 @@ class SpecExecutor:
             if mark is not None:  # the chooser's probe bookkeeping too (its run again
                 chooser.back_to(mark)  # chooses anew)
             if beside is not None:  # (the chunk too)
-                beside.logits, beside.scored = None, False
+                beside.logits = None
             if self.proposer is not None:
                 self.proposer.undo()  # RuntimeError where it cannot: the batch ends
             raise RoundFailed(f"{type(e).__name__}: {e}") from e
@@ -366,7 +365,7 @@ class SpecExecutor:
         else:
             logits, last = self.target.score_pair(  # type: ignore[attr-defined]
                 feed, beside.row, beside.tokens, beside.last)
-            logits, beside.logits, beside.scored = logits[:, : k + 1], last, True
+            logits, beside.logits = logits[:, : k + 1], last
         rows = torch.tensor(live)
         dev_rows = rows.to(logits.device)
         out = verify(rows_to_probs(logits[dev_rows], [reqs[b].params for b in live]),  # [L,K+1,V]
