@@ -466,6 +466,79 @@ def test_a_timed_chooser_stops_drafting_where_rounds_cost_more_than_the_table_sa
     assert timed.choose_round([good, good], [4, 4], 2) == [4, 4]
 
 
+class AlwaysClocked(AdaptiveDraft):
+    """The batch-aware choice as it was before the round cost's prices were tried first:
+    every round priced by the clock (the reference the shortcut must match)."""
+
+    def round_rates(self, states, caps, rows, clocked=True):  # type: ignore[no-untyped-def]
+        return super().round_rates(states, caps, rows, clocked)
+
+    def choose_round(self, states, caps, rows):  # type: ignore[no-untyped-def]
+        if self.clock is not None and self.clock.stale(rows):
+            return super().choose_round(states, caps, rows)  # (unchanged: the table's)
+        self.would_draft = False
+        rates = self.round_rates(states, caps, rows) if states else [1.0]
+        if len(rates) == 1:
+            return [0] * len(caps)
+        best = max(range(1, len(rates)), key=rates.__getitem__)
+        if self.probed and self.probe_saw:
+            self.probed = False
+            self.wait = self.probe_after if rates[best] >= self.min_gain else min(
+                2 * self.wait, self.max_wait)
+        if rates[best] < self.min_gain:
+            if not self._probe_due(states, caps, rows):
+                self.idle += 1
+                return [0] * len(caps)
+            self.idle, self.probed, self.probe_saw = 0, True, False
+            best = 1
+        self.would_draft = True
+        return [max(0, min(best, c)) for c in caps]
+
+
+def test_pricing_by_the_round_cost_first_chooses_what_the_clock_alone_would() -> None:
+    """choose_round prices a round by the round cost's table first and asks the clock only
+    where that table would draft: the clock never prices a width below the table, so its
+    rates are at most the table's. Over a seeded walk of acceptances, supplies, caps, rows
+    and clock readings (some above the table, some below it, some widths never timed), the
+    choices and the probe bookkeeping are the reference's, round for round; and the clocked
+    rates are at most the table's at every width."""
+    import random
+
+    rng = random.Random(7)
+    table = {b: {w: 1.0 + 0.12 * (b - 1) + 0.2 * (w - 1) * b ** 0.5 for w in range(1, 6)}
+             for b in range(1, 5)}
+    table[3][2] = table[3][1] * 0.96  # a noisy build: one width cheaper than plain
+    fast = AdaptiveDraft(4, FLAT, round_cost=RoundCost(table), timed=True, probe_after=4)
+    slow = AlwaysClocked(4, FLAT, round_cost=RoundCost(table), timed=True, probe_after=4)
+    assert fast.clock is not None and slow.clock is not None
+    drafted = plain = 0
+    for _ in range(3000):
+        rows = rng.randint(1, 4)
+        level = rng.choice([0.02, 0.1, 0.3, 0.6, 0.9])
+        states = [AdaptiveState([min(1.0, level * rng.uniform(0.5, 1.5)) for _ in range(3)],
+                                known=3, supply=[rng.uniform(0.2, 1.0)], supplied=1)
+                  for _ in range(rows)]
+        caps = [rng.randint(0, 4) for _ in range(rows)]
+        if fast.clock.get(rows, 1) is None or not fast.clock.stale(rows):
+            cheap, dear = fast.round_rates(states, caps, rows, clocked=False), \
+                fast.round_rates(states, caps, rows)
+            assert all(d <= c + 1e-12 for d, c in zip(dear[1:], cheap[1:], strict=True))
+        chosen = fast.choose_round(states, caps, rows)
+        assert chosen == slow.choose_round(states, caps, rows)
+        assert (fast.idle, fast.wait, fast.probed, fast.probe_saw, fast.would_draft) == \
+            (slow.idle, slow.wait, slow.probed, slow.probe_saw, slow.would_draft)
+        width = max(chosen, default=0) + 1 if any(chosen) else 1
+        seconds = 0.04 * table[rows][min(width, 5)] * rng.uniform(0.8, 1.4)
+        for c in (fast, slow):
+            c.observe_round(rows, width, seconds)
+            for st, d in zip(states, chosen, strict=True):
+                if d:
+                    c.update(st, d, rng.randint(0, d), d)
+        drafted += any(chosen)
+        plain += not any(chosen)
+    assert drafted > 300 and plain > 300  # both kinds of round were compared
+
+
 def test_the_executor_times_its_rounds_into_a_timed_chooser() -> None:
     target = MarkovLM(vocab_size=16, order=2, seed=5)
     chooser_ = AdaptiveDraft(4, FLAT, round_cost=RoundCost(TOY_ROUNDS), timed=True)

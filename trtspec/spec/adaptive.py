@@ -348,6 +348,7 @@ class AdaptiveDraft:
         self.idle, self.wait = 0, probe_after  # plain rounds since the last probe, and before
         # the next one (all requests)
         self.round_cost = round_cost
+        self._table_times: dict[tuple[int, int], list[float]] = {}  # (B, widest) → time_B(k)
         # batch-aware, with costs worth correcting: the executor times its rounds into it
         self.clock = RoundClock() if timed and round_cost is not None else None
         self.probed = False  # batch-aware: a probe whose verdict is pending
@@ -425,8 +426,15 @@ class AdaptiveDraft:
 
     def _round_times(self, rows: int, widest: int, clocked: bool = True) -> list[float]:
         """time_B(k) for k = 0 … ``widest`` drafts: a round whose widest row got k drafts
-        (k + 1 tokens; 0: none got one) over a plain round, at ``rows`` rows."""
-        return [self.round_time(rows, k + 1 if k else 0, clocked) for k in range(widest + 1)]
+        (k + 1 tokens; 0: none got one) over a plain round, at ``rows`` rows. The round
+        cost's alone (not ``clocked``, or no clock) never change: worked out once."""
+        if clocked and self.clock is not None:
+            return [self.round_time(rows, k + 1 if k else 0) for k in range(widest + 1)]
+        key = (rows, widest)
+        if key not in self._table_times:
+            self._table_times[key] = [self.round_time(rows, k + 1 if k else 0, False)
+                                      for k in range(widest + 1)]
+        return self._table_times[key]
 
     def round_time(self, rows: int, width: int, clocked: bool = True) -> float:
         """A round of ``width`` tokens in each of ``rows`` rows over a plain round (W = 1) at
@@ -471,9 +479,15 @@ class AdaptiveDraft:
                 # a timing is wanted), however long chunks keep the clock stale
             return [0] * len(caps)
         self.would_draft = False
-        rates = self.round_rates(states, caps, rows) if states else [1.0]
+        # the round cost's prices first: the clock never prices a width below them, so its
+        # rates are at most these, and where these draft nothing (most rounds under load)
+        # the clock's, dearer to compute, would not either (the verdict and the probe below
+        # ask only whether the best is under min_gain)
+        rates = self.round_rates(states, caps, rows, clocked=False) if states else [1.0]
         if len(rates) == 1:
             return [0] * len(caps)  # nothing to draft
+        if self.clock is not None and max(rates[1:]) >= self.min_gain:
+            rates = self.round_rates(states, caps, rows)
         best = max(range(1, len(rates)), key=rates.__getitem__)  # the best-looking W > 0
         if self.probed and self.probe_saw:  # the probe's observations are in (a miss is
             self.probed = False  # one: it lowered s_1): did speculating come back?
