@@ -468,10 +468,15 @@ def test_a_timed_chooser_stops_drafting_where_rounds_cost_more_than_the_table_sa
 
 class AlwaysClocked(AdaptiveDraft):
     """The batch-aware choice as it was before the round cost's prices were tried first:
-    every round priced by the clock (the reference the shortcut must match)."""
+    every round priced by the clock, the table's times worked out anew each time and a
+    probe's cost asked every round (the reference the shortcuts must match)."""
 
-    def round_rates(self, states, caps, rows, clocked=True):  # type: ignore[no-untyped-def]
-        return super().round_rates(states, caps, rows, clocked)
+    def _round_times(self, rows, widest, clocked=True):  # type: ignore[no-untyped-def]
+        return [self.round_time(rows, k + 1 if k else 0, clocked) for k in range(widest + 1)]
+
+    def _probe_due(self, states, caps, rows, clocked=True):  # type: ignore[no-untyped-def]
+        extra = self.expected_time(states, [min(1, c) for c in caps], rows, clocked) - 1
+        return self.idle >= max(self.wait, extra / self.probe_budget)
 
     def choose_round(self, states, caps, rows):  # type: ignore[no-untyped-def]
         if self.clock is not None and self.clock.stale(rows):
@@ -497,11 +502,14 @@ class AlwaysClocked(AdaptiveDraft):
 
 def test_pricing_by_the_round_cost_first_chooses_what_the_clock_alone_would() -> None:
     """choose_round prices a round by the round cost's table first and asks the clock only
-    where that table would draft: the clock never prices a width below the table, so its
-    rates are at most the table's. Over a seeded walk of acceptances, supplies, caps, rows
-    and clock readings (some above the table, some below it, some widths never timed), the
-    choices and the probe bookkeeping are the reference's, round for round; and the clocked
-    rates are at most the table's at every width."""
+    where that table would draft (the clock never prices a width below the table, so its
+    rates are at most the table's), works the table's times out once, and asks what a probe
+    costs only once its wait is over. Over a seeded walk of acceptances, supplies, caps, rows
+    and clock readings (some above the table, some below it, rounds whose lookups all
+    missed, widths never timed), the choices and the probe bookkeeping are the reference's,
+    round for round; the clocked rates are at most the table's at every width; and the walk
+    reaches the cases a wrong shortcut would get wrong (the table drafting where the clock
+    does not, the two preferring different widths, probes and their verdicts, stale rounds)."""
     import random
 
     rng = random.Random(7)
@@ -511,32 +519,47 @@ def test_pricing_by_the_round_cost_first_chooses_what_the_clock_alone_would() ->
     fast = AdaptiveDraft(4, FLAT, round_cost=RoundCost(table), timed=True, probe_after=4)
     slow = AlwaysClocked(4, FLAT, round_cost=RoundCost(table), timed=True, probe_after=4)
     assert fast.clock is not None and slow.clock is not None
-    drafted = plain = 0
+    seen = dict.fromkeys(("drafted", "plain", "table only", "other best", "probe",
+                          "verdict", "stale", "missed"), 0)
     for _ in range(3000):
         rows = rng.randint(1, 4)
         level = rng.choice([0.02, 0.1, 0.3, 0.6, 0.9])
-        states = [AdaptiveState([min(1.0, level * rng.uniform(0.5, 1.5)) for _ in range(3)],
-                                known=3, supply=[rng.uniform(0.2, 1.0)], supplied=1)
-                  for _ in range(rows)]
+        rows_state = [([min(1.0, level * rng.uniform(0.5, 1.5)) for _ in range(3)],
+                       rng.uniform(0.2, 1.0)) for _ in range(rows)]
+        states = {c: [AdaptiveState(list(a), known=3, supply=[s], supplied=1)
+                      for a, s in rows_state] for c in ("fast", "slow")}
         caps = [rng.randint(0, 4) for _ in range(rows)]
-        if fast.clock.get(rows, 1) is None or not fast.clock.stale(rows):
-            cheap, dear = fast.round_rates(states, caps, rows, clocked=False), \
-                fast.round_rates(states, caps, rows)
-            assert all(d <= c + 1e-12 for d, c in zip(dear[1:], cheap[1:], strict=True))
-        chosen = fast.choose_round(states, caps, rows)
-        assert chosen == slow.choose_round(states, caps, rows)
+        stale = fast.clock.stale(rows)
+        if not stale:
+            cheap = fast.round_rates(states["fast"], caps, rows, clocked=False)
+            dear = fast.round_rates(states["fast"], caps, rows)
+            assert all(d <= c for d, c in zip(dear[1:], cheap[1:], strict=True))
+            if len(cheap) > 1:
+                seen["table only"] += max(cheap[1:]) >= fast.min_gain > max(dear[1:])
+                seen["other best"] += cheap.index(max(cheap[1:])) != dear.index(max(dear[1:]))
+        verdict = fast.probed and fast.probe_saw
+        chosen = fast.choose_round(states["fast"], caps, rows)
+        assert chosen == slow.choose_round(states["slow"], caps, rows)
         assert (fast.idle, fast.wait, fast.probed, fast.probe_saw, fast.would_draft) == \
             (slow.idle, slow.wait, slow.probed, slow.probe_saw, slow.would_draft)
-        width = max(chosen, default=0) + 1 if any(chosen) else 1
-        seconds = 0.04 * table[rows][min(width, 5)] * rng.uniform(0.8, 1.4)
+        seen["stale"] += stale
+        seen["verdict"] += verdict and not stale
+        seen["probe"] += fast.probed and not verdict and any(chosen)
+        missed = any(chosen) and rng.random() < 0.3  # every row's lookup came up empty
+        seen["missed"] += missed
+        width = 0 if missed else max(chosen) + 1 if any(chosen) else 1
+        seconds = 0.04 * table[rows][min(max(width, 1), 5)] * rng.uniform(0.8, 1.4)
+        outcomes = [(d, 0 if missed else d, rng.randint(0, d)) for d in chosen]
         for c in (fast, slow):
             c.observe_round(rows, width, seconds)
-            for st, d in zip(states, chosen, strict=True):
-                if d:
-                    c.update(st, d, rng.randint(0, d), d)
-        drafted += any(chosen)
-        plain += not any(chosen)
-    assert drafted > 300 and plain > 300  # both kinds of round were compared
+            for st, (asked, got, hits) in zip(states["fast" if c is fast else "slow"],
+                                              outcomes, strict=True):
+                if asked:
+                    c.update(st, got, min(hits, got), asked)
+        seen["drafted" if any(chosen) else "plain"] += 1
+    assert fast.prior == slow.prior and fast.supply_prior == slow.supply_prior
+    assert seen["drafted"] > 300 and seen["plain"] > 300, seen
+    assert all(n > 0 for n in seen.values()), seen  # every case a shortcut could get wrong
 
 
 def test_the_executor_times_its_rounds_into_a_timed_chooser() -> None:

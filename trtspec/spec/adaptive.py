@@ -507,6 +507,8 @@ class AdaptiveDraft:
         """Whether a probe's turn has come (batch-aware): ``wait`` plain rounds, and as many
         as make its expected extra cost over a plain round ≤ ``probe_budget`` of them (a
         probe of many rows costs more)."""
+        if self.idle < self.wait:  # not yet whatever a probe costs (most plain rounds)
+            return False
         extra = self.expected_time(states, [min(1, c) for c in caps], rows, clocked) - 1
         return self.idle >= max(self.wait, extra / self.probe_budget)
 
