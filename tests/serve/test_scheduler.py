@@ -962,16 +962,16 @@ def test_a_stall_keeps_the_chunk_s_own_call_and_no_stall_rides() -> None:
     assert paced == 0 and unpaced >= 8 and tokens == same
 
 
-def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() -> None:
+def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round_alone() -> None:
     """With the batch-aware chooser's plain round always due a timing (its clock stale), a
     prompt of two chunks rides whole (a call of its own each time cost the batch-aware arm
     what plain decoding saved), while longer prompts, or short ones arriving back to back,
-    ride two steps in a row and then take a call of their own, whose round gets timed (one
-    that did one-off work is not): while prompts keep coming, a timing is tried at least
-    every third step. A step with nothing riding starts the count again, as does a ride that
-    failed (its round then runs in a call of its own and is timed). A chooser that would draft
-    nothing whatever the clock said wants no timing: its chunks ride every step, as plain
-    decoding's do."""
+    ride two steps in a row and then wait a step, whose round runs alone and gets timed (one
+    that did one-off work is not), every chunk riding: while prompts keep coming, a timing
+    is tried at least every third step. A step with nothing riding starts the count again,
+    as does a ride that failed (its round then runs in a call of its own and is timed). A
+    chooser that would draft nothing whatever the clock said wants no timing: its chunks
+    ride every step, as plain decoding's do."""
     from trtspec.runtime.compiled import CompiledRunner
     from trtspec.spec.adaptive import AdaptiveDraft, RoundCost
 
@@ -1028,10 +1028,10 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round() 
         return count[0], count[1], steps
 
     assert admit([14])[:2] == (2, 0)  # 8 + 6 tokens: both chunks ride, no round timed
-    rides, timed, steps = admit([80])  # ten chunks of 8: ride, ride, a call of its own, …
-    assert (rides, timed, steps) == (7, 3, 10)
+    rides, timed, steps = admit([80])  # ten chunks of 8: ride, ride, wait a step (its
+    assert (rides, timed, steps) == (10, 4, 14)  # round timed alone), …
     rides, timed, steps = admit([14] * 6)  # back to back, a chunk waiting at every step
-    assert steps == 12 and rides == 8 and timed == 4
+    assert (rides, timed, steps) == (12, 5, 17)
     rides, timed, steps = admit([14, 14], gap=2)  # a step without a chunk between them:
     assert (rides, timed, steps) == (4, 4, 8)  # each rides whole (two steps in a row)
     rides, timed, steps = admit([80], policy=DraftPolicy(draft_len=2))  # a fixed D: no

@@ -82,7 +82,8 @@ Terms (slots, running, waiting, tickets, the policy and stops: :mod:`trtspec.ser
                 and that average goes stale while every step rides), or while a batch-aware
                 chooser's plain round is due a timing that could change its choice
                 (``AdaptiveDraft.wants_timing``) and STALE_RIDES steps in a row
-                rode while it was (:meth:`Scheduler._riding` says why); one prompt a step; a
+                rode while it was (then the prompts wait that step and its round runs
+                alone, timed: :meth:`Scheduler._riding` says why); one prompt a step; a
                 round that fails with a chunk in it is put back and the step runs as
                 without (logged; STRIKES in a row that the same work without the chunk did
                 not repeat, and chunks stop riding for good: :meth:`Scheduler._ride_failed`).
@@ -221,6 +222,7 @@ class Scheduler(Slots):
         self._strikes = 0  # requests failed in a row (module docstring, "failure")
         self._split = 0  # rounds in a row that failed batched, then ran row by row
         self._timing_rides = 0  # steps in a row a chunk rode while the chooser wanted a timing
+        self._timing_hold = False  # this step's prompts wait, so its round is timed alone
         self._pair_failures = 0  # rounds in a row that failed with a chunk riding in them
         self._ended_alone = 0  # requests ended by a failure of their own, so far
         self._idle = [Request([0], SamplingParams(), frozenset(), make_generator(0),
@@ -278,6 +280,7 @@ class Scheduler(Slots):
         floor = max(1, min(chunk_now, self.max_num_tokens // 2)) if chunk and waiting else 0
         reserved = min(self.max_num_tokens - floor, len(decoding) * (want + 1))
         budget = self.max_num_tokens - reserved
+        self._timing_hold = False  # _riding: this step's chunk waits for a timed round
         riding = None if paced else self._riding(decoding, budget, chunk, want,
                                                  draft_len == ADAPTIVE)
         deltas = failed = None
@@ -294,7 +297,9 @@ class Scheduler(Slots):
         if deltas is None:  # nothing rode (or the round it rode in failed): STALE_RIDES
             self._timing_rides = 0  # counts steps in a row that rode
             began = self._now(paced)
-            used, later = self._prefill(budget, chunk, paced)
+            # a plain round due a timing runs alone; the prompts wait this step (_riding)
+            used, later = (0, set()) if self._timing_hold else \
+                self._prefill(budget, chunk, paced)
             chunk_s = self._now(paced) - began
             # with those whose prompt just completed, but beside running streams a prompt
             # that came in over several calls joins the rounds at the next step (docstring,
@@ -333,7 +338,8 @@ class Scheduler(Slots):
         rounds in a row that failed with a chunk riding (:meth:`_ride_failed`), or a
         batch-aware chooser whose plain round is due a timing that could change its choice
         (``AdaptiveDraft.wants_timing``: its clock's baseline stale, and at the round cost's
-        prices it would draft or probe) after STALE_RIDES steps in a row rode while it was.
+        prices it would draft or probe) after STALE_RIDES steps in a row rode while it was:
+        then the step's prompts wait (``_timing_hold``) and its round runs alone, timed.
         Not called when paced.
 
         Why a few steps: while the chooser's clock is stale its rounds are plain, and a round
@@ -344,14 +350,18 @@ class Scheduler(Slots):
         0.97-0.98× plain at 8 and 16 clients. Riding always would keep the clock stale for as
         long as prompts keep arriving. So a chunk rides up to STALE_RIDES steps in a row
         while the clock is stale (after a step with nothing riding, a prompt of two chunks
-        rides whole), and the next takes a call of its
-        own, so its round can be timed (one that did one-off work is not, and a batch size
-        new to the clock needs RoundClock.FIRST timed rounds). A chooser that would draft
-        nothing whatever the timing said needs none, so its chunks ride as plain decoding's
-        do: at 16 clients on open-ended prompts (the prepacked runner, chunks of 16; one
-        profiled run of three blocks of 16 prompts, each arm), the arm that stayed plain made
-        386 target calls against plain's 372, and 371 once it asked for timings only where
-        they could change its choice."""
+        rides whole), and at the next the prompts wait a step, so its round runs alone and
+        is timed (one that did one-off work is not, and a batch size new to the clock needs
+        RoundClock.FIRST timed rounds). Waiting, not a call of its own for the chunk: at 4
+        clients on open-ended prompts (one bench run of 12 blocks, timed by part) the
+        speculative arms' chunks in calls of their own took 5.15–5.26 s against plain
+        decoding's 4.84 s, 0.6–0.8 % of the step loop's time; with the chunk waiting,
+        4.74–4.78 s against 4.75 s, for one step of the prompt's TTFT per timing. A
+        chooser that would draft nothing whatever the timing said needs none, so its chunks
+        ride as plain decoding's do: at 16 clients on open-ended prompts (the prepacked
+        runner, chunks of 16; one profiled run of three blocks of 16 prompts, each arm), the
+        arm that stayed plain made 386 target calls against plain's 372, and 371 once it
+        asked for timings only where they could change its choice."""
         proposer, target = self.executor.proposer, self.executor.target
         chooser = self.executor.adaptive
         if not decoding or chunk is None or self._heads or self._pair_failures >= STRIKES or \
@@ -374,8 +384,9 @@ class Scheduler(Slots):
         timing_due = adaptive and chooser is not None and \
             chooser.wants_timing(self.executor.rows_scored(decoding))
         if timing_due and self._timing_rides >= STALE_RIDES:
-            return None  # the plain round is due a timing: a call of its own (step()
-            # starts the count again, as after any step with nothing riding)
+            self._timing_hold = True  # the plain round is due a timing: it runs alone and
+            return None  # the prompts wait the step (step() starts the count again, as
+            # after any step with nothing riding)
         self._timing_rides = self._timing_rides + 1 if timing_due else 0
         start = ticket.prefilled
         return PromptChunk(waiting[0], ticket.prompt[start: start + n], n == todo)
