@@ -785,6 +785,7 @@ def test_a_model_failure_ends_every_request_with_an_error_then_503(capsys) -> No
         while engine.scheduler.waiting < 1 and time.time() < deadline:
             time.sleep(0.01)
         assert engine.scheduler.running == 3 and engine.scheduler.waiting == 1
+        assert len(engine.scheduler._decoding()) == 3  # (not a deadline passed silently)
         armed.set()
         for t in threads:
             t.join(timeout=60)
