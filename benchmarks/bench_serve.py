@@ -72,12 +72,13 @@ from trtspec.eval.workloads import builtin, per_category
 from trtspec.runtime.kinds import built_runner
 from trtspec.runtime.models import encode, load
 from trtspec.serve.scheduler import Scheduler
-from trtspec.spec.adaptive import AdaptiveDraft, RoundCost
+from trtspec.spec.adaptive import AdaptiveDraft
 from trtspec.spec.cost_curve import measure, measure_rounds
 from trtspec.spec.counters import SpecStats
 from trtspec.spec.executor import SpecExecutor
 from trtspec.spec.propose.ngram import NgramProposer
 from trtspec.spec.propose.suffix import SuffixProposer
+from trtspec.spec.round_cost import RoundCost
 from trtspec.spec.sample.probs import SamplingParams
 
 SLOTS, K = 8, 8

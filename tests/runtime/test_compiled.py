@@ -100,7 +100,7 @@ def test_a_round_scored_wider_keeps_its_logits_and_greedy_output(kind: str, cach
     """What the executor does when the round cost says a wider call is cheaper: a row's feed
     lengthened by repeats changes no earlier logit, and greedy speculation (ngram, a draft
     model view, a layer-skip view on the target's own cache) stays plain decoding's."""
-    from trtspec.spec.adaptive import RoundCost
+    from trtspec.spec.round_cost import RoundCost
 
     model = tiny_llama(vocab=64, layers=3, seed=3, logit_scale=4.0)
     runner = make_runner(model, kind, cache_dir=cache_dir)

@@ -973,7 +973,8 @@ def test_a_stale_clock_lets_chunks_ride_two_steps_in_a_row_then_times_a_round_al
     chooser that would draft nothing whatever the clock said wants no timing: its chunks
     ride every step, as plain decoding's do."""
     from trtspec.runtime.compiled import CompiledRunner
-    from trtspec.spec.adaptive import AdaptiveDraft, RoundCost
+    from trtspec.spec.adaptive import AdaptiveDraft
+    from trtspec.spec.round_cost import RoundCost
 
     model = tiny_llama(vocab=64, seed=6)
 

@@ -9,7 +9,7 @@ measured when eval or serve starts; models that are not timed honestly (the toy 
 The round cost (``rounds``): what one scoring call costs as a function of rows and width, for
 B = 1 … max_batch_size rows × W = 1 … K + 1 tokens each, measured the same way on a batch of
 max_batch_size rows (the first B scored, as the scheduler's slots are): the batch-aware
-chooser's t(B, W) (:class:`~trtspec.spec.adaptive.RoundCost`), and where padding pays.
+chooser's t(B, W) (:class:`~trtspec.spec.round_cost.RoundCost`), and where padding pays.
 
 Measuring: one row is prefilled with a prompt of ``context`` tokens, then ``score`` calls of T
 tokens, each rolled back so every call sees the same context, round-robin over T (and the
@@ -26,7 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from trtspec.spec.adaptive import AdaptiveDraft, RoundCost
+from trtspec.spec.adaptive import AdaptiveDraft
+from trtspec.spec.round_cost import RoundCost
 
 MODEL_FREE = ("ngram", "suffix")  # proposers that run no model: t_draft = 0
 FALLBACK_SLOPE, FALLBACK_DRAFT = 0.02, 0.1
@@ -102,7 +103,7 @@ def time_score(runners: dict[str, Any], lengths: dict[str, list[int]], context: 
 
 def round_rows(rows: int) -> list[int]:
     """The row counts the round cost is measured at: 1 … 8, then powers of two, and ``rows``
-    (between them :class:`~trtspec.spec.adaptive.RoundCost` interpolates)."""
+    (between them :class:`~trtspec.spec.round_cost.RoundCost` interpolates)."""
     return sorted({*range(1, min(rows, 8) + 1), *(2 ** i for i in range(4, rows.bit_length())),
                    rows})
 

@@ -15,11 +15,11 @@ the baseline shares every line of sampling code with the speculative path.
 With an :class:`~trtspec.spec.adaptive.AdaptiveDraft` (``draft_len`` "adaptive"), each request's D
 for each round comes from the acceptance estimates and the cost of the round (at most the
 executor's ``draft_len``, K); verification is unchanged, so the output distribution is too.
-With a :class:`~trtspec.spec.adaptive.RoundCost`, a round with drafts is scored at the width it says
-is cheapest (one row's feed lengthened by repeats of its last token; the runner pads every row
-to the widest anyway): positions after a row's own tokens change none of its logits in exact
-arithmetic (in floating point, as any other batch shape, up to rounding), and what they wrote
-is rolled back with the rejections.
+With a :class:`~trtspec.spec.round_cost.RoundCost`, a round with drafts is scored at the width
+it says is cheapest (one row's feed lengthened by repeats of its last token; the runner pads
+every row to the widest anyway): positions after a row's own tokens change none of its logits
+in exact arithmetic (in floating point, as any other batch shape, up to rounding), and what
+they wrote is rolled back with the rejections.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 import torch
 
 from trtspec.runtime import Runner
-from trtspec.spec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState, RoundCost
+from trtspec.spec.adaptive import ADAPTIVE, AdaptiveDraft, AdaptiveState
 from trtspec.spec.counters import SpecStats
 from trtspec.spec.propose.proposer import Draft, Proposer
+from trtspec.spec.round_cost import RoundCost
 from trtspec.spec.sample.probs import SamplingParams, make_generator, rows_to_probs
 from trtspec.spec.sample.verify import VerifyOutput, verify
 
