@@ -1,2 +1,3 @@
 """Speculative decoding itself: the exact sampler (``sample``), proposers (``propose``), the
-executor that runs draft → verify rounds, its counters and the draft-length chooser."""
+executor that runs draft → verify rounds, its counters, the draft-length chooser and what a
+round costs."""

@@ -29,8 +29,8 @@ a round of the drafts it got costs: with r_k = Π_{j≤k} s_j = P(it gets ≥ k 
     E[time | D] = Σ_{k=0..D} (r_k − r_{k+1}) · time(k),   r_0 = 1, r_{D+1} = 0,
 
 where time(0), a round that got no draft, is a plain round plus the lookups that found nothing
-(1 until such rounds were timed, below, and never less; the per-request chooser has no
-clock: 1). Counting a miss as a rejection alone (as a_j) would
+(1 until the executor timed such rounds, trtspec.spec.round_cost, and never less; the
+per-request chooser has no clock: 1). Counting a miss as a rejection alone (as a_j) would
 price it as a round of the asked width; leaving it out (as trtspec did before) prices it as a
 proposal accepted as often as real ones, and on open-ended prompts, where lookups mostly miss,
 the chooser drafted where it lost (0.82–0.96× plain at 4–16 clients, one run a cell, in an
@@ -57,10 +57,10 @@ is reset); if not, the wait doubles, up to ``max_wait`` rounds. Process-wide, be
 with a draft model also pays for the draft catching up on the tokens it skipped: over many
 short requests a per-request back-off would keep probing each of them at its shortest wait.
 
-Batch-aware (with a :class:`RoundCost`, as every build measures): a round scores every running
-row at once, padded to the widest, so one row's D costs all of them. Each round picks one width
-W ∈ {0 … K}; row i drafts D_i = min(W, cap_i) (cap_i: its budget), and W maximises the round's
-expected tokens per unit of time,
+Batch-aware (with a :class:`~trtspec.spec.round_cost.RoundCost`, as every build measures): a
+round scores every running row at once, padded to the widest, so one row's D costs all of them.
+Each round picks one width W ∈ {0 … K}; row i drafts D_i = min(W, cap_i) (cap_i: its budget),
+and W maximises the round's expected tokens per unit of time,
 
     Σ_i E_i[emitted | D_i] / Σ_{k=0..W} P(the widest row gets k drafts) · time_B(k),
 
@@ -268,10 +268,10 @@ class AdaptiveDraft:
     def round_time(self, rows: int, width: int, clocked: bool = True) -> float:
         """A round of ``width`` tokens in each of ``rows`` rows over a plain round (W = 1) at
         the same rows: (t(B, W) + (W − 1)·t_draft·t(B, 1)) / t(B, 1) from the round cost, or
-        what such rounds took here (:class:`RoundClock`; not ``clocked``: the round cost's
-        ratio alone), never below the round cost's ratio (module docstring). Width 0: a round
-        asked for drafts that got none (1, a plain round, until such rounds were timed; never
-        below 1)."""
+        what such rounds took here (:class:`~trtspec.spec.round_cost.RoundClock`; not
+        ``clocked``: the round cost's ratio alone), never below the round cost's ratio
+        (trtspec.spec.round_cost says why). Width 0: a round asked for drafts that got none
+        (1, a plain round, until such rounds were timed; never below 1)."""
         assert self.round_cost is not None
         cost = self.round_cost
         clock = self.clock if clocked else None
@@ -343,14 +343,14 @@ class AdaptiveDraft:
 
     def wants_timing(self, rows: int) -> bool:
         """Whether a plain round at ``rows`` rows is due a timing that could change a choice:
-        the clock's baseline there is stale (:meth:`RoundClock.stale`) and the last round
-        chosen drafted or probed, or, where that round was stale, would have at the round
-        cost's prices (the last round's rows and states stand for the next's, which may
-        differ by a request). The scheduler then gives the next round a call of its own (a
-        round with a prompt's chunk in its call is not timed). Where the round cost says
+        the clock's baseline there is stale (:meth:`~trtspec.spec.round_cost.RoundClock.stale`)
+        and the last round chosen drafted or probed, or, where that round was stale, would have
+        at the round cost's prices (the last round's rows and states stand for the next's,
+        which may differ by a request). The scheduler then gives the next round a call of its
+        own (a round with a prompt's chunk in its call is not timed). Where the round cost says
         plain and no probe is due, no timing can change that: the clock never prices a width
-        below the round cost's ratio. Stale rounds that want no timing count toward the
-        next probe, whose turn then wants one."""
+        below the round cost's ratio. Stale rounds that want no timing count toward the next
+        probe, whose turn then wants one."""
         return self.clock is not None and self.would_draft and self.clock.stale(rows)
 
     def choose(self, state: AdaptiveState, cap: int) -> int:

@@ -13,23 +13,22 @@ service. So the executor times every round it runs and :class:`RoundClock` keeps
 seconds per (B, W); a round's cost relative to plain decoding's at the same B is then what was
 observed (t̂(B, W)/t̂(B, 1)), and a width not observed yet takes the table's ratio scaled by
 how far the observed widths at those rows (else the nearest rows observed) were off the table.
-A ratio from the clock (observed, or the table's scaled) is never taken below the table's.
-Its two averages are timed seconds apart (the plain one up to ``refresh`` rounds earlier), and
-on a shared machine the speed drifts by more than a round's gain in that time: on the 2-core
-CPU, open-ended prompts at 16 clients, rounds of 8 rows × 2 tokens ran at 1.22–1.27× the plain
-rounds of the same run (the table: 1.11×) while the clock's ratio fell to 0.9–1.0 in runs
-where the machine sped up, and the chooser drafted on it and lost. The floor costs where a
-runner's true ratios are below its table (a large fixed cost per round, longer contexts than
-the table's): there each width is priced above what it costs, so the chooser may speculate
-in fewer rounds (or at another width) than it could; it never makes a width look cheaper
-than the build measured it. At rows whose plain rounds were last timed
-``refresh`` speculative rounds ago (or never), the next round is plain: it costs at most one
-round's gain in ``refresh`` and keeps the baseline it is judged against current. A round that
-did one-off work (grew the cache, swapped rows, compiled a graph) is not timed; one asked to
-draft that proposed nothing (every row's lookup missed) is timed as width 0, time_B(0), apart
-from plain rounds (its lookups are no plain round's), and on a GPU the clock waits for the
-queued work before and after. What each round costs is then the time it took, not a model
-of it.
+A ratio from the clock (observed, or the table's scaled) is never taken below the table's. Its
+two averages are timed seconds apart (the plain one up to ``refresh`` rounds earlier), and on a
+shared machine the speed drifts by more than a round's gain in that time: on the 2-core CPU,
+open-ended prompts at 16 clients, rounds of 8 rows × 2 tokens ran at 1.22–1.27× the plain
+rounds of the same run (the table: 1.11×) while the clock's ratio fell to 0.9–1.0 in runs where
+the machine sped up, and the chooser drafted on it and lost. The floor costs where a runner's
+true ratios are below its table (a large fixed cost per round, longer contexts than the
+table's): there each width is priced above what it costs, so the chooser may speculate in fewer
+rounds (or at another width) than it could; it never makes a width look cheaper than the build
+measured it. At rows whose plain rounds were last timed ``refresh`` speculative rounds ago (or
+never), the next round is plain: it costs at most one round's gain in ``refresh`` and keeps the
+baseline it is judged against current. A round that did one-off work (grew the cache, swapped
+rows, compiled a graph) is not timed; one asked to draft that proposed nothing (every row's
+lookup missed) is timed as width 0 (the chooser's time_B(0), trtspec.spec.adaptive), apart from
+plain rounds (its lookups are no plain round's), and on a GPU the clock waits for the queued
+work before and after. What each round costs is then the time it took, not a model of it.
 """
 
 from __future__ import annotations
