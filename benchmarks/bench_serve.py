@@ -72,6 +72,7 @@ from trtspec.eval.workloads import builtin, per_category
 from trtspec.runtime.kinds import built_runner
 from trtspec.runtime.models import encode, load
 from trtspec.serve.scheduler import Scheduler
+from trtspec.serve.server import freeze_heap
 from trtspec.spec.adaptive import AdaptiveDraft
 from trtspec.spec.cost_curve import measure, measure_rounds
 from trtspec.spec.counters import SpecStats
@@ -319,9 +320,10 @@ def smollm2_runner(quick: bool):
     torch.manual_seed(0)
     lm = load("smollm2-135m-instruct", device="cpu")
     kind = "eager" if quick else "compiled"
-    return lm, kind, built_runner(lm.model, kind, rows=SLOTS,
-                                  eos_token_id=lm.tokenizer.eos_token_id,
-                                  cache_dir=Path(tempfile.mkdtemp(prefix="bench-inductor-")))
+    runner = built_runner(lm.model, kind, rows=SLOTS, eos_token_id=lm.tokenizer.eos_token_id,
+                          cache_dir=Path(tempfile.mkdtemp(prefix="bench-inductor-")))
+    freeze_heap()  # as `trtspec serve` does once warm
+    return lm, kind, runner
 
 
 def admission_report(args) -> None:
@@ -610,6 +612,7 @@ def main() -> None:
         measure_rounds(runner, SLOTS, K + 1, 128)
     rounds = RoundCost(measured)
     cost_s = time.perf_counter() - t0
+    frozen, _ = freeze_heap()  # as `trtspec serve` does once warm
     policies = POLICIES[:1] + POLICIES[-2:] if args.quick else tuple(args.policies)
     min_blocks = 2 if args.quick else args.min_blocks
     arms = [("plain", "plain"), *([("plain", AA)] if args.aa else []),
@@ -683,7 +686,8 @@ def main() -> None:
         + f", {SLOTS} slots, "
         f"closed-loop clients in paired blocks (below), the {kind} runner (made and warmed "
         f"up in {compile_s:.0f} s; "
-        f"cost curve and round cost measured in {cost_s:.0f} s); "
+        f"cost curve and round cost measured in {cost_s:.0f} s; then {frozen:,} objects "
+        "frozen out of the garbage collector's passes, as `trtspec serve` does); "
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads. "
         "**Paired blocks**: at c clients a group's prompts run as blocks of 2c (all of them "
         "where 2c reaches the group's size), each through a fresh scheduler by c closed-loop "

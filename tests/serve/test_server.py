@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import threading
 import time
 import urllib.request
+import weakref
 from collections.abc import Iterator
 
 import openai
@@ -21,7 +23,7 @@ from trtspec.cli import main
 from trtspec.cli.serve import toy_engine
 from trtspec.runtime.toy import ToyRunner
 from trtspec.serve.openai_api import TextStream
-from trtspec.serve.server import IdTexts, make_app
+from trtspec.serve.server import IdTexts, freeze_heap, make_app
 from trtspec.spec.executor import SpecExecutor
 
 
@@ -578,6 +580,7 @@ def test_trtspec_serve_a_built_recipe_then_sigterm(tiny_dir, tmp_path) -> None:
     assert "stopped (0 requests were still running)" in out
     assert url in out and "slots 3" in out
     assert "policy: layer_skip, D = 2 at 1, D = 1 at 2, plain decoding at 3 running" in out
+    assert "objects held for good are out of the garbage collector's passes" in out, out
 
 
 def test_policy_from_a_decided_eval(tmp_path) -> None:
@@ -1170,3 +1173,24 @@ def test_a_request_whose_text_fails_to_decode_ends_at_once_and_the_server_goes_o
             model="toy", prompt="1 2 3", max_tokens=4)
         assert after.usage.completion_tokens == 4
         assert requests.get(url.removesuffix("/v1") + "/health").status_code == 200
+
+
+def test_freeze_heap_collects_garbage_first_then_keeps_the_live_heap_out_of_full_passes(
+) -> None:
+    class Node:
+        pass
+
+    garbage, kept = Node(), Node()
+    garbage.me = garbage  # a cycle nobody holds: must be collected, not frozen for good
+    gone = weakref.ref(garbage)
+    del garbage
+    before = gc.get_freeze_count()
+    try:
+        frozen, seconds = freeze_heap()
+        assert gone() is None  # collected before the freeze
+        assert frozen == gc.get_freeze_count() > before and seconds >= 0
+        assert not any(o is kept for o in gc.get_objects())  # frozen: no pass walks it
+        assert all(gc.get_count()[g] == 0 for g in (1, 2))
+    finally:
+        gc.unfreeze()  # this test process keeps its collector as it was
+    assert any(o is kept for o in gc.get_objects())
