@@ -1,6 +1,7 @@
 """project: the w · hᵀ form equals F.linear at every row count, the padded single row included;
 a prepacked weight (oneDNN) gives the same product, eagerly and inside a compiled graph; what
-is not prepacked is said, not guessed."""
+is not prepacked is said, not guessed. A layer's grouped-query attention packed (PACK_GQA)
+gives what torch's enable_gqa gives, cache writes included."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trtspec.runtime.decoder_layer import PROJECT_ROWS, prepack, prepacks, project
+from trtspec.runtime import decoder_layer
+from trtspec.runtime.decoder_layer import PROJECT_ROWS, layer_fn, prepack, prepacks, project
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 2), (2, 3), (3, 1), (1, PROJECT_ROWS + 1)])
@@ -55,3 +57,39 @@ def test_what_is_not_prepacked_is_refused_not_guessed() -> None:
     assert not prepacks(torch.randn(8))
     with pytest.raises(ValueError, match="not prepacked here"):
         prepack(half)
+
+
+@pytest.mark.parametrize("rows,width", [(1, 1), (1, 2), (3, 2), (3, 5), (2, 9)])
+def test_packed_grouped_query_attention_equals_enable_gqa(monkeypatch, rows: int, width: int
+                                                          ) -> None:
+    """Query heads 0-2 share key/value head 0 and 3-5 head 1 (as enable_gqa pairs them), each
+    row attends its own causal span over keys already in the cache; packing the heads as rows
+    must change no output (one token a row is never packed)."""
+    hq, hkv, d, inter, slots_, cache_rows = 6, 2, 8, 32, 24, 4
+    hidden = hq * d
+    g = torch.Generator().manual_seed(rows * 10 + width)
+    weights = (torch.rand(hidden, generator=g) + 0.5,
+               torch.randn((hq + 2 * hkv) * d, hidden, generator=g) / hidden ** 0.5, None,
+               torch.randn(hidden, hq * d, generator=g) / hidden ** 0.5,
+               torch.rand(hidden, generator=g) + 0.5,
+               torch.randn(2 * inter, hidden, generator=g) / hidden ** 0.5,
+               torch.randn(hidden, inter, generator=g) / inter ** 0.5)
+    start = torch.tensor([5, 11, 2][:rows])  # [B]: tokens each row already holds
+    slots = start[:, None] + torch.arange(width)  # [B, T]
+    span = int(slots.max()) + 1
+    mask = (torch.arange(span)[None, None, :] <= slots[:, :, None])[:, None]  # [B, 1, T, W]
+    angle = slots[..., None].float() / 7 + torch.arange(d) / d  # [B, T, d]
+    x = torch.randn(rows, width, hidden, generator=g)  # [B, T, hidden]
+    keys = torch.randn(slots_, cache_rows, hkv, d, generator=g)  # [W′, R, Hkv, d]
+    values = torch.randn(slots_, cache_rows, hkv, d, generator=g)
+    outs = {}
+    for packed in (False, True):
+        monkeypatch.setattr(decoder_layer, "PACK_GQA", packed)
+        k, v = keys.clone(), values.clone()
+        out = layer_fn(hq, hkv, d, 1e-5)(x, angle.cos(), angle.sin(), mask, slots, k, v,
+                                          *weights)
+        outs[packed] = out, k, v
+    (plain, k0, v0), (packed, k1, v1) = outs[False], outs[True]
+    torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
+    assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    assert not torch.equal(k0, keys)  # the new tokens' keys were written
