@@ -316,13 +316,16 @@ def burst_ttft(runner, prompts: list[list[int]], chunk: int, stall: float | None
 
 def smollm2_runner(quick: bool):
     """(SmolLM2, the runner kind, its runner on SLOTS rows): eager with ``--quick``, else the
-    compiled runner serve uses, compiling into a fresh inductor cache."""
+    compiled runner serve uses, compiling into a fresh inductor cache; then the heap frozen
+    (``freeze_heap``) at the point ``trtspec serve`` freezes it: after the runner's own
+    warm-up, before a bench's warm-up runs (graphs compiled there stay in the collector's
+    view, as a server's late ones would)."""
     torch.manual_seed(0)
     lm = load("smollm2-135m-instruct", device="cpu")
     kind = "eager" if quick else "compiled"
     runner = built_runner(lm.model, kind, rows=SLOTS, eos_token_id=lm.tokenizer.eos_token_id,
                           cache_dir=Path(tempfile.mkdtemp(prefix="bench-inductor-")))
-    freeze_heap()  # as `trtspec serve` does once warm
+    freeze_heap()  # where `trtspec serve` does: after the runner's warm-up
     return lm, kind, runner
 
 
@@ -612,7 +615,7 @@ def main() -> None:
         measure_rounds(runner, SLOTS, K + 1, 128)
     rounds = RoundCost(measured)
     cost_s = time.perf_counter() - t0
-    frozen, _ = freeze_heap()  # as `trtspec serve` does once warm
+    frozen, _ = freeze_heap()  # where `trtspec serve` does: after the runner's warm-up
     policies = POLICIES[:1] + POLICIES[-2:] if args.quick else tuple(args.policies)
     min_blocks = 2 if args.quick else args.min_blocks
     arms = [("plain", "plain"), *([("plain", AA)] if args.aa else []),

@@ -64,10 +64,10 @@ def test_packed_grouped_query_attention_equals_enable_gqa(monkeypatch, rows: int
                                                           ) -> None:
     """Query heads 0-2 share key/value head 0 and 3-5 head 1 (as enable_gqa pairs them), each
     row attends its own causal span over keys already in the cache; packing the heads as rows
-    must change no output (one token a row is never packed)."""
-    hq, hkv, d, inter, slots_, cache_rows = 6, 2, 8, 32, 24, 4
+    must change no output. One token a row is never packed: its call asks for enable_gqa."""
+    hq, hkv, d, inter, n_slots, cache_rows = 6, 2, 8, 32, 24, 4
     hidden = hq * d
-    g = torch.Generator().manual_seed(rows * 10 + width)
+    g = torch.Generator().manual_seed(rows * 10 + width)  # (the group size is hq // hkv)
     weights = (torch.rand(hidden, generator=g) + 0.5,
                torch.randn((hq + 2 * hkv) * d, hidden, generator=g) / hidden ** 0.5, None,
                torch.randn(hidden, hq * d, generator=g) / hidden ** 0.5,
@@ -80,8 +80,15 @@ def test_packed_grouped_query_attention_equals_enable_gqa(monkeypatch, rows: int
     mask = (torch.arange(span)[None, None, :] <= slots[:, :, None])[:, None]  # [B, 1, T, W]
     angle = slots[..., None].float() / 7 + torch.arange(d) / d  # [B, T, d]
     x = torch.randn(rows, width, hidden, generator=g)  # [B, T, hidden]
-    keys = torch.randn(slots_, cache_rows, hkv, d, generator=g)  # [W′, R, Hkv, d]
-    values = torch.randn(slots_, cache_rows, hkv, d, generator=g)
+    keys = torch.randn(n_slots, cache_rows, hkv, d, generator=g)  # [W′, R, Hkv, d]
+    values = torch.randn(n_slots, cache_rows, hkv, d, generator=g)
+    sdpa, asked = F.scaled_dot_product_attention, []
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("enable_gqa", False))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(decoder_layer.F, "scaled_dot_product_attention", spy)
     outs = {}
     for packed in (False, True):
         monkeypatch.setattr(decoder_layer, "PACK_GQA", packed)
@@ -93,3 +100,4 @@ def test_packed_grouped_query_attention_equals_enable_gqa(monkeypatch, rows: int
     torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
     assert torch.equal(k0, k1) and torch.equal(v0, v1)
     assert not torch.equal(k0, keys)  # the new tokens' keys were written
+    assert asked == [True, width == 1]  # unpacked, then packed unless one token a row

@@ -203,8 +203,8 @@ def serve(recipe: str | None, backend: str, host: str, port: int, api_key: str |
     engine.policy, engine.spec_metrics = describe_policy(engine), spec_metrics
     frozen, pass_s = freeze_heap()  # after warm-up: what the server holds for good
     notes.append(f"{frozen:,} objects held for good are out of the garbage collector's "
-                 f"passes (a full collection over them took {pass_s:.2f} s; in service "
-                 "every stream would have waited that long)")
+                 f"passes (the collection before the freeze took {pass_s:.2f} s; in "
+                 "service every stream would wait through a full one)")
     key = api_key or os.environ.get("TRTSPEC_API_KEY")
     click.echo(f"trtspec serve: http://{host}:{port}/v1  model {engine.model}  slots "
                f"{scheduler.slots} (waiting ≤ {scheduler.max_waiting}"

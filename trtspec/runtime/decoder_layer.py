@@ -33,9 +33,11 @@ PROJECT_ROWS = 128  # up to this many rows, project computes w · hᵀ (weights 
 # round's attention at 8 rows × 2 tokens over 256 slots took 0.56× the time with
 # enable_gqa, 3 rows × 3 tokens 0.46×, a prompt's chunk of 4 tokens at 2,048 slots 0.67×;
 # 0.4–0.8× from 2 to 9 tokens at 64–2,048 slots and 1–8 rows, about even at 16–64 tokens and
-# 1.04–1.31× at 512–2,048 (where the call's projections take seconds). One token a row
-# (plain decoding) was 0.86–2.3× slower packed, so it keeps enable_gqa. Not measured on a GPU,
-# whose kernels take grouped heads as they are: CPU only.
+# 1.04–1.31× at 512–2,048 (a whole prompt's call, whose projections take seconds: packed all
+# the same, as a bound on T would be a guard on the graphs' dynamic T and compile each graph
+# once more; the repeated mask is g× the bytes, 12 MB of bools at 2,048 × 2,048). One token a
+# row (plain decoding) was 0.86–2.3× slower packed, so it keeps enable_gqa. Not measured on a
+# GPU, whose kernels take grouped heads as they are: CPU only.
 PACK_GQA = True
 
 
@@ -172,9 +174,9 @@ def _attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch
     values = v_cache[:w, first:first + b].permute(1, 2, 0, 3)
     if PACK_GQA and t > 1 and hq != hkv and q.device.type == "cpu":
         g = hq // hkv  # query heads a key/value head serves: theirs as rows (PACK_GQA)
-        out = F.scaled_dot_product_attention(
+        out = F.scaled_dot_product_attention(  # [B, Hkv, g·T, d]
             q.reshape(b, hkv, g * t, d), keys, values,
-            attn_mask=mask.repeat(1, 1, g, 1)).reshape(b, hq, t, d)  # [B, Hkv, g·T, d]
+            attn_mask=mask.repeat(1, 1, g, 1)).reshape(b, hq, t, d)  # [B, Hq, T, d]
     else:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                              enable_gqa=hq != hkv)  # [B, Hq, T, d]

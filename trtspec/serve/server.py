@@ -56,12 +56,14 @@ __all__ = ["Engine", "IdTexts", "Limits", "TokenizerTexts", "freeze_heap", "make
 def freeze_heap() -> tuple[int, float]:
     """Collect, then move every object alive now (the models, the compiled graphs and
     their caches: what a server holds for its lifetime) out of the garbage collector's view,
-    as vLLM does once it has started. Returns (objects frozen, seconds the full collection
-    took). Why: CPython's full collection walks every tracked object, and a server that has
-    compiled its graphs holds hundreds of thousands (on the 2-core CPU, the SmolLM2 runner
-    compiled and warmed: about 814,000; a full pass 0.5-0.8 s) while the step thread holds
-    the GIL through it, so every stream stalls for that long whenever enough new objects
-    (a suffix trie's, requests') have survived to set one off. Frozen, a full pass walks
+    as vLLM does once it has started. Returns (objects frozen in all, a second call's
+    included; seconds the collection before the freeze took, which also frees the warm-up's
+    garbage). Why: CPython's full collection walks every tracked object, and a server that
+    has compiled its graphs holds hundreds of thousands (on the 2-core CPU, the SmolLM2
+    runner compiled and warmed: about 814,000, and a full collection that found no garbage
+    took 0.66 s) while the step thread holds the GIL through it, so every stream would wait
+    that long whenever enough new objects (a suffix trie's, requests') survived to set one
+    off (how often that happens in service was not measured). Frozen, a full pass walks
     only what came after (on the same heap with 200,000 new objects, 7 ms). Collected
     first, so nothing already garbage is kept for good; what is frozen is still freed when
     its last reference goes (only a cycle among frozen objects would outlive its use).
