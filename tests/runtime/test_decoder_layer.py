@@ -67,21 +67,21 @@ def test_packed_grouped_query_attention_equals_enable_gqa(monkeypatch, rows: int
     must change no output. One token a row is never packed: its call asks for enable_gqa."""
     hq, hkv, d, inter, n_slots, cache_rows = 6, 2, 8, 32, 24, 4
     hidden = hq * d
-    g = torch.Generator().manual_seed(rows * 10 + width)  # (the group size is hq // hkv)
-    weights = (torch.rand(hidden, generator=g) + 0.5,
-               torch.randn((hq + 2 * hkv) * d, hidden, generator=g) / hidden ** 0.5, None,
-               torch.randn(hidden, hq * d, generator=g) / hidden ** 0.5,
-               torch.rand(hidden, generator=g) + 0.5,
-               torch.randn(2 * inter, hidden, generator=g) / hidden ** 0.5,
-               torch.randn(hidden, inter, generator=g) / inter ** 0.5)
+    rng = torch.Generator().manual_seed(rows * 10 + width)
+    weights = (torch.rand(hidden, generator=rng) + 0.5,
+               torch.randn((hq + 2 * hkv) * d, hidden, generator=rng) / hidden ** 0.5, None,
+               torch.randn(hidden, hq * d, generator=rng) / hidden ** 0.5,
+               torch.rand(hidden, generator=rng) + 0.5,
+               torch.randn(2 * inter, hidden, generator=rng) / hidden ** 0.5,
+               torch.randn(hidden, inter, generator=rng) / inter ** 0.5)
     start = torch.tensor([5, 11, 2][:rows])  # [B]: tokens each row already holds
     slots = start[:, None] + torch.arange(width)  # [B, T]
     span = int(slots.max()) + 1
     mask = (torch.arange(span)[None, None, :] <= slots[:, :, None])[:, None]  # [B, 1, T, W]
     angle = slots[..., None].float() / 7 + torch.arange(d) / d  # [B, T, d]
-    x = torch.randn(rows, width, hidden, generator=g)  # [B, T, hidden]
-    keys = torch.randn(n_slots, cache_rows, hkv, d, generator=g)  # [W′, R, Hkv, d]
-    values = torch.randn(n_slots, cache_rows, hkv, d, generator=g)
+    x = torch.randn(rows, width, hidden, generator=rng)  # [B, T, hidden]
+    keys = torch.randn(n_slots, cache_rows, hkv, d, generator=rng)  # [W′, R, Hkv, d]
+    values = torch.randn(n_slots, cache_rows, hkv, d, generator=rng)
     sdpa, asked = F.scaled_dot_product_attention, []
 
     def spy(*args, **kwargs):
