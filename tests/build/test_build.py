@@ -227,7 +227,9 @@ def test_set_builds_coexist_and_eval_finds_each(tmp_path: Path, monkeypatch, cap
 def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path: Path,
                                                                         capsys) -> None:
     """The default runner: build compiles into the build folder's inductor cache and says how
-    long it took; eval's runner is that kind, reading that cache, with transformers' logits."""
+    long it took; eval's runner is that kind, reading that cache, with transformers' logits. A
+    build whose cost curve was measured otherwise than the runner now runs (weights prepacked,
+    a wide call's attention packed), or that did not record it, is warned about."""
     import os
 
     import torch
@@ -264,6 +266,17 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
     OpenBuild(load_recipe(recipe), old, said.append).target_runner()  # a build from before
     assert any("cost curve with the weights not prepacked" in line and "build --force" in line
                for line in said)
+    # a wide call's attention packed (4 query heads over 2 on this CPU): recorded, and a build
+    # that did not record it, or recorded otherwise, is told to measure again
+    assert built.runner.packed_attention and runner.packed_attention
+    opened = OpenBuild(load_recipe(recipe), built, said.append)
+    opened._runner = runner
+    for then, wording in ((True, None), (None, "did not record whether"),
+                          (False, "attention not packed and it is now")):
+        said.clear()
+        opened._check_cost_curve(built.runner.model_copy(update={"packed_attention": then}))
+        assert said == [] if wording is None else (
+            len(said) == 1 and wording in said[0] and "build --force" in said[0]), said
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
     with torch.inference_mode():
         want = tiny(torch.tensor([[1, 2, 3]])).logits[0, -1]

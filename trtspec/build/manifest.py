@@ -65,6 +65,9 @@ class RunnerInfo(Strict):
     note: str | None = None  # why it is not what was requested
     prepacked: bool | None = None  # GEMM weights prepacked for oneDNN when the build measured
     # its cost curve (None: a build from before trtspec prepacked: not prepacked)
+    packed_attention: bool | None = None  # a call of 2+ tokens a row attended packed (grouped
+    # query heads as rows of their key/value head) when the build measured its cost curve
+    # (None: a build from before trtspec recorded it)
 
 
 class Manifest(Strict):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.build.recipe import DraftModel, Eagle, Medusa, Recipe, RecipeError, load_recipe
 from trtspec.runtime import Runner
@@ -21,6 +21,9 @@ from trtspec.spec.adaptive import ADAPTIVE, is_adaptive
 from trtspec.spec.executor import SpecExecutor
 from trtspec.spec.propose import make_proposer
 from trtspec.spec.propose.proposer import Proposer
+
+if TYPE_CHECKING:
+    from trtspec.build.manifest import RunnerInfo
 
 PLAIN = "none"  # the method name of plain decoding
 DRAFT_KV_FRACTION = 0.6  # TensorRT-LLM's KV share of free GPU memory beside a torch draft
@@ -86,15 +89,33 @@ class OpenBuild:
             self._runner = built_runner(lm.model, kind, rows=self.recipe.limits.max_batch_size,
                                         cache_dir=built.cache_dir if built is not None else None,
                                         eos_token_id=lm.tokenizer.eos_token_id, say=self.say)
-            now = bool(getattr(self._runner, "prepacked", False))
-            then = bool(built and built.prepacked)
-            if built is not None and self.manifest.cost_curve is not None and now != then:
-                self.say(f"warning: this build measured its cost curve with the weights "
-                         f"{'' if then else 'not '}prepacked and they are "
-                         f"{'' if now else 'not '}now (another trtspec, or TRTSPEC_PREPACK): "
-                         "the adaptive D's costs are off; `trtspec build --force` measures "
-                         "them again")
+            if built is not None and self.manifest.cost_curve is not None:
+                self._check_cost_curve(built)
         return self._runner
+
+    def _check_cost_curve(self, built: RunnerInfo) -> None:
+        """Warn where the runner now runs otherwise than when the build measured its cost
+        curve, which the adaptive D prices its rounds by: GEMM weights prepacked or not, a
+        wide call's grouped-query attention packed or not (each changes what a round costs)."""
+        now = bool(getattr(self._runner, "prepacked", False))
+        then = bool(built.prepacked)
+        if now != then:
+            self.say(f"warning: this build measured its cost curve with the weights "
+                     f"{'' if then else 'not '}prepacked and they are "
+                     f"{'' if now else 'not '}now (another trtspec, or TRTSPEC_PREPACK): "
+                     "the adaptive D's costs are off; `trtspec build --force` measures "
+                     "them again")
+        now = bool(getattr(self._runner, "packed_attention", False))
+        if built.packed_attention is None and now:
+            self.say("warning: this build did not record whether its cost curve was measured "
+                     "with a wide call's grouped-query attention packed, as it is now (an older "
+                     "trtspec): if not, the adaptive D prices wide rounds dearer than they "
+                     "cost and drafts less; `trtspec build --force` measures them again")
+        elif built.packed_attention is not None and built.packed_attention != now:
+            self.say(f"warning: this build measured its cost curve with a wide call's "
+                     f"grouped-query attention {'' if built.packed_attention else 'not '}"
+                     f"packed and it is {'' if now else 'not '}now (another trtspec): the "
+                     "adaptive D's costs are off; `trtspec build --force` measures them again")
 
     def warm_up(self, batch: int, watch: bool = False) -> float:
         """Every graph a batch of ``batch`` rows needs, now (a live cache is kept); ``watch``:

@@ -159,7 +159,9 @@ def target_runner(recipe: Recipe, artifacts: list[Artifact], out_dir: Path,
                                      compile_seconds=seconds,
                                      cache_dir=str(cache) if kind == "compiled" else None,
                                      note=notes[0] if notes else None,
-                                     prepacked=bool(getattr(runner, "prepacked", False)))
+                                     prepacked=bool(getattr(runner, "prepacked", False)),
+                                     packed_attention=bool(getattr(runner, "packed_attention",
+                                                                   False)))
 
 
 def measure_costs(recipe: Recipe, artifacts: list[Artifact], max_tokens: int, target: Any,

@@ -59,6 +59,7 @@ from trtspec.runtime.decoder_layer import (
     gemm_weights,
     layer_fn,
     layer_weights,
+    packs_attention,
     pair_fn,
     prepack,
     prepacks,
@@ -159,6 +160,8 @@ class CompiledRunner:
         self._eos = eos[0] if isinstance(eos, list) else eos
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        # a call of 2+ tokens a row attends packed (decoder_layer.PACK_GQA): a build records it
+        self.packed_attention = packs_attention(self._hq, self._hkv, self.device.type)
         self._capacity = pow2(capacity, MIN_CAPACITY)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []

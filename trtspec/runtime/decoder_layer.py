@@ -41,6 +41,13 @@ PROJECT_ROWS = 128  # up to this many rows, project computes w · hᵀ (weights 
 PACK_GQA = True
 
 
+def packs_attention(hq: int, hkv: int, device_type: str) -> bool:
+    """Whether a call of two tokens or more a row attends packed (PACK_GQA): grouped heads
+    (``hq`` query heads over ``hkv`` key/value heads, fewer) on a CPU. A build records it
+    beside its cost curve, which it changes (a verify round's cost most at long contexts)."""
+    return PACK_GQA and hq != hkv and device_type == "cpu"
+
+
 @torch.library.custom_op("trtspec::prepacked_linear", mutates_args=())
 def prepacked_linear(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """h [M, in] · wᵀ for w a weight [out, in] prepacked by ``prepack``: [M, out]. An op of
@@ -172,7 +179,7 @@ def _attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch
     w = mask.shape[-1]
     keys = k_cache[:w, first:first + b].permute(1, 2, 0, 3)  # [B, Hkv, W, d]
     values = v_cache[:w, first:first + b].permute(1, 2, 0, 3)
-    if PACK_GQA and t > 1 and hq != hkv and q.device.type == "cpu":
+    if t > 1 and packs_attention(hq, hkv, q.device.type):
         g = hq // hkv  # query heads a key/value head serves: theirs as rows (PACK_GQA)
         out = F.scaled_dot_product_attention(  # [B, Hkv, g·T, d]
             q.reshape(b, hkv, g * t, d), keys, values,
