@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import copy_build
@@ -270,10 +271,14 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
     # that did not record it, or recorded otherwise, is told to measure again
     assert built.runner.packed_attention and runner.packed_attention
     opened = OpenBuild(load_recipe(recipe), built, said.append)
-    opened._runner = runner
-    for then, wording in ((True, None), (None, "did not record whether"),
-                          (False, "attention not packed and it is now")):
+    unpacked = SimpleNamespace(prepacked=True, packed_attention=False)  # a runner that is not
+    for now, then, wording in ((runner, True, None), (runner, None, "did not record whether"),
+                               (runner, False, "heads not packed in calls"),
+                               (unpacked, True, "heads packed in calls of 2+ tokens a row and "
+                                                "they are not now"),
+                               (unpacked, None, None), (unpacked, False, None)):
         said.clear()
+        opened._runner = now
         opened._check_cost_curve(built.runner.model_copy(update={"packed_attention": then}))
         assert said == [] if wording is None else (
             len(said) == 1 and wording in said[0] and "build --force" in said[0]), said

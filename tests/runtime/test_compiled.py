@@ -238,6 +238,16 @@ def test_prepacking_is_the_default_all_or_none_and_can_be_turned_off(monkeypatch
     assert not said
 
 
+def test_the_runner_says_whether_a_wide_call_attends_packed(monkeypatch) -> None:
+    """What a build records beside its cost curve: tiny_llama's 4 query heads over 2 key/value
+    heads, on this CPU, attend packed in calls of 2+ tokens a row; with PACK_GQA off, not."""
+    from trtspec.runtime import decoder_layer
+
+    assert CompiledRunner(tiny_llama(vocab=64), compile=False).packed_attention
+    monkeypatch.setattr(decoder_layer, "PACK_GQA", False)
+    assert not CompiledRunner(tiny_llama(vocab=64), compile=False).packed_attention
+
+
 def test_a_compiler_failure_warns_once_and_runs_eagerly(monkeypatch) -> None:
     def broken(fn, **kw):
         def call(*a, **k):

@@ -101,3 +101,13 @@ def test_packed_grouped_query_attention_equals_enable_gqa(monkeypatch, rows: int
     assert torch.equal(k0, k1) and torch.equal(v0, v1)
     assert not torch.equal(k0, keys)  # the new tokens' keys were written
     assert asked == [True, width == 1]  # unpacked, then packed unless one token a row
+
+
+def test_packs_attention_is_the_branch_a_wide_call_takes(monkeypatch) -> None:
+    """packs_attention (what a build records) is _attend's branch for 2+ tokens a row: grouped
+    heads on a CPU with PACK_GQA on; heads not grouped, another device or PACK_GQA off: not."""
+    assert decoder_layer.packs_attention(6, 2, "cpu")
+    assert not decoder_layer.packs_attention(4, 4, "cpu")  # nothing to pack
+    assert not decoder_layer.packs_attention(6, 2, "cuda")
+    monkeypatch.setattr(decoder_layer, "PACK_GQA", False)
+    assert not decoder_layer.packs_attention(6, 2, "cpu")

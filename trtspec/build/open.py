@@ -106,15 +106,17 @@ class OpenBuild:
                      "the adaptive D's costs are off; `trtspec build --force` measures "
                      "them again")
         now = bool(getattr(self._runner, "packed_attention", False))
-        if built.packed_attention is None and now:
+        if built.packed_attention is None and now:  # measured unpacked if built before
+            # trtspec packed, packed if built after but before it recorded so: can't tell
             self.say("warning: this build did not record whether its cost curve was measured "
-                     "with a wide call's grouped-query attention packed, as it is now (an older "
-                     "trtspec): if not, the adaptive D prices wide rounds dearer than they "
-                     "cost and drafts less; `trtspec build --force` measures them again")
+                     "with grouped query heads packed in calls of 2+ tokens a row (verify "
+                     "rounds, prompt chunks), as they are now (an older trtspec): if not, the "
+                     "adaptive D prices those rounds dearer than they cost and drafts less; "
+                     "`trtspec build --force` measures them again")
         elif built.packed_attention is not None and built.packed_attention != now:
-            self.say(f"warning: this build measured its cost curve with a wide call's "
-                     f"grouped-query attention {'' if built.packed_attention else 'not '}"
-                     f"packed and it is {'' if now else 'not '}now (another trtspec): the "
+            self.say(f"warning: this build measured its cost curve with grouped query heads "
+                     f"{'' if built.packed_attention else 'not '}packed in calls of 2+ tokens "
+                     f"a row and they are {'' if now else 'not '}now (another trtspec): the "
                      "adaptive D's costs are off; `trtspec build --force` measures them again")
 
     def warm_up(self, batch: int, watch: bool = False) -> float:
