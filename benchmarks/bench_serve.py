@@ -21,6 +21,8 @@ within a minute, which arms run minutes apart turned into ratios of 0.87–1.14 
 same cell. A pass runs every block once, each arm made anew and warmed; a cell runs passes
 until it has ``--min-blocks`` blocks (8), ``--repeats`` times that. ``--aa`` adds a second
 plain arm: a check that two identical arms come out alike (its CI should hold 1.00).
+``--lookups`` picks the proposers (n-gram, suffix, or both: the default); with one lookup and
+one policy a block's two arms run back to back, whose ratio the machine's drift moves least.
 
 Writes reports/bench-serve.md. ``--quick`` runs the open-ended group, 1 prompt a category, 4
 tokens, clients 1 and 2,
@@ -60,6 +62,7 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +89,7 @@ SLOTS, K = 8, 8
 GROUPS = {"copy-heavy": ("summarise", "edit", "answer_from_text", "code_refactor"),
           "open-ended": ("chat", "story", "reasoning", "explain")}
 POLICIES = ("D = 2", "D = 4", "adaptive, per request", "adaptive, batch-aware")
+LOOKUPS = ("ngram", "suffix")  # the model-free proposers, each run with every policy
 AA = "again (A/A)"  # --aa: a second plain arm, the noise floor of the paired design
 
 
@@ -156,6 +160,15 @@ def check_clients(n: int, clients: int) -> str | None:
         return (f"--clients {clients} on {n} prompts a group: blocks of 2 × clients (or all "
                 f"{n}) must divide them (and clients ≤ prompts)")
     return None
+
+
+def arms_of(lookups: Sequence[str], policies: Sequence[str], aa: bool = False
+            ) -> list[tuple[str, str]]:
+    """A cell's arms as (method, policy): plain first (every ratio's baseline), then the A/A
+    arm (``aa``), then each lookup with each policy. Fewer arms put each block's pair closer
+    together: with one lookup and one policy, two arms, back to back."""
+    return [("plain", "plain"), *([("plain", AA)] if aa else []),
+            *((m, p) for m in lookups for p in policies)]
 
 
 def arm_order(arms: list, k: int) -> list:
@@ -544,6 +557,10 @@ def main() -> None:
                         help="the speculative policies to run (plain always runs)")
     parser.add_argument("--groups", nargs="+", choices=list(GROUPS), default=list(GROUPS),
                         help="which category groups to run")
+    parser.add_argument("--lookups", nargs="+", choices=LOOKUPS, default=list(LOOKUPS),
+                        help="the lookup proposers to run with each policy (plain always "
+                        "runs): one alone gives two arms a block, so each block's pair runs "
+                        "back to back")
     parser.add_argument("--admission", action="store_true",
                         help="instead, the admission section (module docstring)")
     parser.add_argument("--live-rows", action="store_true",
@@ -618,8 +635,7 @@ def main() -> None:
     frozen, _ = freeze_heap()  # where `trtspec serve` does: after the runner's warm-up
     policies = POLICIES[:1] + POLICIES[-2:] if args.quick else tuple(args.policies)
     min_blocks = 2 if args.quick else args.min_blocks
-    arms = [("plain", "plain"), *([("plain", AA)] if args.aa else []),
-            *((m, p) for m in ("ngram", "suffix") for p in policies)]
+    arms = arms_of(args.lookups, policies, args.aa)
     blocks: dict[tuple[str, int, str, str], list[dict]] = {}
     passes_at: dict[tuple[str, int], int] = {}
     ran: list[dict] = []  # every block as it ran: the .json beside the report
@@ -753,7 +769,7 @@ def main() -> None:
               "|---|---:|---|---:|---|---:|---|---:|---:|"]
     for group in sets:
         for c in clients_list:
-            for method in ("ngram", "suffix"):
+            for method in args.lookups:
                 key = (group, c, method, "adaptive, batch-aware")
                 if key not in versus:
                     continue  # --policies without it

@@ -147,13 +147,19 @@ def test_bench_serve_pairs_blocks_by_hand(monkeypatch) -> None:
     from scipy.stats import t as student
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    from bench_serve import arm_order, blocks_of, check_clients, paired, verdict
+    from bench_serve import AA, arm_order, arms_of, blocks_of, check_clients, paired, verdict
 
     assert blocks_of(16, 1) == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13],
                                 [14, 15]]
     assert blocks_of(16, 8) == blocks_of(16, 16) == [list(range(16))]
     assert check_clients(16, 4) is None and check_clients(16, 16) is None
     assert "--clients 3" in check_clients(16, 3) and "--clients 32" in check_clients(16, 32)
+    batch = "adaptive, batch-aware"
+    assert arms_of(("ngram", "suffix"), (batch,), aa=True) == [
+        ("plain", "plain"), ("plain", AA), ("ngram", batch), ("suffix", batch)]
+    assert arms_of(("ngram",), (batch,)) == [("plain", "plain"), ("ngram", batch)]  # --lookups
+    pair = [arm_order(arms_of(("suffix",), (batch,)), k) for k in range(4)]  # back to back,
+    assert [t[0][0] for t in pair] == ["plain", "suffix", "plain", "suffix"]  # first in turn
     arms = ["plain", "a/a", "ngram", "suffix"]
     turns = [arm_order(arms, k) for k in range(8)]  # a Williams design: 0 1 3 2, 1 2 0 3, …
     assert turns[0] == ["plain", "a/a", "suffix", "ngram"]
