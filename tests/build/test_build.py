@@ -167,6 +167,10 @@ backend: {{kind: torch, device: cpu}}
 """
 
 
+class Replaced(RuntimeError):
+    """Stops a build at the line saying it replaces the one there (the test needs only why)."""
+
+
 class Opened(RuntimeError):
     """Stops eval / audit right after they found their build (the test only needs where)."""
 
@@ -230,7 +234,8 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
     """The default runner: build compiles into the build folder's inductor cache and says how
     long it took; eval's runner is that kind, reading that cache, with transformers' logits. A
     build whose cost curve was measured otherwise than the runner now runs (weights prepacked,
-    a wide call's attention packed), or that did not record it, is warned about."""
+    a wide call's attention packed), or that did not record it, is warned about; one that
+    measured attention otherwise, or did not record it, is replaced by `build`."""
     import os
 
     import torch
@@ -282,6 +287,26 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
         opened._check_cost_curve(built.runner.model_copy(update={"packed_attention": then}))
         assert said == [] if wording is None else (
             len(said) == 1 and wording in said[0] and "build --force" in said[0]), said
+    # and building again replaces such a build instead of calling it up to date
+    path = tmp_path / "engines" / "tiny" / "cpu" / "manifest.json"
+    recorded = json.loads(path.read_text())
+
+    def stop(line: str) -> None:  # the replacement's reason is all this needs, not its build
+        if line.startswith("replacing"):
+            raise Replaced(line)
+
+    assert build(recipe, engines_root=tmp_path / "engines", say=stop).up_to_date
+    for then, reason in ((None, "did not record whether its cost curve was measured with "
+                                "grouped query heads packed in calls of 2+ tokens a row, as "
+                                "they are now"),
+                         (False, "measured its cost curve with grouped query heads not packed "
+                                 "in calls of 2+ tokens a row, and they are now")):
+        path.write_text(json.dumps({**recorded, "runner": {**recorded["runner"],
+                                                           "packed_attention": then}}))
+        with pytest.raises(Replaced) as replaced:
+            build(recipe, engines_root=tmp_path / "engines", say=stop)
+        assert str(replaced.value) == f"replacing {path}: it {reason}"
+    path.write_text(json.dumps(recorded))
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
     with torch.inference_mode():
         want = tiny(torch.tensor([[1, 2, 3]])).logits[0, -1]

@@ -191,16 +191,23 @@ def _check_torch_inputs(recipe: Recipe, recipe_path: str | Path) -> None:
 
 
 def _d0(recipe: Recipe) -> tuple[int | None, str | None]:
-    t = recipe.target
-    heads = (t.num_attention_heads, t.num_key_value_heads or t.num_attention_heads) \
-        if t.num_attention_heads else None
-    if heads is None and recipe.backend.kind == "torch":
-        from trtspec.build.torch import head_counts
-
-        heads = head_counts(t.model)
+    heads = _heads(recipe)
     if heads is None:
         return None, None
     return gpus.d0(*heads)
+
+
+def _heads(recipe: Recipe) -> tuple[int, int] | None:
+    """The target's (attention heads, KV heads): the recipe's, else (torch backend) its
+    config.json's where it is on this machine, else None."""
+    t = recipe.target
+    if t.num_attention_heads:
+        return t.num_attention_heads, t.num_key_value_heads or t.num_attention_heads
+    if recipe.backend.kind != "torch":
+        return None
+    from trtspec.build.torch import head_counts
+
+    return head_counts(t.model)
 
 
 def _heads_changed(manifest: Manifest, recipe: Recipe) -> str | None:
@@ -242,4 +249,35 @@ def _current(path: Path, recipe: Recipe) -> tuple[Manifest | None, str]:
         return None, f"was built with other {changed} heads (their files changed since)"
     if missing:
         return None, f"lists artifacts that are gone ({missing[0]})"
+    stale = _cost_curve_stale(manifest, recipe)
+    if stale:
+        return None, stale
     return manifest, ""
+
+
+def _cost_curve_stale(manifest: Manifest, recipe: Recipe) -> str | None:
+    """Why the build's cost curve no longer prices the rounds its runner would run (torch
+    backend, the compiled or eager runner: a wide call's grouped-query attention packed now
+    and not when it was measured, or not recorded then while it is now), or None. The
+    adaptive D prices rounds by that curve; opening such a build warns (build.open), and
+    building again replaces it. What needs the weights loaded to tell (prepacked GEMMs) is
+    left to that warning."""
+    runner = manifest.runner
+    if recipe.backend.kind != "torch" or manifest.cost_curve is None or runner is None or \
+            runner.kind == "transformers":
+        return None
+    heads = _heads(recipe)
+    if heads is None:
+        return None
+    from trtspec.runtime.decoder_layer import packs_attention
+    from trtspec.runtime.models import pick_device
+
+    now = packs_attention(*heads, pick_device(recipe.backend.device).type)
+    then = runner.packed_attention
+    if then is None and now:
+        return ("did not record whether its cost curve was measured with grouped query heads "
+                "packed in calls of 2+ tokens a row, as they are now (an older trtspec)")
+    if then is not None and then != now:
+        return (f"measured its cost curve with grouped query heads {'' if then else 'not '}"
+                f"packed in calls of 2+ tokens a row, and they are {'' if now else 'not '}now")
+    return None
