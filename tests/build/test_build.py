@@ -298,7 +298,7 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
     assert build(recipe, engines_root=tmp_path / "engines", say=stop).up_to_date
     for then, reason in ((None, "did not record whether its cost curve was measured with "
                                 "grouped query heads packed in calls of 2+ tokens a row, as "
-                                "they are now"),
+                                "they are now (an older trtspec)"),
                          (False, "measured its cost curve with grouped query heads not packed "
                                  "in calls of 2+ tokens a row, and they are now")):
         path.write_text(json.dumps({**recorded, "runner": {**recorded["runner"],
