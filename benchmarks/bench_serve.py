@@ -559,8 +559,8 @@ def main() -> None:
                         help="which category groups to run")
     parser.add_argument("--lookups", nargs="+", choices=LOOKUPS, default=list(LOOKUPS),
                         help="the lookup proposers to run with each policy (plain always "
-                        "runs): one alone gives two arms a block, so each block's pair runs "
-                        "back to back")
+                        "runs): one lookup with one policy (and no --aa) gives two arms a "
+                        "block, so each block's pair runs back to back")
     parser.add_argument("--admission", action="store_true",
                         help="instead, the admission section (module docstring)")
     parser.add_argument("--live-rows", action="store_true",
@@ -635,7 +635,7 @@ def main() -> None:
     frozen, _ = freeze_heap()  # where `trtspec serve` does: after the runner's warm-up
     policies = POLICIES[:1] + POLICIES[-2:] if args.quick else tuple(args.policies)
     min_blocks = 2 if args.quick else args.min_blocks
-    arms = arms_of(args.lookups, policies, args.aa)
+    arms = arms_of(list(dict.fromkeys(args.lookups)), list(dict.fromkeys(policies)), args.aa)
     blocks: dict[tuple[str, int, str, str], list[dict]] = {}
     passes_at: dict[tuple[str, int], int] = {}
     ran: list[dict] = []  # every block as it ran: the .json beside the report

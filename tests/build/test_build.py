@@ -230,7 +230,8 @@ def test_set_builds_coexist_and_eval_finds_each(tmp_path: Path, monkeypatch, cap
 
 @pytest.mark.compile
 def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path: Path,
-                                                                        capsys) -> None:
+                                                                        capsys,
+                                                                        monkeypatch) -> None:
     """The default runner: build compiles into the build folder's inductor cache and says how
     long it took; eval's runner is that kind, reading that cache, with transformers' logits. A
     build whose cost curve was measured otherwise than the runner now runs (weights prepacked,
@@ -295,18 +296,31 @@ def test_a_compiled_build_records_its_runner_and_eval_reuses_its_cache(tmp_path:
         if line.startswith("replacing"):
             raise Replaced(line)
 
+    import trtspec.runtime.decoder_layer
+
     assert build(recipe, engines_root=tmp_path / "engines", say=stop).up_to_date
-    for then, reason in ((None, "did not record whether its cost curve was measured with "
-                                "grouped query heads packed in calls of 2+ tokens a row, as "
-                                "they are now (an older trtspec)"),
-                         (False, "measured its cost curve with grouped query heads not packed "
-                                 "in calls of 2+ tokens a row, and they are now")):
-        path.write_text(json.dumps({**recorded, "runner": {**recorded["runner"],
-                                                           "packed_attention": then}}))
-        with pytest.raises(Replaced) as replaced:
-            build(recipe, engines_root=tmp_path / "engines", say=stop)
-        assert str(replaced.value) == f"replacing {path}: it {reason}"
-    path.write_text(json.dumps(recorded))
+    cases = ((True, None, "did not record whether its cost curve was measured with grouped "
+                          "query heads packed in calls of 2+ tokens a row, as they are now (an "
+                          "older trtspec)"),
+             (True, False, "measured its cost curve with grouped query heads not packed in "
+                           "calls of 2+ tokens a row, and they are now"),
+             (False, True, "measured its cost curve with grouped query heads packed in calls "
+                           "of 2+ tokens a row, and they are not now"),
+             (False, None, None), (False, False, None))  # not packing now: nothing to redo
+    with monkeypatch.context() as patch:
+        try:
+            for packs, then, reason in cases:
+                patch.setattr(trtspec.runtime.decoder_layer, "PACK_GQA", packs)
+                path.write_text(json.dumps({**recorded, "runner": {**recorded["runner"],
+                                                                   "packed_attention": then}}))
+                if reason is None:
+                    assert build(recipe, engines_root=tmp_path / "engines", say=stop).up_to_date
+                    continue
+                with pytest.raises(Replaced) as replaced:
+                    build(recipe, engines_root=tmp_path / "engines", say=stop)
+                assert str(replaced.value) == f"replacing {path}: it {reason}"
+        finally:
+            path.write_text(json.dumps(recorded))
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
     with torch.inference_mode():
         want = tiny(torch.tensor([[1, 2, 3]])).logits[0, -1]

@@ -44,7 +44,8 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
     profile = _target_gpu(recipe, gpu, detected, recipe_path)
     if recipe.backend.kind == "torch":
         _check_torch_inputs(recipe, recipe_path)
-    d0, derivation = _d0(recipe)
+    heads = _heads(recipe)
+    d0, derivation = gpus.d0(*heads) if heads is not None else (None, None)
     if recipe.draft_lengths == "auto":
         if d0 is None:
             raise RecipeError(f"{recipe_path}: draft_lengths: auto needs the target's head counts"
@@ -71,7 +72,7 @@ def build(recipe_path: str | Path, overrides: Sequence[str] = (), gpu: str | Non
 
     existing = out_dir / MANIFEST
     if existing.is_file() and not force:
-        current, problem = _current(existing, recipe)
+        current, problem = _current(existing, recipe, heads)
         if current is not None:
             say(f"up to date: {existing} (what the build depends on is unchanged; --force "
                 "rebuilds)")
@@ -190,13 +191,6 @@ def _check_torch_inputs(recipe: Recipe, recipe_path: str | Path) -> None:
             raise RecipeError(f"{recipe_path}: {key}: {e}") from None
 
 
-def _d0(recipe: Recipe) -> tuple[int | None, str | None]:
-    heads = _heads(recipe)
-    if heads is None:
-        return None, None
-    return gpus.d0(*heads)
-
-
 def _heads(recipe: Recipe) -> tuple[int, int] | None:
     """The target's (attention heads, KV heads): the recipe's, else (torch backend) its
     config.json's where it is on this machine, else None."""
@@ -226,7 +220,8 @@ def _heads_changed(manifest: Manifest, recipe: Recipe) -> str | None:
     return None
 
 
-def _current(path: Path, recipe: Recipe) -> tuple[Manifest | None, str]:
+def _current(path: Path, recipe: Recipe, heads: tuple[int, int] | None
+             ) -> tuple[Manifest | None, str]:
     """(the existing manifest, "") if it covers this recipe (same build inputs, its methods
     built with the same settings) and its artifacts exist; else (None, why not)."""
     from trtspec.build.manifest import check_covers, load_manifest
@@ -249,13 +244,14 @@ def _current(path: Path, recipe: Recipe) -> tuple[Manifest | None, str]:
         return None, f"was built with other {changed} heads (their files changed since)"
     if missing:
         return None, f"lists artifacts that are gone ({missing[0]})"
-    stale = _cost_curve_stale(manifest, recipe)
+    stale = _cost_curve_stale(manifest, recipe, heads)
     if stale:
         return None, stale
     return manifest, ""
 
 
-def _cost_curve_stale(manifest: Manifest, recipe: Recipe) -> str | None:
+def _cost_curve_stale(manifest: Manifest, recipe: Recipe, heads: tuple[int, int] | None
+                      ) -> str | None:
     """Why the build's cost curve no longer prices the rounds its runner would run (torch
     backend, the compiled or eager runner: a wide call's grouped-query attention packed now
     and not when it was measured, or not recorded then while it is now), or None. The
@@ -266,8 +262,7 @@ def _cost_curve_stale(manifest: Manifest, recipe: Recipe) -> str | None:
     if recipe.backend.kind != "torch" or manifest.cost_curve is None or runner is None or \
             runner.kind == "transformers":
         return None
-    heads = _heads(recipe)
-    if heads is None:
+    if heads is None:  # (attention heads, KV heads): :func:`_heads`
         return None
     from trtspec.runtime.decoder_layer import packs_attention
     from trtspec.runtime.models import pick_device

@@ -127,7 +127,7 @@ def head_counts(model_spec: str) -> tuple[int, int] | None:
     except (ValueError, OSError):
         return None
     heads = config.get("num_attention_heads")
-    return (heads, config.get("num_key_value_heads", heads)) if heads else None
+    return (heads, config.get("num_key_value_heads") or heads) if heads else None
 
 
 def target_runner(recipe: Recipe, artifacts: list[Artifact], out_dir: Path,
