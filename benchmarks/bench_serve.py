@@ -635,7 +635,8 @@ def main() -> None:
     frozen, _ = freeze_heap()  # where `trtspec serve` does: after the runner's warm-up
     policies = POLICIES[:1] + POLICIES[-2:] if args.quick else tuple(args.policies)
     min_blocks = 2 if args.quick else args.min_blocks
-    arms = arms_of(list(dict.fromkeys(args.lookups)), list(dict.fromkeys(policies)), args.aa)
+    args.lookups = list(dict.fromkeys(args.lookups))  # once each: the arms and the tables
+    arms = arms_of(args.lookups, list(dict.fromkeys(policies)), args.aa)
     blocks: dict[tuple[str, int, str, str], list[dict]] = {}
     passes_at: dict[tuple[str, int], int] = {}
     ran: list[dict] = []  # every block as it ran: the .json beside the report
